@@ -1,0 +1,34 @@
+"""Content hashes used for identities (sha256, hex)."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import numpy as np
+
+_CHUNK = 1 << 20
+
+
+def sha256_bytes(data: bytes) -> str:
+    """Hex sha256 of a byte string."""
+    return hashlib.sha256(data).hexdigest()
+
+
+def sha256_file(path: str | Path) -> str:
+    """Hex sha256 of a file's content, read in 1 MiB chunks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while chunk := fh.read(_CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def tokens_sha256(tokens: np.ndarray) -> str:
+    """sha256 of a token array as little-endian uint32 in row-major (context) order.
+
+    This is the protocol's ``suite_token_sha256`` (over all contexts) and a shard's
+    ``sha256`` (over its rows).
+    """
+    arr = np.ascontiguousarray(np.asarray(tokens), dtype="<u4")
+    return hashlib.sha256(arr.tobytes()).hexdigest()
