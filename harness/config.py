@@ -1,0 +1,256 @@
+"""The project configuration file, ``fidelity.toml``.
+
+It names the suite, the reference (capture store, shared head, and the reference
+model so a missing store can be captured) and the candidates to score. Every key
+is validated on load; an error names the file and the key.
+
+Example::
+
+    [suite]
+    path = "fixtures/suite"
+
+    [reference]
+    name = "bf16"
+    model = "fixtures/model"            # used to capture the store when it is missing
+    store = "fixtures/reference"        # verified capture store
+    head = "fixtures/lm_head.safetensors"
+
+    [settings]
+    cache_dir = ".fidelity-cache"       # live captures of candidates, keyed by identity
+    baselines = "fidelity_tests/baselines"
+    n_boot = 10000
+
+    [[candidates]]
+    name = "int8"
+    engine = "transformers"
+    model = "fixtures/candidates/int8"  # or: store = "path/to/capture"
+    tags = ["rtn"]
+
+    [[pairs]]                           # paired comparisons (common random numbers)
+    a = "int4_g32"
+    b = "int4_g32_b"
+    margin = 0.001                      # equivalence margin on mean KLD, nats
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from harness.errors import FidelityError
+
+#: Engines a candidate may name. ``llamacpp`` arrives with the llama.cpp issue.
+ENGINES = ("transformers", "llamacpp")
+
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+]*$")
+
+
+class ConfigError(FidelityError):
+    """``fidelity.toml`` is malformed: the message names the file and the key."""
+
+
+@dataclass(frozen=True)
+class CandidateConfig:
+    """One candidate: a live model (``model``) or a stored capture (``store``, replay)."""
+
+    name: str
+    engine: str
+    model: Path | None
+    store: Path | None
+    head: Path | None
+    size_bytes: int | None
+    tags: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class PairConfig:
+    """A declared paired comparison ``a`` versus ``b`` with an equivalence margin on mean KLD (nats)."""
+
+    a: str
+    b: str
+    margin: float
+
+
+@dataclass(frozen=True)
+class ReferenceConfig:
+    """The BF16 reference: its capture store, the shared head, and optionally the model."""
+
+    name: str
+    store: Path
+    head: Path
+    model: Path | None
+
+
+@dataclass(frozen=True)
+class FidelityConfig:
+    """A validated ``fidelity.toml``. Relative paths are resolved against the file's folder."""
+
+    path: Path
+    suite: Path
+    reference: ReferenceConfig
+    candidates: tuple[CandidateConfig, ...]
+    pairs: tuple[PairConfig, ...] = ()
+    cache_dir: Path = field(default=Path(".fidelity-cache"))
+    baselines: Path = field(default=Path("fidelity_tests/baselines"))
+    n_boot: int = 10_000
+
+    def candidate(self, name: str) -> CandidateConfig:
+        """The candidate called ``name``; an unknown name suggests near matches."""
+        for c in self.candidates:
+            if c.name == name:
+                return c
+        names = [c.name for c in self.candidates]
+        close = difflib.get_close_matches(name, names, n=3)
+        hint = f"; did you mean {', '.join(close)}?" if close else f"; known: {', '.join(names)}"
+        raise ConfigError(f"{self.path}: unknown candidate {name!r}{hint}")
+
+
+_TOP_KEYS = {"suite", "reference", "settings", "candidates", "pairs"}
+_SUITE_KEYS = {"path"}
+_REF_KEYS = {"name", "model", "store", "head"}
+_SETTINGS_KEYS = {"cache_dir", "baselines", "n_boot"}
+_CAND_KEYS = {"name", "engine", "model", "store", "head", "size_bytes", "tags"}
+_PAIR_KEYS = {"a", "b", "margin"}
+
+
+class _Reader:
+    """Typed access to one TOML table, with errors that name the file and the dotted key."""
+
+    def __init__(self, path: Path, table: Any, where: str, allowed: set[str]) -> None:
+        self.path = path
+        self.where = where
+        if not isinstance(table, dict):
+            raise ConfigError(f"{path}: [{where}] must be a table, found {type(table).__name__}")
+        self.table: dict[str, Any] = table
+        for key in table:
+            if key not in allowed:
+                close = difflib.get_close_matches(key, sorted(allowed), n=1)
+                hint = f" (did you mean {close[0]!r}?)" if close else f" (allowed: {', '.join(sorted(allowed))})"
+                raise ConfigError(f"{path}: unknown key {where}.{key}{hint}")
+
+    def _key(self, key: str) -> str:
+        return f"{self.where}.{key}" if self.where else key
+
+    def string(self, key: str, *, required: bool = True) -> str | None:
+        value = self.table.get(key)
+        if value is None:
+            if required:
+                raise ConfigError(f"{self.path}: missing required key {self._key(key)}")
+            return None
+        if not isinstance(value, str) or not value:
+            raise ConfigError(f"{self.path}: {self._key(key)} must be a non-empty string, found {value!r}")
+        return value
+
+    def path_(self, key: str, *, required: bool = True) -> Path | None:
+        value = self.string(key, required=required)
+        if value is None:
+            return None
+        p = Path(value)
+        return p if p.is_absolute() else (self.path.parent / p)
+
+    def integer(self, key: str, default: int | None, *, minimum: int = 0) -> int | None:
+        value = self.table.get(key, default)
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            raise ConfigError(f"{self.path}: {self._key(key)} must be an integer >= {minimum}, found {value!r}")
+        return value
+
+    def number(self, key: str, default: float) -> float:
+        value = self.table.get(key, default)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+            raise ConfigError(f"{self.path}: {self._key(key)} must be a number >= 0, found {value!r}")
+        return float(value)
+
+
+def _candidate(path: Path, raw: Any, i: int) -> CandidateConfig:
+    r = _Reader(path, raw, f"candidates[{i}]", _CAND_KEYS)
+    name = r.string("name")
+    assert name is not None
+    if not _NAME_RE.match(name):
+        raise ConfigError(
+            f"{path}: candidates[{i}].name {name!r} may use only letters, digits, '_', '.', '+' "
+            "(it becomes a pytest id and a folder name)"
+        )
+    engine = r.string("engine", required=False) or "transformers"
+    if engine not in ENGINES:
+        close = difflib.get_close_matches(engine, ENGINES, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ConfigError(
+            f"{path}: candidates[{i}].engine: expected one of {', '.join(ENGINES)}, found {engine!r}{hint}"
+        )
+    model = r.path_("model", required=False)
+    store = r.path_("store", required=False)
+    if (model is None) == (store is None):
+        raise ConfigError(f"{path}: candidate {name!r} needs exactly one of 'model' (live) or 'store' (replay)")
+    tags = r.table.get("tags", [])
+    if not isinstance(tags, list) or not all(isinstance(t, str) for t in tags):
+        raise ConfigError(f"{path}: candidates[{i}].tags must be a list of strings, found {tags!r}")
+    return CandidateConfig(
+        name=name,
+        engine=engine,
+        model=model,
+        store=store,
+        head=r.path_("head", required=False),
+        size_bytes=r.integer("size_bytes", None, minimum=1),
+        tags=tuple(tags),
+    )
+
+
+def load_config(path: str | Path) -> FidelityConfig:
+    """Read and validate ``fidelity.toml``; raises :class:`ConfigError` naming the file and key."""
+    path = Path(path)
+    try:
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: configuration file not found (pass --fidelity-config PATH)") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+    top = _Reader(path, raw, "", _TOP_KEYS)
+    suite = _Reader(path, raw.get("suite", {}), "suite", _SUITE_KEYS).path_("path")
+    ref = _Reader(path, raw.get("reference", {}), "reference", _REF_KEYS)
+    reference = ReferenceConfig(
+        name=ref.string("name", required=False) or "reference",
+        store=ref.path_("store"),  # type: ignore[arg-type]
+        head=ref.path_("head"),  # type: ignore[arg-type]
+        model=ref.path_("model", required=False),
+    )
+    settings = _Reader(path, raw.get("settings", {}), "settings", _SETTINGS_KEYS)
+    raw_cands = top.table.get("candidates", [])
+    if not isinstance(raw_cands, list) or not raw_cands:
+        raise ConfigError(f"{path}: expected at least one [[candidates]] table, found none")
+    candidates = tuple(_candidate(path, c, i) for i, c in enumerate(raw_cands))
+    seen: set[str] = set()
+    for c in candidates:
+        if c.name in seen:
+            raise ConfigError(f"{path}: candidate name {c.name!r} appears twice")
+        seen.add(c.name)
+    if reference.name in seen:
+        raise ConfigError(f"{path}: reference.name {reference.name!r} is also a candidate name")
+    raw_pairs = top.table.get("pairs", [])
+    if not isinstance(raw_pairs, list):
+        raise ConfigError(f"{path}: pairs must be an array of tables, found {type(raw_pairs).__name__}")
+    pairs = []
+    for i, p in enumerate(raw_pairs):
+        pr = _Reader(path, p, f"pairs[{i}]", _PAIR_KEYS)
+        a, b = pr.string("a"), pr.string("b")
+        assert a is not None and b is not None
+        for side in (a, b):
+            if side not in seen:
+                raise ConfigError(f"{path}: pairs[{i}] names unknown candidate {side!r}")
+        pairs.append(PairConfig(a=a, b=b, margin=pr.number("margin", 0.0)))
+    cfg = FidelityConfig(
+        path=path,
+        suite=suite,  # type: ignore[arg-type]
+        reference=reference,
+        candidates=candidates,
+        pairs=tuple(pairs),
+        cache_dir=settings.path_("cache_dir", required=False) or path.parent / ".fidelity-cache",
+        baselines=settings.path_("baselines", required=False) or path.parent / "fidelity_tests" / "baselines",
+        n_boot=settings.integer("n_boot", 10_000, minimum=100) or 10_000,
+    )
+    return cfg
