@@ -1,0 +1,106 @@
+"""Shared test helpers: a tiny byte-level BPE tokenizer, a small generated corpus, a tiny random
+Qwen3 checkpoint and a suite cut from them. Generic on purpose; other test modules reuse them.
+
+Everything is built once per session in a temporary folder, with fixed seeds.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+TINY_VOCAB = 300
+TINY_HIDDEN = 32
+_WORDS = (
+    "alpha beta gamma delta model token weight layer head norm value key query softmax "
+    "divergence quantize scale group block tensor matrix vector entropy signal noise"
+).split()
+_CODE = ["def f(x):", "    return x + 1", "for i in range(10):", "    print(i)", "class A:", "    pass", "import os"]
+
+
+def make_corpus(root: Path, n_docs_per_stratum: int = 4, words_per_doc: int = 300, seed: int = 0) -> Path:
+    """Write a small corpus with strata ``prose/``, ``code/`` and one root document, plus a
+    LICENSE and a hidden file that the suite builder must skip. Returns ``root``."""
+    rng = random.Random(seed)
+    (root / "prose").mkdir(parents=True, exist_ok=True)
+    (root / "code").mkdir(parents=True, exist_ok=True)
+    for i in range(n_docs_per_stratum):
+        words = [rng.choice(_WORDS) for _ in range(words_per_doc)]
+        (root / "prose" / f"doc{i}.txt").write_text(" ".join(words) + "\n", "utf-8")
+        lines = [rng.choice(_CODE) for _ in range(words_per_doc // 3)]
+        (root / "code" / f"file{i}.md").write_text("\n".join(lines) + "\n", "utf-8")
+    (root / "readme.rst").write_text(" ".join(rng.choice(_WORDS) for _ in range(words_per_doc)), "utf-8")
+    (root / "LICENSE").write_text("do not use me " * 100, "utf-8")
+    (root / ".hidden.txt").write_text("hidden " * 100, "utf-8")
+    return root
+
+
+def make_tokenizer(path: Path, corpus: Path, vocab_size: int = TINY_VOCAB) -> Path:
+    """Train a byte-level BPE tokenizer of exactly ``vocab_size`` ids on ``corpus``; write tokenizer.json."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False
+    )
+    files = sorted(str(p) for p in corpus.rglob("*") if p.is_file() and not p.name.startswith("."))
+    tok.train(files, trainer)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tok.save(str(path))
+    return path
+
+
+def make_tiny_model(path: Path, vocab_size: int = TINY_VOCAB, hidden: int = TINY_HIDDEN, seed: int = 0, **overrides: Any) -> Path:
+    """Save a tiny random ``Qwen3ForCausalLM`` (2 layers, tied embeddings, bf16 safetensors) at ``path``."""
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    cfg = dict(
+        vocab_size=vocab_size,
+        hidden_size=hidden,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        max_position_embeddings=512,
+        tie_word_embeddings=True,
+    )
+    cfg.update(overrides)
+    torch.manual_seed(seed)
+    model = Qwen3ForCausalLM(Qwen3Config(**cfg)).to(torch.bfloat16)
+    model.save_pretrained(path, safe_serialization=True)
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A small generated corpus (strata prose, code, root)."""
+    return make_corpus(tmp_path_factory.mktemp("corpus"))
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer(tmp_path_factory: pytest.TempPathFactory, tiny_corpus: Path) -> Path:
+    """Path of a tokenizer.json with ``TINY_VOCAB`` ids trained on ``tiny_corpus``."""
+    return make_tokenizer(tmp_path_factory.mktemp("tok") / "tokenizer.json", tiny_corpus)
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Folder of a tiny random Qwen3 checkpoint (hidden 32, vocab 300, tied, bf16 safetensors)."""
+    return make_tiny_model(tmp_path_factory.mktemp("models") / "tiny-qwen3")
+
+
+@pytest.fixture(scope="session")
+def tiny_suite(tmp_path_factory: pytest.TempPathFactory, tiny_corpus: Path, tiny_tokenizer: Path) -> Path:
+    """Folder of a suite: n_ctx 32, 6 contexts, 3 shards, seed 0."""
+    from harness.suite import build_suite
+
+    out = tmp_path_factory.mktemp("suites") / "suite"
+    build_suite(tiny_corpus, tiny_tokenizer, n_ctx=32, n_contexts=6, n_shards=3, seed=0, out=out)
+    return out
