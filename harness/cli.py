@@ -1,0 +1,284 @@
+"""The ``fidelity`` command.
+
+Subcommands live in a registry: each is a function decorated with ``@command`` that receives the
+top-level subparsers object, adds its parser(s) and sets ``func`` (the handler, taking the parsed
+namespace and returning an exit code). Other modules add subcommands the same way::
+
+    from harness.cli import command
+
+    @command
+    def add_score(sub):
+        p = sub.add_parser("score", help="...")
+        p.set_defaults(func=run_score)
+
+Heavy imports (torch, transformers) happen inside handlers, so ``fidelity --help`` is instant.
+
+Exit codes: 0 success; 1 a verification failure (``VerificationError``); 2 a usage error or any
+other ``FidelityError`` (and argparse's own usage errors). Expected errors print one line,
+``fidelity: error: <message>``, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from harness.errors import FidelityError, VerificationError
+
+SubParsers = Any  # argparse._SubParsersAction (private type)
+Handler = Callable[[argparse.Namespace], int]
+
+#: Registered subcommand builders, in help order.
+COMMANDS: list[Callable[[SubParsers], None]] = []
+
+
+def command(fn: Callable[[SubParsers], None]) -> Callable[[SubParsers], None]:
+    """Register a subcommand builder (see the module docstring)."""
+    COMMANDS.append(fn)
+    return fn
+
+
+def positive_int(text: str) -> int:
+    """argparse ``type=``: an integer >= 1."""
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {v}")
+    return v
+
+
+def nonneg_int(text: str) -> int:
+    """argparse ``type=``: an integer >= 0."""
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {v}")
+    return v
+
+
+def device_arg(text: str) -> str:
+    """argparse ``type=``: ``cpu``, ``cuda`` or ``cuda:N``."""
+    if text == "cpu" or text == "cuda" or (text.startswith("cuda:") and text[5:].isdigit()):
+        return text
+    raise argparse.ArgumentTypeError(f"expected cpu, cuda or cuda:N, got {text!r}")
+
+
+def _formatter(prog: str) -> argparse.HelpFormatter:
+    return argparse.RawDescriptionHelpFormatter(prog, max_help_position=32)
+
+
+# ----------------------------------------------------------------------------- suite
+
+
+def _suite_build(a: argparse.Namespace) -> int:
+    from harness.suite import build_suite, describe
+
+    s = build_suite(a.corpus, a.tokenizer, a.n_ctx, a.contexts, a.shards, a.seed, a.out, grouping_file=a.grouping, documents=a.documents)
+    print(describe(s))
+    return 0
+
+
+def _suite_verify(a: argparse.Namespace) -> int:
+    from harness.suite import Suite
+
+    s = Suite.load(a.suite, verify=True)
+    print(f"{s.root}: OK ({s.n_contexts} contexts x {s.n_ctx} tokens, {s.n_shards} shards, suite_token_sha256 {s.suite_token_sha256})")
+    return 0
+
+
+def _suite_show(a: argparse.Namespace) -> int:
+    from harness.suite import Suite, describe
+
+    print(describe(Suite.load(a.suite, verify=True)))
+    return 0
+
+
+@command
+def add_suite(sub: SubParsers) -> None:
+    p = sub.add_parser("suite", help="build, verify or show a suite of fixed token contexts", formatter_class=_formatter)
+    ss = p.add_subparsers(dest="suite_cmd", required=True, metavar="{build,verify,show}")
+    b = ss.add_parser(
+        "build",
+        help="cut a suite from a corpus folder",
+        formatter_class=_formatter,
+        description=(
+            "Cut n_contexts non-overlapping windows of n_ctx tokens from the text documents under a\n"
+            "corpus folder (the first sub-folder is the stratum), spread across documents and strata\n"
+            "with a seeded RNG, and write suite.json + tokens.npy.\n\n"
+            "example:\n"
+            "  fidelity suite build --corpus corpus/ --tokenizer model/tokenizer.json \\\n"
+            "      --n-ctx 512 --contexts 128 --shards 8 --seed 0 --out suites/s512 \\\n"
+            "      --documents corpus/heldout.txt"
+        ),
+    )
+    b.add_argument("--corpus", required=True, type=Path, help="folder of text documents")
+    b.add_argument("--tokenizer", required=True, type=Path, help="tokenizer.json of the reference model")
+    b.add_argument("--n-ctx", required=True, type=positive_int, dest="n_ctx", help="tokens per context (>= 2)")
+    b.add_argument("--contexts", required=True, type=positive_int, help="number of contexts")
+    b.add_argument("--shards", required=True, type=positive_int, help="number of shards (<= contexts)")
+    b.add_argument("--seed", required=True, type=nonneg_int, help="selection seed")
+    b.add_argument("--out", required=True, type=Path, help="suite folder to write")
+    b.add_argument("--documents", type=Path, help="file listing the relative document paths to use (e.g. a held-out list)")
+    b.add_argument("--grouping", type=Path, help='JSON {"relative/doc/path": "cluster-name"} grouping documents into source clusters')
+    b.set_defaults(func=_suite_build)
+    v = ss.add_parser("verify", help="re-hash a suite; exit 1 on any mismatch", formatter_class=_formatter,
+                      description="example:\n  fidelity suite verify suites/s512")
+    v.add_argument("suite", type=Path, help="suite folder")
+    v.set_defaults(func=_suite_verify)
+    s = ss.add_parser("show", help="geometry, strata, clusters and shards of a suite", formatter_class=_formatter,
+                      description="example:\n  fidelity suite show suites/s512")
+    s.add_argument("suite", type=Path, help="suite folder")
+    s.set_defaults(func=_suite_show)
+
+
+# ----------------------------------------------------------------------------- capture
+
+
+def _capture(a: argparse.Namespace) -> int:
+    if a.threads:
+        import torch
+
+        torch.set_num_threads(a.threads)
+    from harness.engines.transformers import capture
+    from harness.suite import Suite
+
+    suite = Suite.load(a.suite)
+    shards = suite.parse_shards(a.shards)
+    store = capture(a.model, suite, a.out, shards=shards, device=a.device, dtype=a.dtype, progress=not a.quiet,
+                    kind=a.kind, trust_remote_code=a.trust_remote_code)
+    print(f"{store.root}: {len(store.indices)}/{suite.n_contexts} contexts captured ({store.kind}, width {store.width})")
+    return 0
+
+
+@command
+def add_capture(sub: SubParsers) -> None:
+    p = sub.add_parser(
+        "capture",
+        help="run a transformers model over a suite and store its hidden states (or logits)",
+        formatter_class=_formatter,
+        description=(
+            "Capture the post-final-norm hidden states (the LM head's input, bf16) of every context\n"
+            "of the chosen shards into a capture store. Re-running resumes: verified contexts are\n"
+            "skipped. Several processes may capture different shards into one store at once.\n\n"
+            "examples:\n"
+            "  fidelity capture --model models/qwen3-bf16 --suite suites/s512 --out stores/ref\n"
+            "  fidelity capture --model models/q4 --suite suites/s512 --out stores/q4 --shards 0,2-3 --device cuda:1"
+        ),
+    )
+    p.add_argument("--model", required=True, type=Path, help="model folder (config.json + *.safetensors)")
+    p.add_argument("--suite", required=True, type=Path, help="suite folder")
+    p.add_argument("--out", required=True, type=Path, help="capture store folder (created or resumed)")
+    p.add_argument("--shards", default=None, help="shards to capture, e.g. 0,2-3 (default: all)")
+    p.add_argument("--device", default="cpu", type=device_arg, help="cpu, cuda or cuda:N (default cpu)")
+    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"], help="compute dtype (default bfloat16)")
+    p.add_argument("--kind", default="hidden_states", choices=["hidden_states", "logits"], help="what to store (default hidden_states)")
+    p.add_argument("--trust-remote-code", action="store_true", dest="trust_remote_code", help="allow the model's own Python code")
+    p.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=_capture)
+
+
+# ----------------------------------------------------------------------------- head
+
+
+def _export_head(a: argparse.Namespace) -> int:
+    from harness.head import export_head, sidecar_path
+
+    h = export_head(a.model, a.out)
+    print(f"{h.path}: weight [{h.vocab_size}, {h.hidden_size}] bfloat16 sha256 {h.sha256} (sidecar {sidecar_path(h.path).name})")
+    return 0
+
+
+@command
+def add_export_head(sub: SubParsers) -> None:
+    p = sub.add_parser(
+        "export-head",
+        help="export the shared BF16 LM head of a model",
+        formatter_class=_formatter,
+        description="Write lm_head.safetensors (tensor 'weight' [vocab, hidden] bf16) and lm_head.json.\n\n"
+        "example:\n  fidelity export-head --model models/qwen3-bf16 --out heads/lm_head.safetensors",
+    )
+    p.add_argument("--model", required=True, type=Path, help="model folder")
+    p.add_argument("--out", required=True, type=Path, help="output .safetensors path")
+    p.set_defaults(func=_export_head)
+
+
+# ----------------------------------------------------------------------------- store
+
+
+def _store_verify(a: argparse.Namespace) -> int:
+    from harness.store import CaptureStore
+    from harness.suite import Suite
+
+    suite = Suite.load(a.suite)
+    store = CaptureStore.open(a.store, suite)
+    n = store.verify_all()
+    missing = suite.n_contexts - n
+    print(f"{store.root}: OK ({n} contexts verified, {missing} not captured, kind {store.kind}, model {store.identity.get('name')})")
+    return 0
+
+
+@command
+def add_store(sub: SubParsers) -> None:
+    p = sub.add_parser("store", help="inspect capture stores", formatter_class=_formatter)
+    ss = p.add_subparsers(dest="store_cmd", required=True, metavar="{verify}")
+    v = ss.add_parser("verify", help="verify every file of a capture store; exit 1 on any problem", formatter_class=_formatter,
+                      description="example:\n  fidelity store verify stores/ref --suite suites/s512")
+    v.add_argument("store", type=Path, help="capture store folder")
+    v.add_argument("--suite", required=True, type=Path, help="suite folder the store was captured for")
+    v.set_defaults(func=_store_verify)
+
+
+# ----------------------------------------------------------------------------- main
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The top-level parser with every registered subcommand."""
+    from harness import __version__
+
+    parser = argparse.ArgumentParser(
+        prog="fidelity",
+        formatter_class=_formatter,
+        description=(
+            "Exact full-vocabulary KL divergence of quantized LLMs against their BF16 original.\n\n"
+            "typical flow:\n"
+            "  fidelity suite build --corpus corpus/ --tokenizer ref/tokenizer.json --n-ctx 512 \\\n"
+            "      --contexts 128 --shards 8 --seed 0 --out suite/\n"
+            "  fidelity export-head --model ref/ --out lm_head.safetensors\n"
+            "  fidelity capture --model ref/ --suite suite/ --out stores/ref\n"
+            "  fidelity store verify stores/ref --suite suite/"
+        ),
+    )
+    parser.add_argument("--version", action="version", version=f"fidelity {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for add in COMMANDS:
+        add(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``fidelity`` console script; returns the exit code."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args))
+    except VerificationError as e:
+        print(f"fidelity: error: {e}", file=sys.stderr)
+        return 1
+    except FidelityError as e:
+        print(f"fidelity: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("fidelity: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
