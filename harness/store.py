@@ -371,7 +371,8 @@ class StoreWriter:
         t = _check_tensor(self.root / name, {self.kind: tensor}, self.kind, self.dtype, self.shape)
         data = save(
             {self.kind: t.contiguous()},
-            metadata={"index": str(index), "suite_token_sha256": self.suite.suite_token_sha256},
+            # one metadata key: safetensors orders metadata keys arbitrarily, and files must be byte-stable
+            metadata={"fidelity": json.dumps({"index": index, "suite_token_sha256": self.suite.suite_token_sha256}, sort_keys=True)},
         )
         digest = sha256_bytes(data)
         with self._locked():
