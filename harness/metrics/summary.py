@@ -1,0 +1,251 @@
+"""Per-report statistics (DESIGN.md section 2): ``summarize`` turns per-position scores into a JSON-ready dict.
+
+Field meanings (all KLD values in nats; "positions" are the scored positions after the window):
+
+* ``n_positions``, ``n_contexts``, ``n_clusters``, ``score_from`` — what was counted. The window
+  ``score_from=k`` drops rows ``< k`` of every context *before* any statistic.
+* ``kld.mean`` — the primary number: token mean over all positions. ``kld.mean_context_macro`` —
+  mean of per-context means. ``kld.ci95`` — percentile interval of the source-cluster bootstrap
+  (``bootstrap`` block: replicates, seed, method; see :mod:`harness.metrics.bootstrap`).
+  ``kld.se_iid`` — the naive i.i.d. standard error (what llama.cpp prints), for comparison only.
+* ``kld.median/p95/p99/p999`` — numpy "linear" quantiles over positions; ``kld.cvar1`` — mean of
+  the worst 1 % with fractional boundary weight; ``kld.max`` — exact max; ``kld.p99_ci95`` and
+  ``kld.cvar1_ci95`` — cluster-bootstrap intervals of the pooled tail statistics.
+* ``exceedance`` — exact counts of positions with KLD > 1e-4, 1e-3, 1e-2, 0.1, 1.
+* ``histogram`` — the fixed log-spaced histogram (:mod:`harness.metrics.histogram`).
+* ``top1``, ``ear``, ``jsd_bits`` — mean agreement of the argmaxes, mean sum min(p, q), mean JSD.
+* ``ppl`` — exp(mean NLL) of reference and candidate, their ratio, ``mean_ln_ratio`` = mean
+  (nll_cand - nll_ref), and the Pearson correlation of the per-position NLLs.
+* ``delta_p`` — Δp = q(y) - p(y) for the true next token y: mean, std, RMS, percentiles.
+* ``per_stratum`` — positions, contexts, mean KLD, top-1 per stratum.
+* ``contexts`` — one row per context with sums, so the headline can be recomputed from the report
+  alone; ``worst_contexts`` — the 20 contexts with the highest mean KLD.
+* ``totals`` — additive sums, max, histogram and exceedance counts: :func:`merge_totals` combines
+  the totals of two shards exactly as if they had been scored together.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from harness.metrics.bootstrap import (
+    DEFAULT_N_BOOT,
+    DEFAULT_N_BOOT_TAILS,
+    DEFAULT_SEED,
+    LEVEL,
+    TailData,
+    draw_cluster_weights,
+    percentile_interval,
+    ratio_replicates,
+    tail_replicates,
+)
+from harness.metrics.histogram import LogHistogram, exceedance_counts
+from harness.metrics.positions import ContextLabel, Layout, layout
+from harness.metrics.tails import cvar, quantile
+from harness.scorer import PositionScores
+
+N_WORST = 20
+DELTA_P_PERCENTILES = (1, 5, 10, 25, 50, 75, 90, 95, 99)
+
+
+def _f(x: Any) -> float:
+    return float(x)
+
+
+def position_arrays(s: PositionScores) -> dict[str, np.ndarray]:
+    """The per-position quantities the statistics are built from (float64)."""
+    return {
+        "kld": s.kld,
+        "jsd_bits": s.jsd_bits,
+        "ear": s.ear,
+        "top1": s.top1.astype(np.float64),
+        "nll_ref": s.nll_ref,
+        "nll_cand": s.nll_cand,
+        "delta_p": np.exp(-s.nll_cand) - np.exp(-s.nll_ref),
+    }
+
+
+def totals(s: PositionScores) -> dict[str, Any]:
+    """Additive totals of a set of positions (merge with :func:`merge_totals`)."""
+    a = position_arrays(s)
+    return {
+        "n_positions": len(s),
+        "sum_kld": _f(a["kld"].sum()),
+        "sum_jsd_bits": _f(a["jsd_bits"].sum()),
+        "sum_ear": _f(a["ear"].sum()),
+        "top1_count": int(s.top1.sum()),
+        "sum_nll_ref": _f(a["nll_ref"].sum()),
+        "sum_nll_cand": _f(a["nll_cand"].sum()),
+        "sum_delta_p": _f(a["delta_p"].sum()),
+        "sum_delta_p_sq": _f((a["delta_p"] ** 2).sum()),
+        "max_kld": _f(a["kld"].max()) if len(s) else 0.0,
+        "exceedance": exceedance_counts(a["kld"]),
+        "histogram": LogHistogram.from_values(a["kld"]).to_json(),
+    }
+
+
+def merge_totals(parts: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Combine the totals of disjoint position sets (shards): sums add, max is the max, counts add."""
+    if not parts:
+        raise ValueError("merge_totals: nothing to merge")
+    out: dict[str, Any] = {}
+    for k in ("n_positions", "top1_count"):
+        out[k] = int(sum(p[k] for p in parts))
+    for k in ("sum_kld", "sum_jsd_bits", "sum_ear", "sum_nll_ref", "sum_nll_cand", "sum_delta_p", "sum_delta_p_sq"):
+        out[k] = math.fsum(p[k] for p in parts)
+    out["max_kld"] = max(p["max_kld"] for p in parts)
+    out["exceedance"] = {t: int(sum(p["exceedance"][t] for p in parts)) for t in parts[0]["exceedance"]}
+    hist = LogHistogram.from_json(parts[0]["histogram"])
+    for p in parts[1:]:
+        hist = hist + LogHistogram.from_json(p["histogram"])
+    out["histogram"] = hist.to_json()
+    return out
+
+
+def headline_from_totals(t: dict[str, Any]) -> dict[str, float]:
+    """Means recomputed from totals (e.g. of merged shards)."""
+    n = t["n_positions"]
+    return {
+        "kld_mean": t["sum_kld"] / n,
+        "top1": t["top1_count"] / n,
+        "ear_mean": t["sum_ear"] / n,
+        "jsd_bits_mean": t["sum_jsd_bits"] / n,
+        "ppl_ref": math.exp(t["sum_nll_ref"] / n),
+        "ppl_cand": math.exp(t["sum_nll_cand"] / n),
+    }
+
+
+def _context_table(L: Layout, a: dict[str, np.ndarray]) -> tuple[list[dict[str, Any]], dict[str, np.ndarray]]:
+    nc = len(L.contexts)
+    pos = np.bincount(L.ctx, minlength=nc).astype(np.int64)
+    sums = {k: np.bincount(L.ctx, weights=v, minlength=nc) for k, v in a.items()}
+    mx = np.full(nc, -np.inf)
+    np.maximum.at(mx, L.ctx, a["kld"])
+    rows = []
+    for i, c in enumerate(L.contexts):
+        rows.append(
+            {
+                "index": int(c.index),
+                "cluster": c.source_cluster if isinstance(c.source_cluster, (int, str)) else str(c.source_cluster),
+                "stratum": c.stratum,
+                "positions": int(pos[i]),
+                "sum_kld": _f(sums["kld"][i]),
+                "mean_kld": _f(sums["kld"][i] / pos[i]),
+                "max_kld": _f(mx[i]),
+                "top1": int(round(sums["top1"][i])),
+                "sum_jsd_bits": _f(sums["jsd_bits"][i]),
+                "sum_ear": _f(sums["ear"][i]),
+                "sum_nll_ref": _f(sums["nll_ref"][i]),
+                "sum_nll_cand": _f(sums["nll_cand"][i]),
+            }
+        )
+    sums["positions"] = pos.astype(np.float64)
+    return rows, sums
+
+
+def _per_stratum(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
+    for r in rows:
+        d = out.setdefault(r["stratum"], {"contexts": 0, "positions": 0, "sum_kld": 0.0, "top1_count": 0})
+        d["contexts"] += 1
+        d["positions"] += r["positions"]
+        d["sum_kld"] += r["sum_kld"]
+        d["top1_count"] += r["top1"]
+    for d in out.values():
+        d["mean_kld"] = d["sum_kld"] / d["positions"]
+        d["top1"] = d["top1_count"] / d["positions"]
+    return dict(sorted(out.items()))
+
+
+def _corr(x: np.ndarray, y: np.ndarray) -> float | None:
+    if x.size < 2 or x.std() == 0 or y.std() == 0:
+        return None
+    return _f(np.corrcoef(x, y)[0, 1])
+
+
+def summarize(
+    scores: PositionScores,
+    context_index: np.ndarray,
+    row: np.ndarray,
+    contexts: Sequence[ContextLabel],
+    *,
+    score_from: int = 0,
+    n_boot: int = DEFAULT_N_BOOT,
+    n_boot_tails: int = DEFAULT_N_BOOT_TAILS,
+    seed: int = DEFAULT_SEED,
+) -> dict[str, Any]:
+    """All per-report statistics as a JSON-ready dict (see the module docstring for each field)."""
+    L = layout(scores, context_index, row, contexts, score_from)
+    s = L.scores
+    n = len(s)
+    a = position_arrays(s)
+    kld = a["kld"]
+    rows, ctx_sums = _context_table(L, a)
+    C = L.n_clusters
+    cl_sums = {k: np.bincount(L.ctx_cluster, weights=v, minlength=C) for k, v in ctx_sums.items()}
+    W = draw_cluster_weights(C, n_boot, seed)
+    ci = {k: percentile_interval(ratio_replicates(W, cl_sums[k], cl_sums["positions"])) for k in ("kld", "top1", "ear", "jsd_bits")}
+    nt = min(n_boot_tails, n_boot)
+    q99_rep, cvar_rep = tail_replicates(TailData.build(kld, L.cluster, C), W[:nt], 0.99, 0.01)
+    mean_ref, mean_cand = float(a["nll_ref"].mean()), float(a["nll_cand"].mean())
+    dp = a["delta_p"]
+    ctx_means = np.array([r["mean_kld"] for r in rows])
+    worst = sorted(rows, key=lambda r: (-r["mean_kld"], r["index"]))[:N_WORST]
+    return {
+        "n_positions": n,
+        "n_contexts": len(L.contexts),
+        "n_clusters": C,
+        "score_from": int(score_from),
+        "bootstrap": {
+            "method": "source-cluster bootstrap, percentile interval",
+            "level": LEVEL,
+            "n_boot": int(n_boot),
+            "n_boot_tails": int(nt),
+            "seed": int(seed),
+        },
+        "kld": {
+            "mean": _f(kld.mean()),
+            "mean_context_macro": _f(ctx_means.mean()),
+            "ci95": ci["kld"],
+            "se_iid": _f(kld.std(ddof=1) / math.sqrt(n)) if n > 1 else 0.0,
+            "median": quantile(kld, 0.5),
+            "p95": quantile(kld, 0.95),
+            "p99": quantile(kld, 0.99),
+            "p999": quantile(kld, 0.999),
+            "cvar1": cvar(kld, 0.01),
+            "max": _f(kld.max()),
+            "p99_ci95": percentile_interval(q99_rep),
+            "cvar1_ci95": percentile_interval(cvar_rep),
+        },
+        "exceedance": exceedance_counts(kld),
+        "histogram": LogHistogram.from_values(kld).to_json(),
+        "top1": {"agreement": _f(a["top1"].mean()), "count": int(s.top1.sum()), "ci95": ci["top1"]},
+        "ear": {"mean": _f(a["ear"].mean()), "ci95": ci["ear"]},
+        "jsd_bits": {"mean": _f(a["jsd_bits"].mean()), "ci95": ci["jsd_bits"]},
+        "ppl": {
+            "ref": math.exp(mean_ref),
+            "cand": math.exp(mean_cand),
+            "ratio": math.exp(mean_cand - mean_ref),
+            "mean_ln_ratio": _f((a["nll_cand"] - a["nll_ref"]).mean()),
+            "corr_nll": _corr(a["nll_ref"], a["nll_cand"]),
+        },
+        "delta_p": {
+            "mean": _f(dp.mean()),
+            "std": _f(dp.std(ddof=1)) if n > 1 else 0.0,
+            "rms": _f(math.sqrt(float((dp**2).mean()))),
+            "min": _f(dp.min()),
+            "max": _f(dp.max()),
+            "percentiles": {f"p{p:02d}": quantile(dp, p / 100) for p in DELTA_P_PERCENTILES},
+        },
+        "per_stratum": _per_stratum(rows),
+        "worst_contexts": worst,
+        "contexts": rows,
+        "totals": totals(s),
+    }
+
+
+__all__ = ["ContextLabel", "summarize", "totals", "merge_totals", "headline_from_totals", "position_arrays"]
