@@ -79,6 +79,12 @@ def make_tiny_model(path: Path, vocab_size: int = TINY_VOCAB, hidden: int = TINY
 
 
 @pytest.fixture(scope="session")
+def tiny_model_factory() -> Any:
+    """``make_tiny_model`` as a fixture, so test modules need not import conftest by name."""
+    return make_tiny_model
+
+
+@pytest.fixture(scope="session")
 def tiny_corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A small generated corpus (strata prose, code, root)."""
     return make_corpus(tmp_path_factory.mktemp("corpus"))

@@ -11,13 +11,13 @@ import sys
 import textwrap
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 import torch
 from safetensors.torch import save_file
 
-from conftest import make_tiny_model
 from harness.engines.transformers import capture, capture_hidden, load_model
 from harness.errors import FidelityError, VerificationError
 from harness.head import export_head, load_head
@@ -146,8 +146,8 @@ def test_concurrent_captures_and_kill_9(tmp_path: Path, ref_store: Path, tiny_su
 # ----------------------------------------------------------------------------- bad inputs
 
 
-def test_tokenizer_vocab_larger_than_model(tmp_path: Path, tiny_suite: Path) -> None:
-    small = make_tiny_model(tmp_path / "small", vocab_size=256)
+def test_tokenizer_vocab_larger_than_model(tmp_path: Path, tiny_suite: Path, tiny_model_factory: Any) -> None:
+    small = tiny_model_factory(tmp_path / "small", vocab_size=256)
     with pytest.raises(FidelityError, match=r"small: model vocab 256 is smaller than the suite's tokenizer vocab 300"):
         capture(small, tiny_suite, tmp_path / "out", progress=False)
     assert not (tmp_path / "out").exists()
