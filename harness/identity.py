@@ -29,8 +29,10 @@ def weight_files(model_dir: str | Path) -> list[Path]:
 
 def quantized_module() -> Any:
     """Import ``harness.engines.quantized`` lazily; a clear ``FidelityError`` if it is unavailable."""
+    import importlib
+
     try:
-        from harness.engines import quantized
+        quantized = importlib.import_module("harness.engines.quantized")
     except ImportError as e:
         raise FidelityError(
             f"this is a quantized checkpoint ({QUANTIZATION_JSON}) but harness.engines.quantized is not available ({e})"

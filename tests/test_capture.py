@@ -221,3 +221,24 @@ def test_head_refusals(tmp_path: Path, head_path: Path) -> None:
     p.write_bytes(head_path.read_bytes()[:50])
     with pytest.raises(VerificationError, match=r"lm_head.safetensors: corrupt or truncated safetensors"):
         load_head(p)
+
+
+def test_untied_head_exports_lm_head(tmp_path: Path, tiny_model_factory: Any) -> None:
+    m = tiny_model_factory(tmp_path / "untied", tie_word_embeddings=False, seed=1)
+    model = load_model(m)
+    h = export_head(m, tmp_path / "h.safetensors")
+    assert torch.equal(h.weight, model.lm_head.weight.detach())
+    assert not torch.equal(h.weight, model.get_input_embeddings().weight.detach())
+
+
+def test_quantized_checkpoint_without_engine_module(tmp_path: Path, tiny_model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    q = shutil.copytree(tiny_model, tmp_path / "q")
+    (q / "quantization.json").write_text("{}")
+    import harness.engines
+
+    monkeypatch.setitem(sys.modules, "harness.engines.quantized", None)
+    monkeypatch.delattr(harness.engines, "quantized", raising=False)
+    with pytest.raises(FidelityError, match=r"quantization.json\) but harness.engines.quantized is not available"):
+        model_identity(q)
+    with pytest.raises(FidelityError, match="harness.engines.quantized is not available"):
+        load_model(q)

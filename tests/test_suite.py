@@ -184,3 +184,20 @@ def test_geometry_properties(tmp_path_factory: pytest.TempPathFactory, tiny_toke
     # no two contexts share a window
     assert len({(c.document, c.start_token) for c in s.contexts}) == n_contexts
     assert s2.suite_token_sha256 == s.suite_token_sha256
+
+
+def test_token_id_at_or_above_vocab_refused(tmp_path: Path, tiny_suite: Path) -> None:
+    """Even with every hash recomputed, an id >= vocab_size is refused."""
+    from harness.suite import _manifest_sha256
+
+    d = _copy(tiny_suite, tmp_path / "s")
+    arr = np.load(d / "tokens.npy")
+    arr[0, 0] = 300
+    np.save(d / "tokens.npy", arr)
+    doc = json.loads((d / "suite.json").read_text())
+    doc["suite_token_sha256"] = tokens_sha256(arr)
+    doc["shards"][0]["sha256"] = tokens_sha256(arr[doc["shards"][0]["start"] : doc["shards"][0]["stop"]])
+    doc["manifest_sha256"] = _manifest_sha256(doc)
+    (d / "suite.json").write_text(json.dumps(doc))
+    with pytest.raises(VerificationError, match=r"tokens.npy: token id below vocab_size: expected < 300, found 300"):
+        Suite.load(d)
