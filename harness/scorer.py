@@ -18,19 +18,19 @@ How it is computed
   and hide under the GEMM. Peak extra memory is ``2 * tile_rows * vocab`` logits plus
   ``6 * chunk_rows * vocab`` fp32 values, independent of the number of positions N; outputs
   are numpy arrays of length N.
-* **Numerics.** ``log_softmax`` in fp32 (fused, max-shifted). d = ln p - ln q is formed from
-  the two log-softmax rows, so identical inputs give d == 0 exactly and KLD == 0 exactly, by
-  construction, without any clamping. Row sums use torch's cascade (pairwise-blocked) fp32
-  summation and are widened to float64 afterwards.
+* **Numerics.** Softmax in fp32, max-shifted; row sums accumulate in float64
+  (``sum(dtype=float64)``) and the log-normalizers lse = max + ln(sum) are float64.
+  d = ln p - ln q is formed as ``(x - y) - (lse_x - lse_y)``: the two large normalizers cancel
+  in float64 first, so d keeps full fp32 relative accuracy even for tiny divergences (an fp32
+  log_softmax would leave an ulp(lse) ~ 1e-6 offset in d, and therefore in KLD). Identical
+  inputs give d == 0 and KLD == 0 exactly, by construction, without any clamping.
   JSD uses a cancellation-free form: with a = |d|, s = tanh(a/2) = -expm1(-a) / (2 + expm1(-a)),
 
       2 * JSD_nats = sum (p + q) * log1p(s) - sum min(p, q) * a
 
   (ln(2 max / (p+q)) = log1p(s) and ln(2 min / (p+q)) = log1p(s) - a), which is exact for
   any finite d and never forms log(0).
-  EAR = sum min(p, q) + 1 - (sum p + sum q) / 2, which equals sum min(p, q) for normalized
-  p, q and cancels the fp32 normalization error (identical inputs give exactly 1); it is then
-  clipped to [0, 1].
+  EAR = sum min(p, q) (identical inputs give exactly 1), clipped to [0, 1] against rounding.
 * Inputs must be finite (captures and heads are verified upstream, DESIGN.md section 4).
 
 The module is device-agnostic: the same code runs on CUDA (there ``chunk_rows`` defaults to
@@ -163,46 +163,55 @@ def _metrics_chunk(
     out: PositionScores,
     start: int,
 ) -> None:
-    """All metrics for one chunk of rows of logits (any float dtype), written to ``out[start:]``."""
+    """All metrics for one chunk of rows of logits (any float dtype), written to ``out[start:]``.
+
+    Notation: x, y = reference and candidate logits (fp32); P = exp(x - max x), Q = exp(y - max y)
+    (unnormalized, fp32); s_a, s_b their row sums; lse = max + ln s (float64). Then
+    d = ln p - ln q = (x - y) - (lse_a - lse_b): the large, nearly equal normalizers cancel in
+    float64 before anything is rounded to fp32, so d is accurate even when the divergence is tiny.
+    """
     rows = ref.shape[0]
-    X, Y, LA, LB, P, Q = ws.view(rows)
+    X, Y, P, Q, A, B = ws.view(rows)
     X.copy_(ref)
     Y.copy_(cand)
-    _, am_a = torch.max(X, dim=1)  # first maximal index: ties to the lowest token id
-    _, am_b = torch.max(Y, dim=1)
-    torch.ops.aten._log_softmax.out(X, 1, False, out=LA)
-    torch.ops.aten._log_softmax.out(Y, 1, False, out=LB)
-    y = targets.view(-1, 1)
-    nll_a = LA.gather(1, y).view(-1)
-    nll_b = LB.gather(1, y).view(-1)
-    torch.exp(LA, out=P)
-    torch.exp(LB, out=Q)
-    LA.sub_(LB)  # d = ln p - ln q (exactly 0 where the inputs agree)
-    kld = torch.mul(P, LA, out=X).sum(1)
-    sp = P.sum(1)
-    sq = Q.sum(1)
-    torch.minimum(P, Q, out=Y)
-    smin = Y.sum(1)
-    torch.abs(LA, out=LB)  # a = |d|
-    j_min = torch.mul(Y, LB, out=X).sum(1)  # sum min(p,q) * a
-    torch.neg(LB, out=LA)
-    LA.expm1_()  # em = expm1(-a) in (-1, 0]
-    torch.add(LA, 2.0, out=X)
-    LA.div_(X).neg_()  # s = tanh(a/2) in [0, 1]
-    LA.log1p_()
+    mx_a, am_a = torch.max(X, dim=1)  # first maximal index: ties go to the lowest token id
+    mx_b, am_b = torch.max(Y, dim=1)
+    torch.sub(X, mx_a[:, None], out=P)
+    P.exp_()
+    torch.sub(Y, mx_b[:, None], out=Q)
+    Q.exp_()
+    s_a = P.sum(1, dtype=torch.float64)
+    s_b = Q.sum(1, dtype=torch.float64)
+    lse_a = mx_a.double() + s_a.log()
+    lse_b = mx_b.double() + s_b.log()
+    yi = targets.view(-1, 1)
+    nll_a = lse_a - X.gather(1, yi).view(-1).double()
+    nll_b = lse_b - Y.gather(1, yi).view(-1).double()
+    X.sub_(Y).sub_((lse_a - lse_b).float()[:, None])  # X := d = ln p - ln q (exactly 0 where inputs agree)
+    Q.mul_((s_a / s_b).float()[:, None])  # Q := q * s_a, on the same scale as P = p * s_a
+    kld = torch.mul(P, X, out=Y).sum(1, dtype=torch.float64)
+    torch.minimum(P, Q, out=A)
+    s_min = A.sum(1, dtype=torch.float64)
+    torch.abs(X, out=B)  # a = |d|
+    j_min = torch.mul(A, B, out=Y).sum(1, dtype=torch.float64)  # sum min * a
+    torch.neg(B, out=X)
+    X.expm1_()  # em = expm1(-a) in [-1, 0]
+    torch.add(X, 2.0, out=Y)
+    X.div_(Y).neg_()  # s = tanh(a / 2) in [0, 1]
+    X.log1p_()
     P.add_(Q)
-    j_sum = torch.mul(P, LA, out=X).sum(1)  # sum (p+q) * log1p(s)
+    j_sum = torch.mul(P, X, out=Y).sum(1, dtype=torch.float64)  # sum (p + q) * log1p(s)
 
     sl = slice(start, start + rows)
-    stats = torch.stack([kld, sp, sq, smin, j_min, j_sum, nll_a, nll_b]).to("cpu", torch.float64).numpy()
-    kld_n, sp_n, sq_n, smin_n, jmin_n, jsum_n, nlla_n, nllb_n = stats
-    out.kld[sl] = kld_n
-    out.jsd_bits[sl] = 0.5 * (jsum_n - jmin_n) / _LN2
-    out.ear[sl] = np.clip(smin_n + 1.0 - 0.5 * (sp_n + sq_n), 0.0, 1.0)
-    out.nll_ref[sl] = -nlla_n
-    out.nll_cand[sl] = -nllb_n
-    out.argmax_ref[sl] = am_a.to("cpu").numpy()
-    out.argmax_cand[sl] = am_b.to("cpu").numpy()
+    stats = torch.stack([kld, s_a, s_min, j_min, j_sum, nll_a, nll_b]).cpu().numpy()
+    kld_n, sa_n, smin_n, jmin_n, jsum_n, nlla_n, nllb_n = stats
+    out.kld[sl] = kld_n / sa_n
+    out.jsd_bits[sl] = 0.5 * (jsum_n - jmin_n) / sa_n / _LN2
+    out.ear[sl] = np.clip(smin_n / sa_n, 0.0, 1.0)
+    out.nll_ref[sl] = nlla_n
+    out.nll_cand[sl] = nllb_n
+    out.argmax_ref[sl] = am_a.cpu().numpy()
+    out.argmax_cand[sl] = am_b.cpu().numpy()
 
 
 def _check_targets(targets: torch.Tensor, n: int, vocab: int) -> torch.Tensor:
