@@ -278,6 +278,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("fidelity: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # e.g. `fidelity suite show S | head`
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -427,8 +427,8 @@ def build_suite(
     return load_suite(out_dir, verify=True)
 
 
-def describe(suite: Suite) -> str:
-    """Human-readable summary: geometry, strata counts, clusters, shards."""
+def describe(suite: Suite, max_clusters: int = 20) -> str:
+    """Human-readable summary: geometry, strata counts, the largest clusters, shards."""
     lines = [
         f"suite {suite.root}",
         f"  protocol {suite.protocol_version}, n_ctx {suite.n_ctx}, contexts {suite.n_contexts}, "
@@ -440,9 +440,11 @@ def describe(suite: Suite) -> str:
     for s, n in sorted(Counter(c.stratum for c in suite.contexts).items()):
         lines.append(f"    {s}: {n} contexts")
     clusters = Counter(c.source_cluster for c in suite.contexts)
-    lines.append(f"  source clusters: {len(clusters)}")
-    for cl, n in sorted(clusters.items()):
+    lines.append(f"  source clusters: {len(clusters)} (largest {min(max_clusters, len(clusters))} shown)")
+    for cl, n in sorted(clusters.items(), key=lambda kv: (-kv[1], kv[0]))[:max_clusters]:
         lines.append(f"    {cl}: {n}")
+    if len(clusters) > max_clusters:
+        lines.append(f"    ... {len(clusters) - max_clusters} more")
     lines.append(f"  shards: {suite.n_shards}")
     for sh in suite.shards:
         lines.append(f"    {sh.index}: contexts [{sh.start}, {sh.stop}) sha256 {sh.sha256}")
