@@ -1,0 +1,235 @@
+"""Metrics: summary fields against numpy, histogram, tails, window, merging, paired."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from harness.atomic import dumps_json
+from harness.metrics import ContextLabel, LogHistogram, headline_from_totals, merge_totals, paired, summarize, totals
+from harness.metrics.histogram import EDGES, N_BINS, exceedance_counts
+from harness.metrics.tails import cvar, quantile, weighted_tail_stats
+from harness.scorer import PositionScores
+
+
+def make_scores(n: int, seed: int = 0, scale: float = 1.0) -> PositionScores:
+    rng = np.random.default_rng(seed)
+    return PositionScores(
+        kld=rng.lognormal(-7, 2, n) * scale,
+        jsd_bits=rng.random(n) * 0.01,
+        ear=1 - rng.random(n) * 0.05,
+        nll_ref=rng.random(n) * 5,
+        nll_cand=rng.random(n) * 5,
+        argmax_ref=rng.integers(0, 3, n),
+        argmax_cand=rng.integers(0, 3, n),
+    )
+
+
+def make_suite(n_ctx: int, per: int, n_clusters: int, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    ci = np.repeat(np.arange(100, 100 + n_ctx), per)
+    row = np.tile(np.arange(per), n_ctx)
+    labels = [ContextLabel(100 + i, f"doc{rng.integers(0, n_clusters)}", ["code", "prose", "chat"][i % 3]) for i in range(n_ctx)]
+    return ci, row, labels
+
+
+def test_summary_matches_numpy() -> None:
+    s = make_scores(3000)
+    ci, row, labels = make_suite(60, 50, 20)
+    m = summarize(s, ci, row, labels, n_boot=300, n_boot_tails=100)
+    k = s.kld
+    assert m["n_positions"] == 3000 and m["n_contexts"] == 60 and m["n_clusters"] <= 20
+    assert m["kld"]["mean"] == pytest.approx(k.mean(), rel=1e-12)
+    for name, q in (("median", 0.5), ("p95", 0.95), ("p99", 0.99), ("p999", 0.999)):
+        assert m["kld"][name] == np.quantile(k, q, method="linear")
+    assert m["kld"]["max"] == k.max()
+    worst = np.sort(k)[::-1]
+    assert m["kld"]["cvar1"] == pytest.approx(worst[:30].mean(), rel=1e-12)  # k = 30 exactly
+    assert m["top1"]["agreement"] == pytest.approx(s.top1.mean())
+    assert m["ear"]["mean"] == pytest.approx(s.ear.mean())
+    assert m["jsd_bits"]["mean"] == pytest.approx(s.jsd_bits.mean())
+    assert m["ppl"]["ref"] == pytest.approx(math.exp(s.nll_ref.mean()))
+    assert m["ppl"]["mean_ln_ratio"] == pytest.approx((s.nll_cand - s.nll_ref).mean())
+    dp = np.exp(-s.nll_cand) - np.exp(-s.nll_ref)
+    assert m["delta_p"]["rms"] == pytest.approx(np.sqrt((dp**2).mean()))
+    assert m["delta_p"]["percentiles"]["p50"] == pytest.approx(np.median(dp))
+    assert m["exceedance"] == {f"{t:g}": int((k > t).sum()) for t in (1e-4, 1e-3, 1e-2, 1e-1, 1.0)}
+    assert sum(m["histogram"]["counts"]) == 3000
+    lo, hi = m["kld"]["ci95"]
+    assert lo < m["kld"]["mean"] < hi
+    for key in ("p99_ci95", "cvar1_ci95"):
+        assert m["kld"][key][0] <= m["kld"][key][1]
+    dumps_json(m)  # JSON-ready, no NaN
+
+
+def test_headline_recomputable_from_context_rows() -> None:
+    s = make_scores(1200, seed=1)
+    ci, row, labels = make_suite(40, 30, 9, seed=1)
+    m = summarize(s, ci, row, labels, n_boot=100, n_boot_tails=50)
+    rows = m["contexts"]
+    assert len(rows) == 40
+    assert sum(r["positions"] for r in rows) == m["n_positions"]
+    assert math.fsum(r["sum_kld"] for r in rows) / m["n_positions"] == pytest.approx(m["kld"]["mean"], rel=1e-12)
+    assert sum(r["top1"] for r in rows) == m["top1"]["count"]
+    assert np.mean([r["mean_kld"] for r in rows]) == pytest.approx(m["kld"]["mean_context_macro"])
+    assert [r["mean_kld"] for r in m["worst_contexts"]] == sorted((r["mean_kld"] for r in rows), reverse=True)[:20]
+    strata = m["per_stratum"]
+    assert set(strata) == {"code", "prose", "chat"}
+    assert sum(v["positions"] for v in strata.values()) == 1200
+
+
+def test_window_drops_rows_before_any_statistic() -> None:
+    s = make_scores(400, seed=2)
+    ci, row, labels = make_suite(8, 50, 4, seed=2)
+    m = summarize(s, ci, row, labels, score_from=25, n_boot=100, n_boot_tails=50)
+    kept = s.kld[row >= 25]
+    assert m["n_positions"] == 200 and m["score_from"] == 25
+    assert m["kld"]["mean"] == pytest.approx(kept.mean())
+    assert m["kld"]["max"] == kept.max()
+    assert m["kld"]["p99"] == np.quantile(kept, 0.99)
+    with pytest.raises(ValueError, match="without positions"):
+        summarize(s, ci, row, labels, score_from=50, n_boot=10)
+
+
+def test_unknown_context_is_rejected() -> None:
+    s = make_scores(20)
+    ci, row, labels = make_suite(2, 10, 1)
+    with pytest.raises(ValueError, match="not in the label list"):
+        summarize(s, ci, row, labels[:1], n_boot=10)
+
+
+def test_bootstrap_is_deterministic_for_a_seed() -> None:
+    s = make_scores(500, seed=3)
+    ci, row, labels = make_suite(25, 20, 10, seed=3)
+    a = summarize(s, ci, row, labels, n_boot=200, n_boot_tails=50, seed=7)
+    b = summarize(s, ci, row, labels, n_boot=200, n_boot_tails=50, seed=7)
+    c = summarize(s, ci, row, labels, n_boot=200, n_boot_tails=50, seed=8)
+    assert a["kld"]["ci95"] == b["kld"]["ci95"] != c["kld"]["ci95"]
+
+
+# ---- histogram --------------------------------------------------------------------------------
+
+
+def test_histogram_bins_and_overflow() -> None:
+    vals = np.array([-1e-15, 0.0, 5e-13, 1e-12, 1e-4, 99.99, 100.0, 1e6])
+    h = LogHistogram.from_values(vals)
+    assert h.total == 8
+    assert h.counts[0] == 3  # negative, zero, < 1e-12
+    assert h.counts[1] == 1  # [1e-12, edge1)
+    assert h.counts[-1] == 2  # >= 100
+    assert h.counts[N_BINS] == 1  # last interior bin holds 99.99
+    k = int(np.searchsorted(EDGES, 1e-4))
+    assert h.counts[1 + k] == 1 and EDGES[k] == 1e-4
+    assert len(h.to_json()["counts"]) == N_BINS + 2
+    assert LogHistogram.from_json(h.to_json()).counts.tolist() == h.counts.tolist()
+
+
+def test_histogram_quantile_bounds_bracket_numpy() -> None:
+    x = np.random.default_rng(4).lognormal(-8, 3, 5001)
+    h = LogHistogram.from_values(x)
+    for q in (0.0, 0.1, 0.5, 0.9, 0.99, 0.999, 1.0):
+        lo, hi = h.quantile_bounds(q)
+        assert lo <= np.quantile(x, q) <= hi
+
+
+def test_histogram_exceedance_from_counts_matches_exact() -> None:
+    x = np.random.default_rng(5).lognormal(-6, 3, 3000)
+    h = LogHistogram.from_values(x)
+    exact_ge = {f"{t:g}": int((x >= t).sum()) for t in (1e-4, 1e-3, 1e-2, 1e-1, 1.0)}
+    assert h.exceedances_at_least() == exact_ge
+
+
+kld_lists = st.lists(
+    st.one_of(st.floats(0, 200, allow_nan=False), st.just(0.0), st.floats(-1e-12, 1e-11)), min_size=2, max_size=300
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(kld_lists, st.data())
+def test_property_halves_combine_to_whole(values: list[float], data: st.DataObject) -> None:
+    n = len(values)
+    cut = data.draw(st.integers(1, n - 1))
+    rng = np.random.default_rng(n)
+    s = PositionScores(
+        np.array(values), rng.random(n), rng.random(n), rng.random(n), rng.random(n), rng.integers(0, 2, n), rng.integers(0, 2, n)
+    )
+    whole = totals(s)
+    merged = merge_totals([totals(s.select(slice(0, cut))), totals(s.select(slice(cut, n)))])
+    assert sum(whole["histogram"]["counts"]) == n
+    assert merged["histogram"] == whole["histogram"]
+    assert merged["exceedance"] == whole["exceedance"]
+    assert merged["max_kld"] == whole["max_kld"]
+    assert merged["n_positions"] == n and merged["top1_count"] == whole["top1_count"]
+    for k in ("sum_kld", "sum_ear", "sum_nll_ref", "sum_delta_p"):
+        assert merged[k] == pytest.approx(whole[k], rel=1e-12, abs=1e-12)
+    assert headline_from_totals(merged)["kld_mean"] == pytest.approx(float(np.mean(values)), rel=1e-12, abs=1e-15)
+
+
+# ---- tails ------------------------------------------------------------------------------------
+
+
+def _cvar_bruteforce(x: np.ndarray, alpha: float) -> float:
+    d = np.sort(x)[::-1]
+    k = alpha * len(x)
+    if k <= 1:
+        return float(d[0])
+    f = math.floor(k)
+    s = d[:f].sum() + ((k - f) * d[f] if f < len(d) else 0.0)
+    return float(s / k)
+
+
+@pytest.mark.parametrize("n", [1, 7, 100, 150, 1234])
+def test_cvar_fractional_boundary(n: int) -> None:
+    x = np.random.default_rng(n).lognormal(0, 2, n)
+    assert cvar(x, 0.01) == pytest.approx(_cvar_bruteforce(x, 0.01), rel=1e-12)
+    assert cvar(x, 0.3) == pytest.approx(_cvar_bruteforce(x, 0.3), rel=1e-12)
+
+
+def test_weighted_tails_equal_expanded_sample() -> None:
+    rng = np.random.default_rng(6)
+    x = np.sort(rng.lognormal(-5, 2, 400))[::-1]
+    w = rng.integers(0, 4, size=(20, 400))
+    tot = w.sum(1).astype(float)
+    q, c, ok = weighted_tail_stats(x, w, tot, 0.99, 0.01)
+    assert ok.all()
+    for b in range(20):
+        e = np.repeat(x, w[b])
+        assert q[b] == pytest.approx(quantile(e, 0.99), rel=1e-12)
+        assert c[b] == pytest.approx(_cvar_bruteforce(e, 0.01), rel=1e-12)
+
+
+# ---- paired -----------------------------------------------------------------------------------
+
+
+def test_paired_identical_is_zero_and_common_random_numbers() -> None:
+    s = make_scores(2000, seed=8)
+    ci, row, labels = make_suite(40, 50, 12, seed=8)
+    p = paired(s, s, ci, row, labels, n_boot=200, n_boot_tails=50)
+    assert p["kld_mean"]["diff"] == 0.0 and p["kld_mean"]["ci95"] == [0.0, 0.0]
+    assert p["kld_p99"]["ci95"] == [0.0, 0.0]
+    assert p["contexts"] == {"a_wins": 0, "b_wins": 0, "ties": 40}
+    worse = PositionScores(**{**s.to_dict(), "kld": s.kld * 1.1})
+    p2 = paired(s, worse, ci, row, labels, n_boot=200, n_boot_tails=50)
+    assert p2["contexts"]["a_wins"] == 40
+    lo, hi = p2["kld_mean"]["ci95"]
+    assert hi < 0  # a is better, and common random numbers make the interval tight
+    assert not p2["kld_mean"]["interval_contains_zero"]
+    m = summarize(s, ci, row, labels, n_boot=200, n_boot_tails=50)
+    width_marginal = m["kld"]["ci95"][1] - m["kld"]["ci95"][0]
+    assert (hi - lo) < 0.5 * width_marginal
+    dumps_json(p2)
+
+
+def test_paired_requires_same_positions() -> None:
+    s = make_scores(100)
+    ci, row, labels = make_suite(2, 50, 1)
+    with pytest.raises(ValueError, match="same positions"):
+        paired(s, s.select(slice(0, 99)), ci, row, labels, n_boot=10)
+
+
+def test_exceedance_is_strict() -> None:
+    assert exceedance_counts(np.array([1e-4, 1.0, 2.0])) == {"0.0001": 2, "0.001": 2, "0.01": 2, "0.1": 2, "1": 1}
