@@ -1,0 +1,182 @@
+#!/usr/bin/env python
+"""Scorer performance, measured side by side in one run (DESIGN.md section 6).
+
+Prints four figures:
+
+1. scorer time / two bare GEMMs time (the floor: reference and candidate logits, tiled alike);
+   goal <= 1.2 on a CPU;
+2. two-pass method time / scorer time (normalizers first, then divergences: GEMMs twice);
+   goal >= 1.7;
+3. peak extra memory of the scorer at N and 4N positions. Each is measured in a fresh child
+   process: with inputs, head and torch already resident, the kernel's peak-RSS mark (VmHWM)
+   is reset (``echo 5 > /proc/self/clear_refs``, Linux), the scorer runs, and the figure is the
+   new VmHWM minus the RSS just before: the growth of the resident set caused by scoring,
+   outputs included. This sees torch's allocations, which tracemalloc does not. Where
+   clear_refs is unavailable it falls back to the ``ru_maxrss`` delta (inputs are generated in
+   chunks so their temporaries do not set the peak). It must not grow with N;
+4. bootstrap time for a suite of 5,120 contexts in 842 source clusters: the 10,000-replicate
+   cluster bootstrap of the four means, the 2,000-replicate tail bootstrap (p99, CVaR1) and the
+   whole ``summarize``.
+
+Timings are the minimum over ``--reps`` interleaved repetitions (the machines are shared and
+noisy; the minimum is the least disturbed run). The default shape is Qwen-proportioned but scaled
+(hidden 2048, vocab 65,536, 4,096 positions, bf16); shrink with the options.
+
+    python benchmarks/bench_scorer.py --positions 1024 --threads 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import time
+
+import numpy as np
+import torch
+
+from harness.scorer import bare_gemms, default_tile_rows, score_hidden, score_two_pass
+
+
+def make_inputs(n: int, hidden: int, vocab: int, seed: int = 0) -> tuple[torch.Tensor, ...]:
+    """bf16 head and hidden states, generated 4096 rows at a time (small fp32 temporaries)."""
+    g = torch.Generator().manual_seed(seed)
+    head = torch.empty(vocab, hidden, dtype=torch.bfloat16)
+    for r in range(0, vocab, 4096):
+        head[r : r + 4096] = torch.randn(min(4096, vocab - r), hidden, generator=g) / hidden**0.5 * 4
+    ref = torch.empty(n, hidden, dtype=torch.bfloat16)
+    cand = torch.empty(n, hidden, dtype=torch.bfloat16)
+    for r in range(0, n, 4096):
+        x = torch.randn(min(4096, n - r), hidden, generator=g)
+        ref[r : r + 4096] = x
+        cand[r : r + 4096] = x + 0.05 * torch.randn(x.shape, generator=g)
+    targets = torch.randint(0, vocab, (n,), generator=g)
+    return ref, cand, head, targets
+
+
+def _status_kib(field: str) -> int:
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise KeyError(field)
+
+
+def child_memory(n: int, hidden: int, vocab: int, tile_rows: int | None, threads: int) -> None:
+    torch.set_num_threads(threads)
+    ref, cand, head, targets = make_inputs(n, hidden, vocab)
+    try:
+        with open("/proc/self/clear_refs", "w") as fh:
+            fh.write("5")
+        method = "VmHWM after clear_refs"
+        before = _status_kib("VmRSS")
+        score_hidden(ref, cand, head, targets, tile_rows=tile_rows)
+        after = _status_kib("VmHWM")
+    except OSError:
+        method = "ru_maxrss delta"
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        score_hidden(ref, cand, head, targets, tile_rows=tile_rows)
+        after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    print(json.dumps({"n": n, "extra_peak_kib": after - before, "baseline_kib": before, "method": method}))
+
+
+def measure_memory(n: int, args: argparse.Namespace) -> dict:
+    cmd = [sys.executable, __file__, "--_child-memory", str(n), "--hidden", str(args.hidden), "--vocab", str(args.vocab),
+           "--threads", str(args.threads)]
+    if args.tile_rows:
+        cmd += ["--tile-rows", str(args.tile_rows)]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def bench_bootstrap(n_contexts: int, n_clusters: int, positions_per_context: int) -> dict[str, float]:
+    from harness.metrics import ContextLabel, summarize
+    from harness.metrics.bootstrap import TailData, draw_cluster_weights, ratio_replicates, tail_replicates
+    from harness.scorer import PositionScores
+
+    rng = np.random.default_rng(0)
+    n = n_contexts * positions_per_context
+    s = PositionScores(rng.lognormal(-7, 2, n), rng.random(n), rng.random(n), rng.random(n) * 5, rng.random(n) * 5,
+                       rng.integers(0, 4, n), rng.integers(0, 4, n))
+    ctx_cluster = np.concatenate([np.arange(n_clusters), rng.integers(0, n_clusters, n_contexts - n_clusters)])
+    labels = [ContextLabel(i, int(ctx_cluster[i]), "prose") for i in range(n_contexts)]
+    ci = np.repeat(np.arange(n_contexts), positions_per_context)
+    row = np.tile(np.arange(positions_per_context), n_contexts)
+    cl = ctx_cluster[ci]
+    t0 = time.perf_counter()
+    w = draw_cluster_weights(n_clusters, 10_000, 20240601)
+    counts = np.bincount(cl, minlength=n_clusters)
+    for v in (s.kld, s.ear, s.jsd_bits, s.top1.astype(float)):
+        ratio_replicates(w, np.bincount(cl, weights=v, minlength=n_clusters), counts)
+    t_means = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    tail_replicates(TailData.build(s.kld, cl, n_clusters), w[:2000])
+    t_tails = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    summarize(s, ci, row, labels)
+    t_sum = time.perf_counter() - t0
+    return {"positions": n, "means_10k_s": t_means, "tails_2k_s": t_tails, "summarize_s": t_sum}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--hidden", type=int, default=2048)
+    ap.add_argument("--vocab", type=int, default=65_536)
+    ap.add_argument("--positions", type=int, default=4096)
+    ap.add_argument("--tile-rows", type=int, default=None)
+    ap.add_argument("--threads", type=int, default=torch.get_num_threads())
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--skip-memory", action="store_true")
+    ap.add_argument("--skip-bootstrap", action="store_true")
+    ap.add_argument("--boot-contexts", type=int, default=5120)
+    ap.add_argument("--boot-clusters", type=int, default=842)
+    ap.add_argument("--boot-positions-per-context", type=int, default=511)
+    ap.add_argument("--_child-memory", type=int, default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args._child_memory is not None:
+        child_memory(args._child_memory, args.hidden, args.vocab, args.tile_rows, args.threads)
+        return 0
+
+    torch.set_num_threads(args.threads)
+    n, h, v = args.positions, args.hidden, args.vocab
+    tile = args.tile_rows or default_tile_rows(v, 2)
+    print(f"shape: positions {n}, hidden {h}, vocab {v}, bf16; tile_rows {tile}; threads {args.threads}; "
+          f"torch {torch.__version__}")
+    ref, cand, head, targets = make_inputs(n, h, v)
+    score_hidden(ref[:16], cand[:16], head, targets[:16])  # warm-up
+    t_gemm, t_score, t_two = [], [], []
+    for _ in range(args.reps):
+        t_gemm.append(bare_gemms(ref, cand, head, tile_rows=tile))
+        t0 = time.perf_counter()
+        s = score_hidden(ref, cand, head, targets, tile_rows=tile)
+        t_score.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        k2 = score_two_pass(ref, cand, head, targets, tile_rows=tile)
+        t_two.append(time.perf_counter() - t0)
+    assert np.allclose(k2, s.kld, rtol=1e-3, atol=1e-6), "two-pass and scorer disagree"
+    g, sc, tw = min(t_gemm), min(t_score), min(t_two)
+    print(f"bare GEMMs      {g:8.3f} s   (min of {args.reps}; all {['%.2f' % x for x in t_gemm]})")
+    print(f"scorer          {sc:8.3f} s   (all {['%.2f' % x for x in t_score]})")
+    print(f"two-pass        {tw:8.3f} s   (all {['%.2f' % x for x in t_two]})")
+    print(f"scorer / bare GEMMs     = {sc / g:.3f}   (goal <= 1.2)")
+    print(f"two-pass / scorer       = {tw / sc:.3f}   (goal >= 1.7)")
+    print(f"scorer per position     = {sc / n * 1e3:.3f} ms; mean KLD {s.kld.mean():.3e}")
+    if not args.skip_memory:
+        del ref, cand, head, targets
+        m1 = measure_memory(n, args)
+        m4 = measure_memory(4 * n, args)
+        print(f"peak extra RSS at N={n}: {m1['extra_peak_kib'] / 1024:.1f} MiB; at 4N={4 * n}: "
+              f"{m4['extra_peak_kib'] / 1024:.1f} MiB (ratio {m4['extra_peak_kib'] / max(1, m1['extra_peak_kib']):.2f}; "
+              f"budget for the two logits tiles {2 * tile * v * 2 / 2**20:.0f} MiB; {m1['method']})")
+    if not args.skip_bootstrap:
+        b = bench_bootstrap(args.boot_contexts, args.boot_clusters, args.boot_positions_per_context)
+        print(f"bootstrap, {args.boot_contexts} contexts / {args.boot_clusters} clusters / {b['positions']} positions: "
+              f"means (10,000 replicates, 4 statistics) {b['means_10k_s']:.3f} s; tails (2,000 replicates) "
+              f"{b['tails_2k_s']:.3f} s; whole summarize {b['summarize_s']:.2f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
