@@ -20,8 +20,8 @@ How it is computed
   are numpy arrays of length N.
 * **Numerics.** Softmax in fp32, max-shifted; row sums accumulate in float64
   (``sum(dtype=float64)``) and the log-normalizers lse = max + ln(sum) are float64.
-  d = ln p - ln q is formed as ``(x - y) - (lse_x - lse_y)``: the two large normalizers cancel
-  in float64 first, so d keeps full fp32 relative accuracy even for tiny divergences (an fp32
+  d = ln p - ln q is formed as ``(x - max x) - (y - max y) - (ln s_x - ln s_y)``: the two
+  normalizers cancel in float64 first, so d keeps full fp32 relative accuracy even for tiny divergences (an fp32
   log_softmax would leave an ulp(lse) ~ 1e-6 offset in d, and therefore in KLD). Identical
   inputs give d == 0 and KLD == 0 exactly, by construction, without any clamping.
   JSD uses a cancellation-free form: with a = |d|, s = tanh(a/2) = -expm1(-a) / (2 + expm1(-a)),
@@ -165,29 +165,27 @@ def _metrics_chunk(
 ) -> None:
     """All metrics for one chunk of rows of logits (any float dtype), written to ``out[start:]``.
 
-    Notation: x, y = reference and candidate logits (fp32); P = exp(x - max x), Q = exp(y - max y)
-    (unnormalized, fp32); s_a, s_b their row sums; lse = max + ln s (float64). Then
-    d = ln p - ln q = (x - y) - (lse_a - lse_b): the large, nearly equal normalizers cancel in
+    Notation: x, y = reference and candidate logits; X = x - max x, Y = y - max y (fp32, exact
+    for bf16/fp16 logits); P = exp(X), Q = exp(Y) (unnormalized); s_a, s_b their row sums
+    (float64). Then d = ln p - ln q = (X - Y) - (ln s_a - ln s_b): the normalizers cancel in
     float64 before anything is rounded to fp32, so d is accurate even when the divergence is tiny.
     """
     rows = ref.shape[0]
     X, Y, P, Q, A, B = ws.view(rows)
-    X.copy_(ref)
-    Y.copy_(cand)
-    mx_a, am_a = torch.max(X, dim=1)  # first maximal index: ties go to the lowest token id
-    mx_b, am_b = torch.max(Y, dim=1)
-    torch.sub(X, mx_a[:, None], out=P)
-    P.exp_()
-    torch.sub(Y, mx_b[:, None], out=Q)
-    Q.exp_()
+    mx_a, am_a = torch.max(ref, dim=1)  # first maximal index: ties go to the lowest token id
+    mx_b, am_b = torch.max(cand, dim=1)
+    torch.sub(ref, mx_a[:, None].float(), out=X)  # x - max x, fp32 (exact for bf16/fp16 logits)
+    torch.exp(X, out=P)
+    torch.sub(cand, mx_b[:, None].float(), out=Y)
+    torch.exp(Y, out=Q)
     s_a = P.sum(1, dtype=torch.float64)
     s_b = Q.sum(1, dtype=torch.float64)
-    lse_a = mx_a.double() + s_a.log()
-    lse_b = mx_b.double() + s_b.log()
+    ln_a = s_a.log()
+    ln_b = s_b.log()
     yi = targets.view(-1, 1)
-    nll_a = lse_a - X.gather(1, yi).view(-1).double()
-    nll_b = lse_b - Y.gather(1, yi).view(-1).double()
-    X.sub_(Y).sub_((lse_a - lse_b).float()[:, None])  # X := d = ln p - ln q (exactly 0 where inputs agree)
+    nll_a = ln_a - X.gather(1, yi).view(-1).double()
+    nll_b = ln_b - Y.gather(1, yi).view(-1).double()
+    X.sub_(Y).sub_((ln_a - ln_b).float()[:, None])  # X := d = ln p - ln q (exactly 0 where inputs agree)
     Q.mul_((s_a / s_b).float()[:, None])  # Q := q * s_a, on the same scale as P = p * s_a
     kld = torch.mul(P, X, out=Y).sum(1, dtype=torch.float64)
     torch.minimum(P, Q, out=A)

@@ -29,7 +29,7 @@ DEFAULT_SEED = 20240601
 DEFAULT_N_BOOT = 10_000
 DEFAULT_N_BOOT_TAILS = 2_000
 LEVEL = 0.95
-_BLOCK = 64  # replicates per block in the tail bootstrap (bounds memory: BLOCK x tail size)
+_BLOCK = 128  # replicates per block in the tail bootstrap (bounds memory: BLOCK x tail size)
 
 
 def draw_cluster_weights(n_clusters: int, n_boot: int, seed: int) -> np.ndarray:
@@ -48,9 +48,14 @@ def percentile_interval(replicates: np.ndarray, level: float = LEVEL) -> list[fl
 
 
 def ratio_replicates(weights: np.ndarray, sums: np.ndarray, counts: np.ndarray) -> np.ndarray:
-    """``(W @ sums) / (W @ counts)`` per replicate (counts > 0 in every replicate: C >= 1 drawn)."""
-    w = weights.astype(np.float64)
-    return (w @ sums.astype(np.float64)) / (w @ counts.astype(np.float64))
+    """``(W @ sums) / (W @ counts)`` per replicate (counts > 0 in every replicate: C >= 1 drawn).
+
+    ``sums`` may be ``[C]`` or ``[C, k]`` (k statistics at once, one matrix product)."""
+    w = weights if weights.dtype == np.float64 else weights.astype(np.float64)
+    s = np.asarray(sums, dtype=np.float64)
+    den = w @ np.asarray(counts, dtype=np.float64)
+    num = w @ s
+    return num / (den[:, None] if num.ndim == 2 else den)
 
 
 @dataclass
@@ -79,7 +84,7 @@ def tail_replicates(
     totals_all = weights.astype(np.float64) @ data.cluster_counts
     quants = np.empty(weights.shape[0])
     cvars = np.empty(weights.shape[0])
-    depth = min(n, max(64, int(3 * (1.0 - min(q, 1.0 - alpha)) * n) + 64))
+    depth = min(n, max(256, int(1.5 * (1.0 - min(q, 1.0 - alpha)) * n) + 256))
     for b0 in range(0, weights.shape[0], _BLOCK):
         wb = weights[b0 : b0 + _BLOCK]
         tot = totals_all[b0 : b0 + _BLOCK]

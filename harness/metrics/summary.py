@@ -188,7 +188,9 @@ def summarize(
     C = L.n_clusters
     cl_sums = {k: np.bincount(L.ctx_cluster, weights=v, minlength=C) for k, v in ctx_sums.items()}
     W = draw_cluster_weights(C, n_boot, seed)
-    ci = {k: percentile_interval(ratio_replicates(W, cl_sums[k], cl_sums["positions"])) for k in ("kld", "top1", "ear", "jsd_bits")}
+    names = ("kld", "top1", "ear", "jsd_bits")
+    reps = ratio_replicates(W, np.stack([cl_sums[k] for k in names], axis=1), cl_sums["positions"])
+    ci = {k: percentile_interval(reps[:, j]) for j, k in enumerate(names)}
     nt = min(n_boot_tails, n_boot)
     q99_rep, cvar_rep = tail_replicates(TailData.build(kld, L.cluster, C), W[:nt], 0.99, 0.01)
     mean_ref, mean_cand = float(a["nll_ref"].mean()), float(a["nll_cand"].mean())

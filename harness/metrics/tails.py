@@ -40,6 +40,17 @@ def cvar(values: np.ndarray, alpha: float = 0.01) -> float:
     return s / k
 
 
+def _rank_index(cum: np.ndarray, ranks: np.ndarray) -> np.ndarray:
+    """Per row b: the number of entries of the non-decreasing row ``cum[b]`` that are <= ``ranks[b]``,
+    i.e. the index of the value holding expanded rank ``ranks[b]`` (0-based from the top).
+    One ``searchsorted`` over the rows laid end to end with increasing offsets."""
+    b, m = cum.shape
+    span = float(cum[:, -1].max()) + float(np.max(ranks, initial=0.0)) + 2.0
+    off = np.arange(b, dtype=np.float64) * span
+    flat = (cum + off[:, None]).ravel()
+    return np.searchsorted(flat, ranks + off, side="right") - np.arange(b) * m
+
+
 def weighted_tail_stats(
     desc_values: np.ndarray,
     desc_weights: np.ndarray,
@@ -54,33 +65,37 @@ def weighted_tail_stats(
     ``[B]``. Returns ``(quantiles, cvars, ok)``; ``ok`` is False where the top M do not reach
     deep enough (the caller widens M and retries).
     """
-    w = desc_weights.astype(np.float64)
-    cum = np.cumsum(w, axis=1)  # expanded count of the top i+1 values
-    m = desc_values.shape[0]
-    # quantile: ascending index h = (n-1) q  <=> rank from top r = (n-1)(1-q), 0-based
+    v = np.asarray(desc_values, dtype=np.float64)
+    m = v.shape[0]
+    w = np.asarray(desc_weights)
+    cum = np.cumsum(w, axis=1, dtype=np.float64)  # expanded count of the top i+1 values
+    totals = np.asarray(totals, dtype=np.float64)
+    # quantile: ascending index h = (n-1) q  <=>  rank from the top r = (n-1)(1-q), 0-based
     r = (totals - 1.0) * (1.0 - q)
-    r_hi = np.floor(r)  # from-top rank of the larger neighbour
-    frac = r - r_hi  # weight of the smaller neighbour (one rank further down)
-    i_a = (cum <= r_hi[:, None]).sum(1)
-    i_b = (cum <= (r_hi + 1.0)[:, None]).sum(1)
-    need_b = frac > 0
-    ok = (i_a < m) & (~need_b | (i_b < m))
-    va = desc_values[np.minimum(i_a, m - 1)]
-    vb = desc_values[np.minimum(i_b, m - 1)]
+    r_hi = np.floor(r)  # rank of the larger neighbour
+    frac = r - r_hi  # weight of the next smaller one
+    i_a = _rank_index(cum, r_hi)
+    i_b = _rank_index(cum, r_hi + 1.0)
+    ok = (i_a < m) & ((frac == 0) | (i_b < m))
+    va = v[np.minimum(i_a, m - 1)]
+    vb = v[np.minimum(i_b, m - 1)]
     quant = va + frac * (vb - va)
-    # CVaR: sum of the floor(k) largest + (k - floor(k)) * the next, over k
+    # CVaR: (sum of the floor(k) largest + (k - floor(k)) * the next) / k; the value holding rank
+    # floor(k) is v[i_n], and everything above it sums to cwv[i_n - 1]
     k = alpha * totals
     kf = np.floor(k)
-    cum_prev = cum - w
-    take = np.clip(kf[:, None] - cum_prev, 0.0, w)
-    s = take @ desc_values
-    i_n = (cum <= kf[:, None]).sum(1)
+    i_n = _rank_index(cum, kf)
     ok &= i_n < m
-    s = s + (k - kf) * desc_values[np.minimum(i_n, m - 1)]
-    small = k <= 1.0
-    cv = np.where(small, desc_values[0] if m else 0.0, s / np.where(small, 1.0, k))
+    cwv = np.cumsum(w * v[None, :], axis=1)
+    rows = np.arange(w.shape[0])
+    prev = np.maximum(i_n - 1, 0)
+    has_prev = i_n > 0
+    s_prev = np.where(has_prev, cwv[rows, prev], 0.0)
+    c_prev = np.where(has_prev, cum[rows, prev], 0.0)
+    cv = (s_prev + (k - c_prev) * v[np.minimum(i_n, m - 1)]) / np.where(k > 1.0, k, 1.0)
     # with k <= 1 the CVaR is the max of the expanded sample: the first value with weight > 0
+    small = k <= 1.0
     if small.any():
-        first = (cum <= 0).sum(1)
-        cv = np.where(small, desc_values[np.minimum(first, m - 1)], cv)
+        first = _rank_index(cum, np.zeros_like(k))
+        cv = np.where(small, v[np.minimum(first, m - 1)], cv)
     return quant, cv, ok
