@@ -58,7 +58,7 @@ def make_comparability(
     score_from: int,
     reference: dict[str, Any],
     candidate: dict[str, Any],
-    head_sha256: str,
+    head_sha256: str | None,
     engine: dict[str, Any],
     scorer: dict[str, Any],
     cand_head_sha256: str | None = None,

@@ -110,3 +110,88 @@ def tiny_suite(tmp_path_factory: pytest.TempPathFactory, tiny_corpus: Path, tiny
     out = tmp_path_factory.mktemp("suites") / "suite"
     build_suite(tiny_corpus, tiny_tokenizer, n_ctx=32, n_contexts=6, n_shards=3, seed=0, out=out)
     return out
+
+
+def perturb_model(src: Path, dst: Path, noise: float, seed: int) -> Path:
+    """Copy a checkpoint with Gaussian noise (relative ``noise``) added to every 2-D linear weight:
+    a stand-in candidate whose drift grows with ``noise``."""
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(src, dst)
+    weights = load_file(str(src / "model.safetensors"))
+    g = torch.Generator().manual_seed(seed)
+    out = {}
+    for name, w in weights.items():
+        if w.ndim == 2 and "embed" not in name:
+            w32 = w.float()
+            w32 = w32 + noise * w32.abs().mean() * torch.randn(w32.shape, generator=g)
+            w = w32.to(w.dtype)
+        out[name] = w.contiguous()
+    save_file(out, str(dst / "model.safetensors"), metadata={"format": "pt"})
+    return dst
+
+
+FIDELITY_TOML = """\
+[suite]
+path = "suite"
+
+[reference]
+name = "bf16"
+model = "models/reference"
+store = "reference"
+head = "lm_head.safetensors"
+
+[settings]
+cache_dir = ".fidelity-cache"
+baselines = "baselines"
+n_boot = 500
+
+[[candidates]]
+name = "good"
+model = "models/good"
+tags = ["noise-0.02"]
+
+[[candidates]]
+name = "bad"
+model = "models/bad"
+tags = ["noise-0.5"]
+
+[[pairs]]
+a = "good"
+b = "bad"
+margin = 0.001
+"""
+
+FIDELITY_TEST = '''\
+import pytest
+
+pytestmark = pytest.mark.fidelity
+
+
+def test_fidelity(fidelity_scored, fidelity_gate):
+    fidelity_gate.check(fidelity_scored)
+'''
+
+
+@pytest.fixture(scope="session")
+def fidelity_project(tmp_path_factory: pytest.TempPathFactory, tiny_corpus: Path, tiny_tokenizer: Path) -> Path:
+    """A complete tiny fidelity project: suite (8 contexts x 32 tokens, 4 shards), the reference
+    model, its capture store and head, two perturbed candidates (``good``, ``bad``),
+    ``fidelity.toml`` and ``test_fidelity.py`` (no baselines yet). Copy it before changing it."""
+    from harness.engines.transformers import capture
+    from harness.head import export_head
+    from harness.suite import build_suite
+
+    root = tmp_path_factory.mktemp("project")
+    ref = make_tiny_model(root / "models" / "reference", seed=1)
+    perturb_model(ref, root / "models" / "good", noise=0.02, seed=2)
+    perturb_model(ref, root / "models" / "bad", noise=0.5, seed=3)
+    suite = build_suite(tiny_corpus, tiny_tokenizer, n_ctx=32, n_contexts=8, n_shards=4, seed=0, out=root / "suite")
+    export_head(ref, root / "lm_head.safetensors")
+    capture(ref, suite, root / "reference", progress=False)
+    (root / "fidelity.toml").write_text(FIDELITY_TOML, "utf-8")
+    (root / "test_fidelity.py").write_text(FIDELITY_TEST, "utf-8")
+    return root

@@ -1,0 +1,189 @@
+"""The pytest plugin, driven through pytester on a tiny complete project (tests/conftest.py)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+
+@pytest.fixture
+def project(pytester: pytest.Pytester, fidelity_project: Path) -> pytest.Pytester:
+    """A fresh copy of the tiny project as pytester's working folder."""
+    shutil.copytree(fidelity_project, pytester.path, dirs_exist_ok=True)
+    return pytester
+
+
+def _update(p: pytest.Pytester, *args: str) -> pytest.RunResult:
+    return p.runpytest("--fidelity-update-baselines", "-p", "no:cacheprovider", *args)
+
+
+def _load(p: Path) -> dict[str, Any]:
+    return json.loads(p.read_text())
+
+
+def test_missing_baseline_fails_and_says_how_to_create_it(project: pytest.Pytester) -> None:
+    result = project.runpytest("-k", "good")
+    result.assert_outcomes(failed=4)
+    result.stdout.fnmatch_lines(["*no baseline for candidate 'good'*pytest fidelity_tests -k good --fidelity-update-baselines*"])
+
+
+def test_update_writes_baselines_then_cases_pass(project: pytest.Pytester) -> None:
+    result = _update(project)
+    result.assert_outcomes(passed=8)
+    result.stdout.fnmatch_lines(["*baseline written: *bad.json*", "*baseline written: *good.json*"])
+    doc = _load(project.path / "baselines" / "good.json")
+    assert doc["schema"] == "fidelity.baseline/1"
+    assert sorted(doc["shards"]) == ["00", "01", "02", "03"]
+    assert set(doc["shards"]["00"]) == {"max_mean_kld", "max_ci_high", "max_p99", "min_top1"}
+    # measured value x 1.1 + 1e-6 (6 significant digits) is what the report says
+    rep = _load(project.path / "fidelity-reports" / "good" / "shard-00.json")
+    want = rep["metrics"]["kld"]["mean"] * 1.1 + 1e-6
+    assert doc["shards"]["00"]["max_mean_kld"] == pytest.approx(want, rel=1e-5)
+    again = project.runpytest()
+    again.assert_outcomes(passed=8)
+
+
+def test_worse_candidate_with_copied_baseline_fails_with_field_value_limit(project: pytest.Pytester) -> None:
+    _update(project, "-k", "good").assert_outcomes(passed=4)
+    good = _load(project.path / "baselines" / "good.json")
+    good["candidate"] = "bad"
+    (project.path / "baselines" / "bad.json").write_text(json.dumps(good))
+    result = project.runpytest("-k", "bad")
+    result.assert_outcomes(failed=4)
+    result.stdout.fnmatch_lines(
+        [
+            "*mean_kld * > max * (max_mean_kld) (candidate bad, shard 00)*",
+            "*update with: pytest fidelity_tests -k bad --fidelity-update-baselines*",
+        ]
+    )
+
+
+def test_k_selects_candidate_and_shard(project: pytest.Pytester) -> None:
+    result = project.runpytest("--collect-only", "-q", "-k", "shard01")
+    result.stdout.fnmatch_lines(["*test_fidelity[[]good-shard01[]]*", "*test_fidelity[[]bad-shard01[]]*", "*2/8 tests collected*"])
+    result = project.runpytest("--collect-only", "-q", "-k", "good")
+    result.stdout.fnmatch_lines(["*4/8 tests collected*"])
+
+
+def test_m_selects_by_marker(project: pytest.Pytester) -> None:
+    project.runpytest("--collect-only", "-q", "-m", "fidelity").stdout.fnmatch_lines(["*8 tests collected*"])
+    project.runpytest("--collect-only", "-q", "-m", "tails").stdout.fnmatch_lines(["*no tests collected (8 deselected)*"])
+
+
+def test_shards_option_selects_and_validates(project: pytest.Pytester) -> None:
+    project.runpytest("--collect-only", "-q", "--fidelity-shards", "0,2-3").stdout.fnmatch_lines(["*6 tests collected*"])
+    bad = project.runpytest("--collect-only", "--fidelity-shards", "7")
+    assert bad.ret != 0
+    bad.stderr.fnmatch_lines(["*shard*7*"])
+    syntax = project.runpytest("--fidelity-shards", "one")
+    assert syntax.ret != 0
+    syntax.stderr.fnmatch_lines(["*expected shard numbers like '0,2-3', found 'one'*"])
+
+
+def test_device_and_window_options_are_validated(project: pytest.Pytester) -> None:
+    r = project.runpytest("--fidelity-device", "tpu")
+    assert r.ret != 0
+    r.stderr.fnmatch_lines(["*expected auto, cpu, cuda or cuda:N, found 'tpu'*"])
+    r = project.runpytest("--fidelity-window", "-3")
+    assert r.ret != 0
+    r.stderr.fnmatch_lines(["*expected a row count >= 0*"])
+
+
+def test_window_is_recorded_in_reports(project: pytest.Pytester) -> None:
+    _update(project, "-k", "good and shard00", "--fidelity-window", "8", "--fidelity-report-dir", "win")
+    rep = _load(project.path / "win" / "good" / "shard-00.json")
+    assert rep["comparability"]["score_from"] == 8
+    assert rep["metrics"]["n_positions"] == 2 * (31 - 8)
+
+
+def test_reports_and_junit_properties(project: pytest.Pytester) -> None:
+    _update(project, "-k", "good")
+    result = project.runpytest("-k", "good", "--junitxml", "junit.xml", "--fidelity-report-dir", "out")
+    result.assert_outcomes(passed=4)
+    for shard in range(4):
+        assert (project.path / "out" / "good" / f"shard-{shard:02d}.json").is_file()
+        assert (project.path / "out" / "good" / f"shard-{shard:02d}.md").is_file()
+    assert (project.path / "out" / "ladder.md").is_file()
+    xml = (project.path / "junit.xml").read_text()
+    assert 'name="fidelity_mean_kld"' in xml and 'name="fidelity_top1"' in xml
+    result.stdout.fnmatch_lines(["*fidelity ladder*", "*| candidate*mean KLD [[]95% CI[]]*", "*| good *pass*"])
+
+
+def test_ladder_sorted_by_kld(project: pytest.Pytester) -> None:
+    result = _update(project)
+    lines = [l for l in result.stdout.lines if l.startswith("| good") or l.startswith("| bad")]
+    assert [l.split()[1] for l in lines] == ["good", "bad"]
+
+
+def test_unused_baseline_is_reported(project: pytest.Pytester) -> None:
+    _update(project, "-k", "good")
+    (project.path / "baselines" / "ghost.json").write_text("{}")
+    result = project.runpytest("-k", "good")
+    result.stdout.fnmatch_lines(["*unused baseline (no such candidate in the config): *ghost.json*"])
+
+
+def test_baseline_with_typo_fails_naming_the_field(project: pytest.Pytester) -> None:
+    _update(project, "-k", "good")
+    path = project.path / "baselines" / "good.json"
+    doc = _load(path)
+    doc["shards"]["00"]["max_mean_kdl"] = doc["shards"]["00"].pop("max_mean_kld")
+    path.write_text(json.dumps(doc))
+    result = project.runpytest("-k", "good and shard00")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*unknown field shards.00.max_mean_kdl; did you mean 'max_mean_kld'?*"])
+
+
+def test_update_with_xdist_is_a_usage_error(project: pytest.Pytester) -> None:
+    result = project.runpytest("--fidelity-update-baselines", "-n", "2")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--fidelity-update-baselines cannot be combined with -n*"])
+
+
+def test_unknown_engine_is_a_usage_error(project: pytest.Pytester) -> None:
+    toml = project.path / "fidelity.toml"
+    toml.write_text(toml.read_text().replace('name = "bad"\n', 'name = "bad"\nengine = "vllmm"\n'))
+    result = project.runpytest("--collect-only")
+    assert result.ret != 0
+    result.stderr.fnmatch_lines(["*candidates[[]1[]].engine: expected one of transformers, llamacpp, found 'vllmm'*"])
+
+
+def test_missing_config_is_a_usage_error(project: pytest.Pytester) -> None:
+    result = project.runpytest("--fidelity-config", "nowhere.toml", "--collect-only")
+    assert result.ret != 0
+    result.stderr.fnmatch_lines(["*nowhere.toml: configuration file not found*"])
+
+
+def test_reference_store_of_another_suite_fails_the_case(project: pytest.Pytester, tiny_corpus: Path, tiny_tokenizer: Path) -> None:
+    from harness.suite import build_suite
+
+    _update(project, "-k", "good and shard00")
+    # Rebuild the suite with another seed: the committed reference store no longer matches.
+    shutil.rmtree(project.path / "suite")
+    build_suite(tiny_corpus, tiny_tokenizer, n_ctx=32, n_contexts=8, n_shards=4, seed=5, out=project.path / "suite")
+    result = project.runpytest("-k", "good and shard00")
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines(["*good shard 00: *reference*capture.json: suite_token_sha256: expected *, found *"])
+
+
+def _strip(d: dict[str, Any]) -> dict[str, Any]:
+    d = dict(d)
+    d.pop("timing", None)
+    d.pop("created", None)
+    return d
+
+
+def test_xdist_matches_serial(project: pytest.Pytester) -> None:
+    _update(project)
+    serial = project.runpytest_subprocess("--fidelity-report-dir", "serial")
+    serial.assert_outcomes(passed=8)
+    par = project.runpytest_subprocess("-n", "2", "--dist", "loadgroup", "--fidelity-report-dir", "par")
+    par.assert_outcomes(passed=8)
+    files = sorted(p.relative_to(project.path / "serial") for p in (project.path / "serial").rglob("shard-*.json"))
+    assert len(files) == 8
+    for rel in files:
+        assert _strip(_load(project.path / "serial" / rel)) == _strip(_load(project.path / "par" / rel)), rel
+    assert _load(project.path / "serial" / "ladder.json") == _load(project.path / "par" / "ladder.json")
