@@ -14,15 +14,18 @@ How it is computed
   bf16 head, exactly what the model's own LM head produces); pass an fp32 head for fp32
   logits.
 * **Cache-sized metric chunks.** The metric math runs over ``chunk_rows`` rows of a tile at a
-  time in six pre-allocated fp32 buffers, so on a CPU the ~20 elementwise passes stay in cache
-  and hide under the GEMM. Peak extra memory is ``2 * tile_rows * vocab`` logits plus
-  ``6 * chunk_rows * vocab`` fp32 values, independent of the number of positions N; outputs
-  are numpy arrays of length N.
+  time in six pre-allocated fp32 buffers, so on a CPU the ~30 elementwise passes stay in cache.
+  With T torch threads, T worker threads each take whole chunks with single-threaded ops (see
+  ``_MetricRunner``). Peak extra memory is ``2 * tile_rows * vocab`` logits plus
+  ``T * 6 * chunk_rows * vocab`` fp32 values, independent of the number of positions N
+  (``tile_rows`` defaults to what fits :data:`MEMORY_BUDGET_BYTES`); outputs are numpy arrays
+  of length N.
 * **Numerics.** Softmax in fp32, max-shifted; row sums accumulate in float64
-  (``sum(dtype=float64)``) and the log-normalizers lse = max + ln(sum) are float64.
+  (``sum(dtype=float64)``) and their logarithms are taken in float64.
   d = ln p - ln q is formed as ``(x - max x) - (y - max y) - (ln s_x - ln s_y)``: the two
-  normalizers cancel in float64 first, so d keeps full fp32 relative accuracy even for tiny divergences (an fp32
-  log_softmax would leave an ulp(lse) ~ 1e-6 offset in d, and therefore in KLD). Identical
+  normalizers cancel in float64 first, so d keeps full fp32 relative accuracy even for tiny
+  divergences (an fp32 log_softmax would leave an ulp(lse) ~ 1e-6 offset in d, and therefore
+  in KLD). Identical
   inputs give d == 0 and KLD == 0 exactly, by construction, without any clamping.
   JSD uses a cancellation-free form: with a = |d|, s = tanh(a/2) = -expm1(-a) / (2 + expm1(-a)),
 
