@@ -59,6 +59,10 @@ def check_comparable(reports: Sequence[Any]) -> None:
     """Refuse reports that may not be combined (see the module docstring)."""
     if not reports:
         raise VerificationError("<aggregate>", "reports", "at least one shard report", "none")
+    from harness.report import check_finite
+
+    for r in reports:
+        check_finite(r.to_json_dict(), _name(r))
     first = reports[0]
     base = {k: v for k, v in first.comparability.items() if k != "shard"}
     for r in reports[1:]:

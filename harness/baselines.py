@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
@@ -89,6 +90,13 @@ def shard_key(shard: int) -> str:
     return f"{shard:02d}"
 
 
+def _as_float(value: int | float) -> float:
+    try:
+        return float(value)
+    except OverflowError:  # an integer too large for a float
+        return math.inf
+
+
 def _validate_entry(path: Path, where: str, entry: Any) -> dict[str, float]:
     if not isinstance(entry, dict):
         raise BaselineError(f"{path}: {where} must be an object of thresholds, found {type(entry).__name__}")
@@ -98,7 +106,7 @@ def _validate_entry(path: Path, where: str, entry: Any) -> dict[str, float]:
             close = difflib.get_close_matches(key, list(FIELDS), n=1)
             hint = f"; did you mean {close[0]!r}?" if close else f"; allowed: {', '.join(FIELDS)}"
             raise BaselineError(f"{path}: unknown field {where}.{key}{hint}")
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(_as_float(value)):
             raise BaselineError(f"{path}: {where}.{key} must be a finite number, found {value!r}")
         out[key] = float(value)
     return out
@@ -118,8 +126,8 @@ class Baseline:
         """Read and validate ``path``; refuses unknown fields, wrong schema or candidate."""
         try:
             raw = json.loads(path.read_text(encoding="utf-8"), parse_constant=_no_constant(path))
-        except json.JSONDecodeError as exc:
-            raise BaselineError(f"{path}: not valid JSON: {exc}") from None
+        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
+            raise BaselineError(f"{path}: not valid JSON: {type(exc).__name__}: {exc}") from None
         if not isinstance(raw, dict):
             raise BaselineError(f"{path}: expected a JSON object, found {type(raw).__name__}")
         allowed = {"schema", "candidate", "default", "shards", "margin"}

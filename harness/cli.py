@@ -236,6 +236,50 @@ def add_store(sub: SubParsers) -> None:
     v.set_defaults(func=_store_verify)
 
 
+# ----------------------------------------------------------------------------- replay
+
+
+def _replay(a: argparse.Namespace) -> int:
+    from harness.replay import replay
+
+    paths = replay(a.suite, a.reference, a.candidate, a.head, a.out, cand_head_path=a.candidate_head, shards=a.shards,
+                   score_from=a.window, n_boot=a.n_boot, device=a.device, candidate_name=a.name, reference_name=a.reference_name)
+    for p in paths:
+        print(f"{p}: written (+ {p.with_suffix('.md').name})")
+    return 0
+
+
+@command
+def add_replay(sub: SubParsers) -> None:
+    p = sub.add_parser(
+        "replay",
+        help="score stored captures, shard by shard, like one pytest case (verifies everything first)",
+        formatter_class=_formatter,
+        description=(
+            "Verify the suite, both stores (every file), the head(s) and the shard list, then score\n"
+            "each selected shard and write its report. With one shard and --out X.json: X.json + X.md;\n"
+            "otherwise --out is a folder of shard-NN.json + shard-NN.md. Any refusal exits non-zero\n"
+            "and writes nothing.\n\n"
+            "example:\n"
+            "  fidelity replay --suite suites/s512 --reference stores/ref --candidate stores/q4 \\\n"
+            "      --head heads/lm_head.safetensors --shards 0 --out reports/q4-shard00.json"
+        ),
+    )
+    p.add_argument("--suite", required=True, type=Path, help="suite folder")
+    p.add_argument("--reference", required=True, type=Path, help="reference capture store")
+    p.add_argument("--candidate", required=True, type=Path, help="candidate capture store")
+    p.add_argument("--head", required=True, type=Path, help="shared lm_head.safetensors")
+    p.add_argument("--candidate-head", type=Path, default=None, dest="candidate_head", help="the candidate's own head (head attribution)")
+    p.add_argument("--shards", default=None, help="shards to score, e.g. 0,2-3 (default: all)")
+    p.add_argument("--window", type=nonneg_int, default=0, help="score_from: drop the first N rows of every context")
+    p.add_argument("--n-boot", type=positive_int, default=10_000, dest="n_boot", help="bootstrap replicates (default 10000)")
+    p.add_argument("--device", default="cpu", type=device_arg, help="cpu, cuda or cuda:N (default cpu)")
+    p.add_argument("--name", default=None, help="candidate name in the report (default: the store folder's name)")
+    p.add_argument("--reference-name", default="reference", dest="reference_name", help="reference name (default 'reference')")
+    p.add_argument("--out", required=True, type=Path, help="report .json (one shard) or folder")
+    p.set_defaults(func=_replay)
+
+
 # ----------------------------------------------------------------------------- main
 
 

@@ -117,11 +117,14 @@ def load_head(path: str | Path, expected_sha256: str | None = None) -> HeadTenso
         raise VerificationError(path, "head file missing")
     digest = sha256_file(path)
     side = sidecar_path(path)
+    meta: dict[str, Any] = {}
     if side.is_file():
         try:
             meta = json.loads(side.read_text("utf-8"))
-        except json.JSONDecodeError as e:
+        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
             raise VerificationError(side, f"not valid JSON ({e})") from None
+        if not isinstance(meta, dict):
+            raise VerificationError(side, "top level", "a JSON object", type(meta).__name__)
         if meta.get("sha256") != digest:
             raise VerificationError(path, "sha256 (vs sidecar lm_head.json)", meta.get("sha256"), digest)
     if expected_sha256 is not None and expected_sha256 != digest:
@@ -140,4 +143,7 @@ def load_head(path: str | Path, expected_sha256: str | None = None) -> HeadTenso
         raise VerificationError(path, "weight dtype", "torch.bfloat16", w.dtype)
     if not bool(torch.isfinite(w).all()):
         raise VerificationError(path, "weight values", "all finite", f"{int((~torch.isfinite(w)).sum())} NaN/Inf")
+    for i, key in enumerate(("vocab_size", "hidden_size")):
+        if key in meta and meta[key] != int(w.shape[i]):
+            raise VerificationError(path, f"weight {key} (vs sidecar {side.name})", meta[key], int(w.shape[i]))
     return HeadTensor(w, digest, path)

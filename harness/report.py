@@ -133,6 +133,7 @@ class ShardReport:
     def from_json_dict(cls, d: Any, path: str | Path = "<memory>") -> "ShardReport":
         if not isinstance(d, dict):
             raise VerificationError(path, "report", "a JSON object", type(d).__name__)
+        check_finite(d, path)
         if d.get("schema") != SCHEMA:
             raise VerificationError(path, "schema", SCHEMA, d.get("schema"), "re-run the scorer with this harness version")
         for k in ("candidate", "comparability", "metrics"):
@@ -152,6 +153,7 @@ class ShardReport:
                 raise VerificationError(path, f"required key 'metrics.{k}'", "present", "missing")
         if m["score_from"] != comp["score_from"]:
             raise VerificationError(path, "metrics.score_from", comp["score_from"], m["score_from"], "window mismatch")
+        _check_types(d, path)
         try:
             return cls(
                 candidate=d["candidate"],
@@ -188,7 +190,49 @@ class ShardReport:
             d = json.loads(text, parse_constant=_bad_constant)
         except json.JSONDecodeError as e:
             raise VerificationError(path, "JSON", "valid JSON", f"error at line {e.lineno} column {e.colno}: {e.msg}") from None
+        except RecursionError:
+            raise VerificationError(path, "JSON", "valid JSON", "nesting too deep") from None
         return cls.from_json_dict(d, path)
+
+
+def check_finite(obj: Any, path: str | Path, where: str = "$") -> None:
+    """Refuse NaN/Inf anywhere in a report (``1e999`` parses to inf without ``parse_constant``)."""
+    stack = [(obj, where)]
+    while stack:
+        v, w = stack.pop()
+        if isinstance(v, float) and not math.isfinite(v):
+            raise VerificationError(path, f"number at {w}", "finite", repr(v))
+        if isinstance(v, dict):
+            stack.extend((x, f"{w}.{k}") for k, x in v.items())
+        elif isinstance(v, (list, tuple)):
+            stack.extend((x, f"{w}[{i}]") for i, x in enumerate(v))
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _check_types(d: dict[str, Any], path: str | Path) -> None:
+    """Types of the fields that consumers (aggregate, ladder, gate) read, so they never crash on a bad file."""
+    comp, m = d["comparability"], d["metrics"]
+    if not isinstance(d["candidate"], str):
+        raise VerificationError(path, "candidate", "a string", type(d["candidate"]).__name__)
+    shard = comp["shard"]
+    if not (isinstance(shard, dict) and _is_int(shard.get("index")) and shard["index"] >= 0 and isinstance(shard.get("sha256"), str)):
+        raise VerificationError(path, "comparability.shard", "{index: int >= 0, sha256: str}", shard)
+    if not _is_int(comp["score_from"]) or comp["score_from"] < 0:
+        raise VerificationError(path, "comparability.score_from", "an integer >= 0", comp["score_from"])
+    for k in ("n_positions", "n_contexts", "n_clusters"):
+        if not _is_int(m[k]) or m[k] < 0:
+            raise VerificationError(path, f"metrics.{k}", "an integer >= 0", m[k])
+    for k, sub in (("kld", "mean"), ("top1", "agreement"), ("ear", "mean")):
+        if not isinstance(m[k], dict) or isinstance(m[k].get(sub), bool) or not isinstance(m[k].get(sub), (int, float)):
+            raise VerificationError(path, f"metrics.{k}.{sub}", "a number", m[k].get(sub) if isinstance(m[k], dict) else m[k])
+    if not isinstance(m["totals"], dict):
+        raise VerificationError(path, "metrics.totals", "an object", type(m["totals"]).__name__)
+    rows = m["contexts"]
+    if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
+        raise VerificationError(path, "metrics.contexts", "a list of per-context objects", type(rows).__name__)
 
 
 # ---- Markdown ---------------------------------------------------------------------------------

@@ -55,7 +55,7 @@ MANIFEST = "capture.json"
 LOCK = ".lock"
 KINDS = ("hidden_states", "logits")
 DTYPES = {"hidden_states": ("bfloat16",), "logits": ("float32", "bfloat16")}
-_NAME_RE = re.compile(r"^ctx-(\d{6,})\.safetensors$")
+_NAME_RE = re.compile(r"^ctx-(\d{6,})\.safetensors$", re.ASCII)
 
 
 def context_filename(index: int) -> str:
@@ -95,9 +95,9 @@ def _read_manifest(path: Path) -> dict[str, Any]:
     if not mf.is_file():
         raise VerificationError(mf, "capture manifest missing", hint="capture with `fidelity capture`")
     try:
-        doc = json.loads(mf.read_text("utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise VerificationError(mf, f"not valid JSON ({e})") from None
+        doc = json.loads(mf.read_text("utf-8"), object_pairs_hook=_unique_keys(mf), parse_constant=_no_constant(mf))
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
+        raise VerificationError(mf, f"not valid JSON ({type(e).__name__}: {e})") from None
     if not isinstance(doc, dict):
         raise VerificationError(mf, "top level", "a JSON object", type(doc).__name__)
     if doc.get("schema") != SCHEMA:
@@ -111,6 +111,42 @@ def _read_manifest(path: Path) -> dict[str, Any]:
     return doc
 
 
+def _unique_keys(path: Path) -> Any:
+    """``json.loads`` hook: a key given twice (e.g. one context file listed twice) is refused, not collapsed."""
+
+    def hook(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for k, v in pairs:
+            if k in out:
+                raise VerificationError(path, f"JSON key {k!r}", "each key once", "listed twice")
+            out[k] = v
+        return out
+
+    return hook
+
+
+def _no_constant(path: Path) -> Any:
+    def reject(name: str) -> Any:
+        raise VerificationError(path, "number", "finite JSON numbers", name)
+
+    return reject
+
+
+def _check_embedded(path: Path, data: bytes, index: int, suite_sha: str) -> None:
+    """The identity a context file carries in its safetensors metadata must match the manifest:
+    a file renamed or copied from another index or suite is refused even when its sha256 is listed."""
+    try:
+        n = int.from_bytes(data[:8], "little")
+        meta = json.loads(data[8 : 8 + n]).get("__metadata__") or {}
+        embedded = json.loads(meta["fidelity"])
+        found = (embedded.get("index"), embedded.get("suite_token_sha256"))
+    except (ValueError, KeyError, TypeError, AttributeError):
+        found = None
+    if found != (index, suite_sha):
+        raise VerificationError(path, "embedded identity (metadata 'fidelity': index, suite_token_sha256)", (index, suite_sha), found,
+                                "the file belongs to another context or suite")
+
+
 def _check_name(root: Path, name: str, entry: Any, mf: Path) -> int:
     """Validate one manifest entry's name and index; return the index."""
     if os.path.isabs(name) or "/" in name or "\\" in name or ".." in name:
@@ -118,7 +154,7 @@ def _check_name(root: Path, name: str, entry: Any, mf: Path) -> int:
     m = _NAME_RE.match(name)
     if not m:
         raise VerificationError(mf, "file name", "ctx-NNNNNN.safetensors", name)
-    if not isinstance(entry, dict) or not isinstance(entry.get("index"), int) or not isinstance(entry.get("sha256"), str):
+    if not isinstance(entry, dict) or type(entry.get("index")) is not int or not isinstance(entry.get("sha256"), str):
         raise VerificationError(mf, f"files[{name!r}]", "{index: int, sha256: str}", entry)
     if int(m.group(1)) != entry["index"]:
         raise VerificationError(mf, f"files[{name!r}].index", int(m.group(1)), entry["index"])
@@ -231,6 +267,8 @@ class CaptureStore:
         except SafetensorError as e:
             raise VerificationError(path, f"corrupt or truncated safetensors ({e})") from None
         t = _check_tensor(path, tensors, self.kind, self.dtype, self.shape)
+        if self.verify and index not in self._verified:
+            _check_embedded(path, data, index, self.suite.suite_token_sha256)
         self._verified.add(index)
         return t
 

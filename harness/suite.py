@@ -190,10 +190,13 @@ def load_suite(path: str | Path, verify: bool = True) -> Suite:
     tf = root / TOKENS_FILE
     if not sj.is_file():
         raise VerificationError(sj, "suite manifest missing", hint="build one with `fidelity suite build`")
+    def _bad_constant(name: str) -> Any:
+        raise VerificationError(sj, "number", "finite JSON numbers", name)
+
     try:
-        doc = json.loads(sj.read_text("utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise VerificationError(sj, f"not valid JSON ({e})") from None
+        doc = json.loads(sj.read_text("utf-8"), parse_constant=_bad_constant)
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
+        raise VerificationError(sj, f"not valid JSON ({type(e).__name__}: {e})") from None
     if not isinstance(doc, dict):
         raise VerificationError(sj, "top level", "a JSON object", type(doc).__name__)
     if doc.get("schema") != SCHEMA:
@@ -214,6 +217,7 @@ def load_suite(path: str | Path, verify: bool = True) -> Suite:
         tok_sha = str(doc["tokenizer"]["sha256"])
     except (KeyError, TypeError, ValueError) as e:
         raise VerificationError(sj, f"malformed field {e}") from None
+    _check_field_types(sj, doc, contexts, shards)
     if not tf.is_file():
         raise VerificationError(tf, "token array missing")
     try:
@@ -229,6 +233,28 @@ def load_suite(path: str | Path, verify: bool = True) -> Suite:
     if verify:
         _verify(suite, sj, tf)
     return suite
+
+
+def _check_field_types(sj: Path, doc: dict[str, Any], contexts: list[ContextInfo], shards: list[ShardInfo]) -> None:
+    """Every field has its documented type (so a hand-edited manifest fails here, not deep inside)."""
+
+    def want(cond: bool, what: str, expected: str, found: Any) -> None:
+        if not cond:
+            raise VerificationError(sj, what, expected, found)
+
+    def is_int(v: Any) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool)
+
+    want(is_int(doc["n_ctx"]) and doc["n_ctx"] >= 2, "n_ctx", "an integer >= 2", doc["n_ctx"])
+    want(is_int(doc["tokenizer"]["vocab_size"]) and doc["tokenizer"]["vocab_size"] >= 1, "tokenizer.vocab_size", "an integer >= 1", doc["tokenizer"]["vocab_size"])
+    want(isinstance(doc["suite_token_sha256"], str), "suite_token_sha256", "a hex string", doc["suite_token_sha256"])
+    want(isinstance(doc["tokenizer"]["sha256"], str), "tokenizer.sha256", "a hex string", doc["tokenizer"]["sha256"])
+    for i, c in enumerate(contexts):
+        ok = is_int(c.index) and is_int(c.start_token) and all(isinstance(v, str) for v in (c.source_cluster, c.stratum, c.document))
+        want(ok, f"contexts[{i}]", "{index: int, source_cluster: str, stratum: str, document: str, start_token: int}", asdict(c))
+    for k, sh in enumerate(shards):
+        ok = is_int(sh.index) and is_int(sh.start) and is_int(sh.stop) and isinstance(sh.sha256, str)
+        want(ok, f"shards[{k}]", "{index: int, start: int, stop: int, sha256: str}", asdict(sh))
 
 
 def _verify(suite: Suite, sj: Path, tf: Path) -> None:
