@@ -79,6 +79,7 @@ class FidelitySession:
     _cand_heads: dict[str, Any] = field(default_factory=dict)
     _stores: dict[str, Any] = field(default_factory=dict)
     _planned: dict[str, set[int]] = field(default_factory=dict)
+    _positions: dict[tuple[str, int], "ShardPositions"] = field(default_factory=dict)
 
     # ------------------------------------------------------------------ inputs
     @property
@@ -188,14 +189,24 @@ class FidelitySession:
         return capture(cand.model, self.suite, out, shards=shards, device=self.device, progress=self.progress)
 
     # ------------------------------------------------------------------ scoring
+    def positions(self, cand: CandidateConfig, shard: int) -> "ShardPositions":
+        """The scored positions of a candidate x shard, scored once per process and then cached
+        (windows, tails and paired comparisons re-use them; no recapture, no rescoring)."""
+        key = (cand.name, shard)
+        if key not in self._positions:
+            self._positions[key] = shard_positions(
+                suite=self.suite, shard=shard, reference=self.reference, candidate=self.candidate_store(cand, shard),
+                head=self.head, cand_head=self.candidate_head(cand), device=self.device,
+            )
+        return self._positions[key]
+
     def score(self, cand: CandidateConfig, shard: int, *, n_boot: int | None = None) -> ScoredShard:
         """Score one candidate x shard and build its report."""
-        import torch
-
         t0 = time.perf_counter()
         ref_store = self.reference
         cand_store = self.candidate_store(cand, shard)
         report = score_shard(
+            positions=self.positions(cand, shard),
             suite=self.suite,
             shard=shard,
             reference=ref_store,
@@ -227,17 +238,74 @@ def score_shard(
     score_from: int = 0,
     n_boot: int = 10_000,
     device: str = "cpu",
+    positions: "ShardPositions | None" = None,
 ) -> Any:
     """Score one shard of verified inputs and build its :class:`~harness.report.ShardReport`.
+
+    ``positions`` (from :func:`shard_positions`) reuses already scored positions: the same
+    capture summarized under another window needs no rescoring.
 
     ``reference`` and ``candidate`` are opened :class:`~harness.store.CaptureStore` objects of
     the same kind: hidden-state stores go through ``head`` (and ``cand_head`` for the
     candidate when given); logits stores are scored in logits mode (no head).
     """
+    from harness.metrics import summarize
+    from harness.report import ShardReport, make_comparability
+
+    t0 = time.perf_counter()
+    pos = positions if positions is not None else shard_positions(
+        suite=suite, shard=shard, reference=reference, candidate=candidate, head=head, cand_head=cand_head, device=device
+    )
+    t1, t2 = t0 + pos.load_s, t0 + pos.load_s + pos.score_s
+    mode, head_sha, cand_head_sha = pos.mode, pos.head_sha256, pos.cand_head_sha256
+    metrics = summarize(pos.scores, pos.context_index, pos.row, pos.labels, score_from=score_from, n_boot=n_boot)
+    t3 = time.perf_counter()
+    comparability = make_comparability(
+        suite_token_sha256=suite.suite_token_sha256,
+        shard_index=shard,
+        shard_sha256=suite.shard(shard).sha256,
+        score_from=score_from,
+        reference={"name": reference_name, "identity": reference.identity},
+        candidate={"name": candidate_name, "identity": candidate.identity, **(candidate_meta or {})},
+        head_sha256=head_sha,
+        cand_head_sha256=cand_head_sha,
+        engine={
+            "reference": reference.manifest.get("engine"),
+            "candidate": candidate.manifest.get("engine"),
+            "candidate_runtime": candidate.manifest.get("runtime"),
+        },
+        scorer={**SCORER_SETTINGS, "mode": mode},
+    )
+    return ShardReport(
+        candidate=candidate_name,
+        comparability=comparability,
+        metrics=metrics,
+        timing={"load_s": t1 - t0, "score_s": t2 - t1, "metrics_s": t3 - t2, "device": device},
+    )
+
+
+@dataclass
+class ShardPositions:
+    """The scored positions of one candidate x shard, before any window or statistic."""
+
+    scores: Any  # harness.scorer.PositionScores
+    context_index: np.ndarray
+    row: np.ndarray
+    labels: list[Any]  # harness.metrics.ContextLabel per context of the shard
+    mode: str
+    head_sha256: str | None
+    cand_head_sha256: str | None
+    load_s: float = 0.0
+    score_s: float = 0.0
+
+
+def shard_positions(
+    *, suite: Any, shard: int, reference: Any, candidate: Any, head: Any, cand_head: Any = None, device: str = "cpu"
+) -> ShardPositions:
+    """Load one shard of both captures and score every position (no window, no statistics)."""
     import torch
 
-    from harness.metrics import ContextLabel, summarize
-    from harness.report import ShardReport, make_comparability
+    from harness.metrics import ContextLabel
     from harness.scorer import score_hidden, score_logits
 
     if reference.kind != candidate.kind:
@@ -268,30 +336,7 @@ def score_shard(
     row = np.tile(np.arange(rows_per, dtype=np.int64), len(indices))
     labels = [ContextLabel(index=c.index, source_cluster=c.source_cluster, stratum=c.stratum)
               for c in (suite.contexts[i] for i in indices)]
-    metrics = summarize(scores, context_index, row, labels, score_from=score_from, n_boot=n_boot)
-    t3 = time.perf_counter()
-    comparability = make_comparability(
-        suite_token_sha256=suite.suite_token_sha256,
-        shard_index=shard,
-        shard_sha256=suite.shard(shard).sha256,
-        score_from=score_from,
-        reference={"name": reference_name, "identity": reference.identity},
-        candidate={"name": candidate_name, "identity": candidate.identity, **(candidate_meta or {})},
-        head_sha256=head_sha,
-        cand_head_sha256=cand_head_sha,
-        engine={
-            "reference": reference.manifest.get("engine"),
-            "candidate": candidate.manifest.get("engine"),
-            "candidate_runtime": candidate.manifest.get("runtime"),
-        },
-        scorer={**SCORER_SETTINGS, "mode": mode},
-    )
-    return ShardReport(
-        candidate=candidate_name,
-        comparability=comparability,
-        metrics=metrics,
-        timing={"load_s": t1 - t0, "score_s": t2 - t1, "metrics_s": t3 - t2, "device": device},
-    )
+    return ShardPositions(scores, context_index, row, labels, mode, head_sha, cand_head_sha, t1 - t0, t2 - t1)
 
 
 #: Scorer settings that decide the numbers (tiling does not, so it is not recorded here).

@@ -1,0 +1,98 @@
+"""Figures (matplotlib, Agg backend, imported lazily): the tail CCDF and KLD versus size.
+
+Both are written atomically as PNG (render to memory, then :func:`harness.atomic.atomic_write_bytes`)
+with fixed metadata, so the same numbers give the same bytes.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from harness.atomic import atomic_write_bytes
+
+_PNG_META = {"Software": None}  # no matplotlib version stamp: same figure, same bytes
+
+
+def _plt() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save(fig: Any, path: Path) -> None:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=120, metadata=_PNG_META)
+    _plt().close(fig)
+    atomic_write_bytes(path, buf.getvalue())
+
+
+def plot_ccdf(curves: Mapping[str, Mapping[str, Sequence[float]]], path: str | Path) -> Path:
+    """KLD complementary CDF, log-log, one step curve per candidate: ``curves[name] = {"x": edges, "y": P(KLD >= x)}``."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(8, 5.5))
+    for name, c in sorted(curves.items()):
+        if c["x"]:
+            ax.step(c["x"], c["y"], where="post", label=name, linewidth=1.6)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("KLD threshold x (nats)")
+    ax.set_ylabel("fraction of positions with KLD ≥ x")
+    ax.set_title("KLD tail (complementary CDF) per candidate")
+    ax.grid(True, which="major", alpha=0.4)
+    ax.grid(True, which="minor", alpha=0.12)
+    for t in (1e-2, 1e-1, 1.0):
+        ax.axvline(t, color="0.6", linestyle=":", linewidth=0.8)
+    ax.legend(loc="lower left", fontsize=9, frameon=True)
+    fig.tight_layout()
+    path = Path(path)
+    _save(fig, path)
+    return path
+
+
+def pareto_front(points: Sequence[tuple[float, float, str]]) -> list[tuple[float, float, str]]:
+    """Points not dominated by another (smaller or equal size *and* smaller or equal KLD, one strictly)."""
+    front = []
+    for x, y, n in sorted(points, key=lambda p: (p[0], p[1])):
+        if not front or y < front[-1][1]:
+            front.append((x, y, n))
+    return front
+
+
+def plot_kld_vs_size(points: Sequence[Mapping[str, Any]], path: str | Path) -> Path:
+    """Mean KLD (log y, 95% interval bars) versus on-disk GiB, points labelled, Pareto frontier drawn.
+
+    ``points``: dicts with ``candidate``, ``size_gib``, ``mean_kld``, ``ci95``.
+    """
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(8, 5.5))
+    pts = [p for p in points if p.get("size_gib") is not None and p["mean_kld"] > 0]
+    for p in pts:
+        lo, hi = p["ci95"]
+        y = p["mean_kld"]
+        ax.errorbar([p["size_gib"]], [y], yerr=[[max(y - lo, 0.0)], [max(hi - y, 0.0)]], fmt="o", color="tab:blue",
+                    ecolor="tab:blue", capsize=4, markersize=6)
+        ax.annotate(p["candidate"], (p["size_gib"], y), textcoords="offset points", xytext=(7, 5), fontsize=9)
+    front = pareto_front([(p["size_gib"], p["mean_kld"], p["candidate"]) for p in pts])
+    if len(front) > 1:
+        ax.plot([f[0] for f in front], [f[1] for f in front], "--", color="tab:orange", linewidth=1.4,
+                label="Pareto frontier (smaller and closer)")
+        ax.legend(loc="upper right", fontsize=9)
+    ax.set_yscale("log")
+    ax.set_xlabel("on-disk size (GiB)")
+    ax.set_ylabel("mean KLD vs BF16 (nats, log scale; bars: 95% interval)")
+    ax.set_title("Fidelity versus size")
+    ax.grid(True, which="both", alpha=0.3)
+    if pts:
+        xs = [p["size_gib"] for p in pts]
+        span = (max(xs) - min(xs)) or max(xs) or 1.0
+        ax.set_xlim(min(xs) - 0.08 * span, max(xs) + 0.25 * span)
+    fig.tight_layout()
+    path = Path(path)
+    _save(fig, path)
+    return path
