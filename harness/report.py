@@ -182,6 +182,8 @@ class ShardReport:
             text = path.read_text(encoding="utf-8")
         except FileNotFoundError:
             raise VerificationError(path, "report file", "present", "missing") from None
+        except UnicodeDecodeError as e:
+            raise VerificationError(path, "encoding", "UTF-8 JSON", f"byte {e.start}: {e.reason}") from None
 
         def _bad_constant(name: str) -> Any:
             raise VerificationError(path, "number", "finite JSON numbers", name)
