@@ -301,7 +301,7 @@ class StoreWriter:
     * Each context file is written to a temporary name and renamed; the manifest is rewritten
       atomically after every file. Both happen under an exclusive ``flock`` on ``.lock``, and the
       manifest is re-read under that lock, so two processes capturing into one store merge their
-      work instead of overwriting it.
+      work instead of overwriting it. Temporaries left by a killed writer are removed on open.
     * ``done(index)`` is true when the context is listed and its file's sha256 matches: a re-run
       after a crash (even ``kill -9``) skips those and recaptures the rest. Unlisted leftovers of
       an interrupted write are removed when the writer opens.
@@ -363,6 +363,10 @@ class StoreWriter:
                 listed = set()
             for p in self.root.glob("ctx-*.safetensors"):
                 if p.name not in listed:
+                    p.unlink()
+            # temporaries of an interrupted atomic write (writes happen under this lock, so none is live)
+            for pattern in (".ctx-*.safetensors.*.tmp", f".{MANIFEST}.*.tmp"):
+                for p in self.root.glob(pattern):
                     p.unlink()
         return self
 
