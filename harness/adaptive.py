@@ -66,7 +66,7 @@ def cumulative_interval(rows: Sequence[dict[str, Any]], level: float, n_boot: in
         se = math.sqrt(float((resid**2).sum()) / (C - 1) / C)
         q = float(student_t.ppf(1.0 - (1.0 - level) / 2.0, C - 1))
         lo, hi = min(lo, ratio - q * se), max(hi, ratio + q * se)
-    return [float(lo), float(hi)]
+    return [max(float(lo), 0.0), float(hi)]  # KLD >= 0
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,7 @@ Example::
     a = "int4_g32"
     b = "int4_g32_b"
     margin = 0.001                      # equivalence margin on mean KLD, nats
+    expect = "equivalent"               # optional: the pair's case fails on another verdict
 """
 
 from __future__ import annotations
@@ -73,6 +74,8 @@ class PairConfig:
     a: str
     b: str
     margin: float
+    #: Optional expected verdict (``equivalent``, ``A better``, ``B better``): the pair's case fails when it differs.
+    expect: str | None = None
 
 
 @dataclass(frozen=True)
@@ -114,7 +117,7 @@ _SUITE_KEYS = {"path"}
 _REF_KEYS = {"name", "model", "store", "head"}
 _SETTINGS_KEYS = {"cache_dir", "baselines", "n_boot"}
 _CAND_KEYS = {"name", "engine", "model", "store", "head", "size_bytes", "tags"}
-_PAIR_KEYS = {"a", "b", "margin"}
+_PAIR_KEYS = {"a", "b", "margin", "expect"}
 
 
 class _Reader:
@@ -242,7 +245,13 @@ def load_config(path: str | Path) -> FidelityConfig:
         for side in (a, b):
             if side not in seen:
                 raise ConfigError(f"{path}: pairs[{i}] names unknown candidate {side!r}")
-        pairs.append(PairConfig(a=a, b=b, margin=pr.number("margin", 0.0)))
+        expect = pr.string("expect", required=False)
+        if expect is not None and expect not in ("equivalent", "A better", "B better", "inconclusive"):
+            raise ConfigError(
+                f"{path}: pairs[{i}].expect: expected one of 'equivalent', 'A better', 'B better', 'inconclusive', "
+                f"found {expect!r}"
+            )
+        pairs.append(PairConfig(a=a, b=b, margin=pr.number("margin", 0.0), expect=expect))
     cfg = FidelityConfig(
         path=path,
         suite=suite,  # type: ignore[arg-type]

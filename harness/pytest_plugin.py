@@ -33,7 +33,11 @@ MARKERS = {
 }
 
 CASE_FIXTURE = "fidelity_case"
+TAIL_FIXTURE = "fidelity_tail_candidate"
+WINDOW_FIXTURE = "fidelity_window_k"
+PAIR_FIXTURE = "fidelity_pair"
 PAYLOAD_ATTR = "fidelity_payload"
+EXTRA_ATTR = "fidelity_extra"
 
 
 # ---------------------------------------------------------------- option types
@@ -76,6 +80,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="write measured values (plus the documented margin) to the baseline files")
     group.addoption("--fidelity-benchmarks", dest="fidelity_benchmarks", action="store_true",
                     help="run tests marked 'benchmark' (off by default and under xdist)")
+    group.addoption("--fidelity-adaptive", dest="fidelity_adaptive", action="store_true",
+                    help="stop scoring a candidate's shards once its interval (Bonferroni alpha spending over "
+                         "the planned shards) lies on one side of its baseline's max_mean_kld")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -85,6 +92,10 @@ def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError(
             "--fidelity-update-baselines cannot be combined with -n (pytest-xdist): "
             "run the update serially so one process writes the baseline files"
+        )
+    if config.getoption("fidelity_adaptive") and _xdist_workers(config) and config.getoption("dist", None) != "loadgroup":
+        raise pytest.UsageError(
+            "--fidelity-adaptive with -n needs --dist loadgroup, so each candidate's shards run in order on one worker"
         )
     if config.getoption("fidelity_config") or _config_path(config).is_file():
         config.stash[_PLAN] = _plan(config)  # validates at startup: errors are usage errors
@@ -152,6 +163,9 @@ def _plan(config: pytest.Config) -> tuple[Any, list[int]]:
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    for fixture, params in ((TAIL_FIXTURE, _tail_params), (WINDOW_FIXTURE, _window_params), (PAIR_FIXTURE, _pair_params)):
+        if fixture in metafunc.fixturenames:
+            metafunc.parametrize(fixture, params(_require_plan(metafunc)))
     if CASE_FIXTURE not in metafunc.fixturenames:
         return
     if _PLAN not in metafunc.config.stash:
@@ -169,6 +183,36 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     metafunc.parametrize(CASE_FIXTURE, params, indirect=True)
 
 
+def _require_plan(metafunc: pytest.Metafunc) -> tuple[Any, list[int]]:
+    if _PLAN not in metafunc.config.stash:
+        pytest.fail(f"{_config_path(metafunc.config)}: no fidelity configuration found; "
+                    "create fidelity.toml at the rootdir or pass --fidelity-config PATH", pytrace=False)
+    return metafunc.config.stash[_PLAN]  # type: ignore[no-any-return]
+
+
+def _tail_params(plan: tuple[Any, list[int]]) -> list[Any]:
+    return [pytest.param(c.name, id=f"tails-{c.name}", marks=[pytest.mark.tails, pytest.mark.xdist_group(c.name)])
+            for c in plan[0].candidates]
+
+
+def _window_params(plan: tuple[Any, list[int]]) -> list[Any]:
+    from harness.suite import Suite
+    from harness.windows import planned_windows
+
+    cfg, _ = plan
+    n_ctx = Suite.load(cfg.suite, verify=False).n_ctx
+    run, notes = planned_windows(n_ctx)
+    params = [pytest.param((k, tuple(notes)), id=f"window-from{k}", marks=pytest.mark.window) for k in run]
+    for note in notes:
+        k = int(note.split()[0].split("=")[1])
+        params.append(pytest.param((k, ()), id=f"window-from{k}", marks=[pytest.mark.window, pytest.mark.skip(reason=note)]))
+    return params
+
+
+def _pair_params(plan: tuple[Any, list[int]]) -> list[Any]:
+    return [pytest.param(p, id=f"pair-{p.a}-vs-{p.b}", marks=pytest.mark.paired) for p in plan[0].pairs]
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if config.getoption("fidelity_benchmarks") and not _xdist_workers(config):
         return
@@ -184,6 +228,10 @@ def pytest_collection_finish(session: pytest.Session) -> None:
              if hasattr(item, "callspec") and CASE_FIXTURE in item.callspec.params]
     if cases:
         _session(session.config).plan(cases)
+        planned: dict[str, list[int]] = {}
+        for name, shard in cases:
+            planned.setdefault(name, []).append(shard)
+        session.config.stash[_PLANNED] = planned
 
 
 # ---------------------------------------------------------------- fixtures
@@ -206,10 +254,17 @@ def fidelity_scored(request: pytest.FixtureRequest, fidelity_session: Any, fidel
     from harness.errors import FidelityError
 
     name, shard = fidelity_case
+    monitor = _adaptive(request.config)
+    if monitor is not None and monitor.stop_reason(name):
+        pytest.skip(monitor.stop_reason(name))
     try:
         scored = fidelity_session.score(fidelity_session.config.candidate(name), shard)
     except FidelityError as exc:
         pytest.fail(f"{name} shard {shard:02d}: {exc}", pytrace=False)
+    if monitor is not None:
+        d = monitor.observe(name, shard, scored.report.metrics)
+        _send(request, "adaptive", {"candidate": name, "shard": shard, "look": d.look, "looks": d.looks, "level": d.level,
+                                    "ci": list(d.ci), "mean_kld": d.mean_kld, "threshold": d.threshold, "side": d.side})
     h = scored.headline
     for key in ("mean_kld", "ci_low", "ci_high", "p99", "top1"):
         record_property(f"fidelity_{key}", getattr(h, key))
@@ -230,6 +285,82 @@ def fidelity_gate(request: pytest.FixtureRequest, fidelity_session: Any) -> Any:
 
 
 _PAYLOAD = pytest.StashKey[dict]()
+_EXTRA = pytest.StashKey[list]()
+_ADAPTIVE = pytest.StashKey[Any]()
+_PLANNED = pytest.StashKey[dict]()
+
+
+def _send(request: pytest.FixtureRequest, kind: str, data: dict[str, Any]) -> None:
+    """Queue a report-case payload to travel home with this test's report."""
+    request.node.stash.setdefault(_EXTRA, []).append({"kind": kind, "data": data})
+
+
+def _adaptive(config: pytest.Config) -> Any:
+    """The process's adaptive monitor (``--fidelity-adaptive``), or None."""
+    if not config.getoption("fidelity_adaptive"):
+        return None
+    if _ADAPTIVE not in config.stash:
+        from harness.adaptive import AdaptiveMonitor, threshold_for
+
+        cfg = config.stash[_PLAN][0]
+        planned = config.stash.get(_PLANNED, {})
+        thresholds = {n: threshold_for(cfg.baselines, n, s) for n, s in planned.items()}
+        config.stash[_ADAPTIVE] = AdaptiveMonitor(planned=planned, thresholds=thresholds)
+    return config.stash[_ADAPTIVE]
+
+
+@pytest.fixture
+def fidelity_tail_candidate(request: pytest.FixtureRequest) -> str:
+    """Name of the candidate of this tail case."""
+    return request.param  # type: ignore[no-any-return]
+
+
+@pytest.fixture
+def fidelity_tails(request: pytest.FixtureRequest, fidelity_session: Any, fidelity_tail_candidate: str) -> Any:
+    """This candidate's tail report over the selected shards (:class:`harness.cases.TailCase`)."""
+    from harness.cases import TailCase
+
+    case = TailCase.run(fidelity_session, fidelity_tail_candidate, request.config.stash[_PLAN][1])
+    _send(request, "tails", case.payload)
+    return case
+
+
+@pytest.fixture
+def fidelity_window_k(request: pytest.FixtureRequest) -> tuple[int, tuple[str, ...]]:
+    """``(score_from, notes)`` of this window case."""
+    return request.param  # type: ignore[no-any-return]
+
+
+@pytest.fixture
+def fidelity_window(request: pytest.FixtureRequest, fidelity_session: Any, fidelity_window_k: tuple[int, tuple[str, ...]]) -> Any:
+    """Every candidate rescored from row k (:class:`harness.cases.WindowCase`)."""
+    from harness.cases import WindowCase
+
+    k, notes = fidelity_window_k
+    case = WindowCase.run(fidelity_session, k, request.config.stash[_PLAN][1], notes)
+    _send(request, "window", case.payload)
+    return case
+
+
+@pytest.fixture
+def fidelity_pair(request: pytest.FixtureRequest) -> Any:
+    """The declared pair (:class:`harness.config.PairConfig`) of this paired case."""
+    return request.param
+
+
+@pytest.fixture
+def fidelity_paired(request: pytest.FixtureRequest, fidelity_session: Any, fidelity_pair: Any) -> Any:
+    """The pair compared on the same positions (:class:`harness.cases.PairCase`)."""
+    from harness.cases import PairCase
+    from harness.errors import FidelityError
+
+    p = fidelity_pair
+    try:
+        case = PairCase.run(fidelity_session, p.a, p.b, p.margin, request.config.stash[_PLAN][1], p.expect)
+    except FidelityError as exc:
+        pytest.fail(f"pair {p.a} vs {p.b}: {exc}", pytrace=False)
+    _send(request, "paired", case.payload)
+    return case
 
 
 # ---------------------------------------------------------------- artifacts
@@ -239,6 +370,8 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     report = outcome.get_result()
     if call.when == "call" and _PAYLOAD in item.stash:
         setattr(report, PAYLOAD_ATTR, json.dumps(item.stash[_PAYLOAD], sort_keys=True))
+    if call.when == "call" and _EXTRA in item.stash:
+        setattr(report, EXTRA_ATTR, json.dumps(item.stash[_EXTRA], sort_keys=True))
 
 
 # ---------------------------------------------------------------- controller
@@ -250,11 +383,17 @@ class FidelityReporter:
 
         self.config = config
         self.collector = LadderCollector(report_dir=Path(config.getoption("fidelity_report_dir")))
+        self.extras: dict[str, list[dict[str, Any]]] = {}
+        self.extra_lines: list[str] = []
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         payload = getattr(report, PAYLOAD_ATTR, None)
         if payload is not None and report.when == "call":
             self.collector.add(json.loads(payload), passed=report.passed)
+        extra = getattr(report, EXTRA_ATTR, None)
+        if extra is not None and report.when == "call":
+            for item in json.loads(extra):
+                self.extras.setdefault(item["kind"], []).append(item["data"])
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         if self.collector.reports:
@@ -262,9 +401,17 @@ class FidelityReporter:
                 update_baselines=self.config.getoption("fidelity_update_baselines"),
                 config=self.config.stash[_PLAN][0],
             )
+        if self.extras:
+            from harness.cases import write_extras
+
+            self.extra_lines = write_extras(self.collector.report_dir, self.extras)
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         if self.collector.reports:
             terminalreporter.section("fidelity ladder")
             for line in self.collector.summary_lines():
+                terminalreporter.write_line(line)
+        if self.extra_lines:
+            terminalreporter.section("fidelity reports")
+            for line in self.extra_lines:
                 terminalreporter.write_line(line)

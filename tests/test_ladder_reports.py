@@ -1,0 +1,138 @@
+"""Tails, window and paired cases and the adaptive ladder, through pytester on the tiny project."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def project(pytester: pytest.Pytester, fidelity_project: Path) -> pytest.Pytester:
+    shutil.copytree(fidelity_project, pytester.path, dirs_exist_ok=True)
+    for name in ("test_tails.py", "test_window.py", "test_paired.py"):
+        shutil.copy(ROOT / "fidelity_tests" / name, pytester.path / name)
+    return pytester
+
+
+def _load(p: Path) -> dict[str, Any]:
+    return json.loads(p.read_text())
+
+
+def test_collection_ids_and_markers(project: pytest.Pytester) -> None:
+    r = project.runpytest("--collect-only", "-q", "-m", "tails or window or paired")
+    r.stdout.fnmatch_lines([
+        "*test_paired[[]pair-good-vs-bad[]]*",
+        "*test_tails[[]tails-good[]]*",
+        "*test_tails[[]tails-bad[]]*",
+        "*test_window[[]window-from0[]]*",
+        "*test_window[[]window-from16[]]*",
+        "*test_window[[]window-from64[]]*",
+        "*6/14 tests collected*",
+    ])
+
+
+def _margin(p: pytest.Pytester, text: str) -> None:
+    toml = p.path / "fidelity.toml"
+    toml.write_text(toml.read_text().replace("margin = 0.001", text))
+
+
+def test_report_cases_write_their_artifacts(project: pytest.Pytester) -> None:
+    """One run: every fidelity case plus tails, windows and the pair; scoring happens once per shard."""
+    _margin(project, "margin = 0.00001")  # bad's drift (~6e-4) is far outside this margin
+    result = project.runpytest("--fidelity-update-baselines", "--fidelity-report-dir", "out")
+    result.assert_outcomes(passed=13, skipped=1)  # window-from64 > n_ctx - 2 = 30: skipped with a note
+    result.stdout.fnmatch_lines(["*fidelity reports*", "*window: ranking stable*", "*paired good vs bad: good better*"])
+    out = project.path / "out"
+    tails = _load(out / "tails.json")
+    assert [c["candidate"] for c in tails["candidates"]] == ["bad", "good"]
+    for c in tails["candidates"]:
+        cum = c["cumulative"]
+        assert cum["n_positions"] == 8 * 31 and len(c["shards"]) == 4
+        assert cum["exceedance"] == cum["exceedance_sum_of_shards"]
+        assert c["problems"] == []
+    assert (out / "tails.png").stat().st_size > 10_000
+    assert "| **all** |" in (out / "tails.md").read_text()
+    win = _load(out / "window.json")
+    assert set(win["windows"]) == {"0", "16"}
+    assert win["windows"]["16"]["candidates"]["good"]["n_positions"] == 8 * (31 - 16)
+    assert win["ranking_base"] == ["good", "bad"] and win["windows"]["16"]["ranking"] == ["good", "bad"]
+    assert "score_from=64 skipped" in (out / "window.md").read_text()
+    pair = _load(out / "paired" / "good-vs-bad.json")
+    assert pair["verdict"] == "A better" and pair["kld_mean"]["ci95"][1] < 0
+    assert pair["n_positions"] == 8 * 31
+    assert "Verdict: good better" in (out / "paired" / "good-vs-bad.md").read_text()
+    # the shard reports of the same run agree with the tails' exact per-shard numbers
+    shard0 = _load(out / "good" / "shard-00.json")
+    t0 = next(c for c in tails["candidates"] if c["candidate"] == "good")["shards"][0]
+    assert t0["exceedance"] == shard0["metrics"]["exceedance"]
+    assert t0["percentiles"]["p99"] == pytest.approx(shard0["metrics"]["kld"]["p99"], rel=1e-12)
+
+
+def test_pair_expectation_fails_with_a_readable_message(project: pytest.Pytester) -> None:
+    _margin(project, 'margin = 0.001\nexpect = "equivalent"')  # 6e-4 apart: inside the generous margin
+    project.runpytest("-m", "paired").assert_outcomes(passed=1)
+    _margin(project, "margin = 0.00001")  # expect stays
+    result = project.runpytest("-m", "paired")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*pair good-vs-bad: verdict 'A better', expected 'equivalent' (mean KLD difference *margin ±1e-05)*"])
+
+
+def test_window_flip_with_disjoint_intervals_fails() -> None:
+    from harness.windows import compare_windows, flip_message
+
+    s = lambda m, lo, hi: {"mean_kld": m, "ci95": [lo, hi], "n_positions": 1}  # noqa: E731
+    base = {"a": s(1.0, 0.9, 1.1), "b": s(2.0, 1.9, 2.1), "c": s(2.05, 1.95, 2.2)}
+    at16 = {"a": s(3.0, 2.9, 3.1), "b": s(2.0, 1.9, 2.1), "c": s(1.99, 1.9, 2.1)}
+    cmp = compare_windows(0, {0: base, 16: at16})
+    w = cmp["windows"]["16"]
+    assert w["flips"]["failures"] == [["a", "b"], ["a", "c"]]
+    assert w["flips"]["warnings"] == [["b", "c"]]
+    assert "CHANGES" in cmp["verdict"]
+    assert w["candidates"]["a"]["rel_change_mean_kld"] == pytest.approx(2.0)
+    assert "a < b at score_from=0 but b < a at score_from=16" in flip_message(16, 0, w["flips"]["failures"])
+
+
+def test_paired_verdict_rule() -> None:
+    from harness.paired_report import verdict
+
+    assert verdict([-0.0005, 0.0004], 0.001) == "equivalent"
+    assert verdict([-0.0005, -0.0001], 0.001) == "equivalent"  # inside the margin wins
+    assert verdict([-0.01, -0.002], 0.001) == "A better"
+    assert verdict([0.002, 0.01], 0.001) == "B better"
+    assert verdict([-0.01, 0.01], 0.001) == "inconclusive"
+
+
+def test_adaptive_stops_a_clear_candidate_and_states_the_rule(project: pytest.Pytester) -> None:
+    project.runpytest("--fidelity-update-baselines", "-k", "good or bad", "-m", "not tails and not window and not paired")
+    # a generous default threshold: good is far below it, so it stops after the first look
+    for name, limit in (("good", 10.0), ("bad", 1e-9)):
+        path = project.path / "baselines" / f"{name}.json"
+        doc = _load(path)
+        doc["default"] = {"max_mean_kld": limit}
+        doc["shards"] = {}
+        path.write_text(json.dumps(doc))
+    result = project.runpytest("--fidelity-adaptive", "--fidelity-report-dir", "ad", "-rs", "test_fidelity.py")
+    # bad's scored shards fail their baseline (1e-9) and bad stops early too (interval entirely above,
+    # once enough clusters make the t interval narrow: look 2 here)
+    outcomes = result.parseoutcomes()
+    assert outcomes["passed"] == 1 and outcomes["failed"] + outcomes["skipped"] == 7 and outcomes["failed"] < 4
+    result.stdout.fnmatch_lines(["*adaptive: good stopped after shard 00*"])
+    result.stdout.fnmatch_lines(["*adaptive: bad stopped after shard 0*"])
+    result.stdout.fnmatch_lines(["*SKIPPED*adaptive stop (good passes): look 1/4*"])
+    doc = _load(project.path / "ad" / "adaptive.json")
+    assert "Bonferroni" in doc["rule"]
+    looks = {r["candidate"]: r for r in doc["looks"]}
+    assert looks["good"]["side"] == "below" and looks["good"]["looks"] == 4 and looks["good"]["level"] == 1 - 0.05 / 4
+    assert doc["looks"][-1]["candidate"] == "good" and [r["side"] for r in doc["looks"] if r["candidate"] == "bad"][-1] == "above"
+
+
+def test_adaptive_with_xdist_needs_loadgroup(project: pytest.Pytester) -> None:
+    r = project.runpytest("--fidelity-adaptive", "-n", "2")
+    assert r.ret != 0
+    r.stderr.fnmatch_lines(["*--fidelity-adaptive with -n needs --dist loadgroup*"])
