@@ -106,6 +106,8 @@ def test_dequantized_weights_match_formula(name: str, source, models) -> None:
         else:
             assert np.array_equal(got, w), f"{name} {key} should be bf16 unchanged"
     assert n == 28
+    head = models[name].get_output_embeddings().weight
+    assert torch.equal(head, models[name].get_input_embeddings().weight), "tied head must be the bf16 embedding"
     assert next(models[name].parameters()).dtype == torch.bfloat16
     assert not models[name].training
 
