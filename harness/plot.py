@@ -46,8 +46,15 @@ def plot_ccdf(curves: Mapping[str, Mapping[str, Sequence[float]]], path: str | P
     ax.set_title("KLD tail (complementary CDF) per candidate")
     ax.grid(True, which="major", alpha=0.4)
     ax.grid(True, which="minor", alpha=0.12)
-    for t in (1e-2, 1e-1, 1.0):
-        ax.axvline(t, color="0.6", linestyle=":", linewidth=0.8)
+    # x range: from a decade before the first drop below 1 to a decade past the largest value
+    drops = [x for c in curves.values() for x, y in zip(c["x"], c["y"]) if y < 1.0]
+    ends = [c["x"][-1] for c in curves.values() if c["x"]]
+    if drops and ends:
+        lo, hi = min(drops) / 10.0, max(ends) * 10.0
+        ax.set_xlim(lo, hi)
+        for t in (1e-4, 1e-3, 1e-2, 1e-1, 1.0):  # the exceedance thresholds of the reports
+            if lo < t < hi:
+                ax.axvline(t, color="0.6", linestyle=":", linewidth=0.8)
     ax.legend(loc="lower left", fontsize=9, frameon=True)
     fig.tight_layout()
     path = Path(path)
