@@ -8,11 +8,16 @@ under both, and both argmaxes (ties to the lowest token id).
 How it is computed
 ------------------
 * **One GEMM per hidden state.** Rows are processed in tiles of ``tile_rows``: the reference
-  and candidate logits of a tile are computed once each (``tile @ head.T`` in the head's
-  dtype; torch accumulates bf16 products in fp32) and every metric is derived from those two
-  tiles while they are in memory. The GEMM result is in the head's dtype (bf16 logits for a
-  bf16 head, exactly what the model's own LM head produces); pass an fp32 head for fp32
-  logits.
+  and candidate logits of a tile are computed once each (``tile @ head.T``) and every metric
+  is derived from those two tiles while they are in memory.
+* **fp32 logits from bf16 operands.** The operands keep their values (bf16 hidden states and
+  head); products accumulate in fp32 and the logits stay fp32 (:func:`logits_gemm`). On CUDA
+  that is ``torch.mm(..., out_dtype=float32)`` where torch has it; elsewhere the operands are
+  widened to fp32 first (exact: every bf16 value is an fp32 value) and multiplied in fp32.
+  Rounding the logits to bf16 instead -- what a bf16 GEMM returns on a CPU -- adds an error of
+  up to ulp/2 (1/32 for logits in [8, 16)) to every logit independently on the two sides, a
+  noise floor of about 0.5 Var(delta) ~ 1e-4 nats of KLD between *different* hidden states:
+  as large as the drift of an int8 candidate. ``tests/test_scorer.py`` checks the floor is gone.
 * **Cache-sized metric chunks.** The metric math runs over ``chunk_rows`` rows of a tile at a
   time in six pre-allocated fp32 buffers, so on a CPU the ~30 elementwise passes stay in cache.
   With T torch threads, T worker threads each take whole chunks with single-threaded ops (see
@@ -259,6 +264,42 @@ class _MetricRunner:
             f.result()
 
 
+
+def _mm_out_dtype_works(dev: torch.device) -> bool:
+    """Whether ``torch.mm(bf16, bf16, out_dtype=float32)`` runs on ``dev`` (CUDA in recent torch)."""
+    key = str(dev)
+    if key not in _OUT_DTYPE_CACHE:
+        try:
+            a = torch.ones(2, 2, dtype=torch.bfloat16, device=dev)
+            ok = torch.mm(a, a, out_dtype=torch.float32).dtype == torch.float32
+        except (RuntimeError, TypeError, NotImplementedError):
+            ok = False
+        _OUT_DTYPE_CACHE[key] = ok
+    return _OUT_DTYPE_CACHE[key]
+
+
+_OUT_DTYPE_CACHE: dict[str, bool] = {}
+
+
+def gemm_operand(head: torch.Tensor, dev: torch.device) -> torch.Tensor:
+    """The head as the GEMM will use it on ``dev``: kept in bf16/fp16 where the device returns fp32
+    results from them (CUDA ``out_dtype``), else widened once to fp32 (exact)."""
+    w = head.to(dev)
+    if w.dtype in (torch.bfloat16, torch.float16) and _mm_out_dtype_works(dev):
+        return w
+    return w.float()
+
+
+def logits_gemm(hidden: torch.Tensor, w: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """fp32 logits ``hidden @ w.T`` into ``out`` (fp32): products of the operands' exact values,
+    accumulated in fp32, never rounded to bf16 (see the module docstring)."""
+    h = hidden.to(out.device, w.dtype)
+    if w.dtype == torch.float32:
+        return torch.mm(h, w.t(), out=out)
+    out.copy_(torch.mm(h, w.t(), out_dtype=torch.float32))
+    return out
+
+
 def _check_targets(targets: torch.Tensor, n: int, vocab: int) -> torch.Tensor:
     if targets.ndim != 1 or targets.shape[0] != n:
         raise ValueError(f"targets: expected shape [{n}], found {list(targets.shape)}")
@@ -305,23 +346,21 @@ def score_hidden(
     if n == 0:
         return out
     with _threads(threads), torch.inference_mode():
-        w = head.to(dev)
-        w_c = cand_head.to(dev) if cand_head is not None else w
-        tile = int(tile_rows or default_tile_rows(vocab, w.element_size()))
+        w = gemm_operand(head, dev)
+        w_c = gemm_operand(cand_head, dev) if cand_head is not None else w
+        tile = int(tile_rows or default_tile_rows(vocab, 4))
         chunk = int(chunk_rows or _default_chunk_rows(vocab, dev, tile))
         tile = min(tile, n)
         chunk = min(chunk, tile)
-        buf_a = torch.empty(tile, vocab, dtype=w.dtype, device=dev)
-        buf_b = torch.empty(tile, vocab, dtype=w_c.dtype, device=dev)
+        buf_a = torch.empty(tile, vocab, dtype=torch.float32, device=dev)
+        buf_b = torch.empty(tile, vocab, dtype=torch.float32, device=dev)
         t_dev = t_all.to(dev)
         with _MetricRunner(chunk, vocab, dev) as runner:
             for r0 in range(0, n, tile):
                 r1 = min(n, r0 + tile)
                 m = r1 - r0
-                a = ref_hidden[r0:r1].to(dev, w.dtype)
-                b = cand_hidden[r0:r1].to(dev, w_c.dtype)
-                la = torch.mm(a, w.t(), out=buf_a[:m])
-                lb = torch.mm(b, w_c.t(), out=buf_b[:m])
+                la = logits_gemm(ref_hidden[r0:r1], w, buf_a[:m])
+                lb = logits_gemm(cand_hidden[r0:r1], w_c, buf_b[:m])
                 runner.run(la, lb, t_dev[r0:r1], out, r0)
     return out
 
@@ -378,23 +417,29 @@ def score_two_pass(
     per position (float64)."""
     n, _ = ref_hidden.shape
     vocab = head.shape[0]
-    tile = int(tile_rows or default_tile_rows(vocab, head.element_size()))
+    tile = int(tile_rows or default_tile_rows(vocab, 4))
     kld = np.zeros(n, dtype=np.float64)
     with _threads(threads), torch.inference_mode():
+        w_all = gemm_operand(head, head.device)  # same fp32-logits GEMM as the scorer
         for r0 in range(0, n, tile):
-            a = ref_hidden[r0 : r0 + tile].to(head.dtype)
-            b = cand_hidden[r0 : r0 + tile].to(head.dtype)
-            lse_a = torch.full((a.shape[0],), -math.inf)
-            lse_b = torch.full((a.shape[0],), -math.inf)
+            a = ref_hidden[r0 : r0 + tile]
+            b = cand_hidden[r0 : r0 + tile]
+            m = a.shape[0]
+            buf_a = torch.empty(m, min(vocab_chunk, vocab))
+            buf_b = torch.empty(m, min(vocab_chunk, vocab))
+            lse_a = torch.full((m,), -math.inf)
+            lse_b = torch.full((m,), -math.inf)
             for v0 in range(0, vocab, vocab_chunk):
-                w = head[v0 : v0 + vocab_chunk]
-                lse_a = torch.logaddexp(lse_a, torch.logsumexp((a @ w.t()).float(), 1))
-                lse_b = torch.logaddexp(lse_b, torch.logsumexp((b @ w.t()).float(), 1))
-            acc = torch.zeros(a.shape[0], dtype=torch.float64)
+                w = w_all[v0 : v0 + vocab_chunk]
+                k = w.shape[0]
+                lse_a = torch.logaddexp(lse_a, torch.logsumexp(logits_gemm(a, w, buf_a[:, :k]), 1))
+                lse_b = torch.logaddexp(lse_b, torch.logsumexp(logits_gemm(b, w, buf_b[:, :k]), 1))
+            acc = torch.zeros(m, dtype=torch.float64)
             for v0 in range(0, vocab, vocab_chunk):
-                w = head[v0 : v0 + vocab_chunk]
-                lp = (a @ w.t()).float().sub_(lse_a[:, None])
-                lq = (b @ w.t()).float().sub_(lse_b[:, None])
+                w = w_all[v0 : v0 + vocab_chunk]
+                k = w.shape[0]
+                lp = logits_gemm(a, w, buf_a[:, :k]).sub_(lse_a[:, None])
+                lq = logits_gemm(b, w, buf_b[:, :k]).sub_(lse_b[:, None])
                 acc += (lp.exp() * (lp - lq)).sum(1).double()
             kld[r0 : r0 + a.shape[0]] = acc.numpy()
     _ = targets
@@ -408,19 +453,31 @@ def bare_gemms(
     *,
     tile_rows: int | None = None,
     threads: int | None = None,
+    fp32_logits: bool = True,
 ) -> float:
-    """Seconds for the two bare GEMMs (reference and candidate logits), tiled like the scorer: the floor."""
+    """Seconds for the two bare GEMMs (reference and candidate logits), tiled like the scorer: the floor.
+
+    ``fp32_logits=True`` times the GEMM the scorer needs (fp32 logits, :func:`logits_gemm`);
+    ``False`` times the head-dtype GEMM (bf16 logits), the device's fastest but inexact product.
+    """
     n = ref_hidden.shape[0]
     vocab = head.shape[0]
-    tile = min(n, int(tile_rows or default_tile_rows(vocab, head.element_size())))
+    dev = head.device
+    tile = min(n, int(tile_rows or default_tile_rows(vocab, 4)))
     with _threads(threads), torch.inference_mode():
-        buf_a = torch.empty(tile, vocab, dtype=head.dtype)
-        buf_b = torch.empty(tile, vocab, dtype=head.dtype)
+        w = gemm_operand(head, dev) if fp32_logits else head
+        dtype = torch.float32 if fp32_logits else head.dtype
+        buf_a = torch.empty(tile, vocab, dtype=dtype, device=dev)
+        buf_b = torch.empty(tile, vocab, dtype=dtype, device=dev)
         t0 = time.perf_counter()
         for r0 in range(0, n, tile):
-            a = ref_hidden[r0 : r0 + tile].to(head.dtype)
-            b = cand_hidden[r0 : r0 + tile].to(head.dtype)
-            m = a.shape[0]
-            torch.mm(a, head.t(), out=buf_a[:m])
-            torch.mm(b, head.t(), out=buf_b[:m])
+            m = min(n, r0 + tile) - r0
+            if fp32_logits:
+                logits_gemm(ref_hidden[r0 : r0 + m], w, buf_a[:m])
+                logits_gemm(cand_hidden[r0 : r0 + m], w, buf_b[:m])
+            else:
+                torch.mm(ref_hidden[r0 : r0 + m].to(dev, head.dtype), head.t(), out=buf_a[:m])
+                torch.mm(cand_hidden[r0 : r0 + m].to(dev, head.dtype), head.t(), out=buf_b[:m])
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
         return time.perf_counter() - t0
