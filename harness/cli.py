@@ -36,7 +36,9 @@ COMMANDS: list[Callable[[SubParsers], None]] = []
 
 
 def command(fn: Callable[[SubParsers], None]) -> Callable[[SubParsers], None]:
-    """Register a subcommand builder (see the module docstring)."""
+    """Register a subcommand builder (see the module docstring); re-importing a module replaces its entries."""
+    key = (fn.__module__, fn.__qualname__)
+    COMMANDS[:] = [c for c in COMMANDS if (c.__module__, c.__qualname__) != key]
     COMMANDS.append(fn)
     return fn
 

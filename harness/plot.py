@@ -72,33 +72,40 @@ def pareto_front(points: Sequence[tuple[float, float, str]]) -> list[tuple[float
 
 
 def plot_kld_vs_size(points: Sequence[Mapping[str, Any]], path: str | Path) -> Path:
-    """Mean KLD (log y, 95% interval bars) versus on-disk GiB, points labelled, Pareto frontier drawn.
+    """Mean KLD (log y, 95% interval bars) versus on-disk size, points labelled, Pareto frontier drawn.
 
-    ``points``: dicts with ``candidate``, ``size_gib``, ``mean_kld``, ``ci95``.
+    ``points``: dicts with ``candidate``, ``size_gib``, ``mean_kld``, ``ci95``. The axis is in GiB, or in
+    MiB when every candidate is under 1 GiB (small test models), so the ticks stay readable.
     """
     plt = _plt()
     fig, ax = plt.subplots(figsize=(8, 5.5))
     pts = [p for p in points if p.get("size_gib") is not None and p["mean_kld"] > 0]
+    scale, unit = (1.0, "GiB") if not pts or max(p["size_gib"] for p in pts) >= 1.0 else (1024.0, "MiB")
+    front = pareto_front([(p["size_gib"], p["mean_kld"], p["candidate"]) for p in pts])
+    on_front = {n for _, _, n in front}
     for p in pts:
         lo, hi = p["ci95"]
-        y = p["mean_kld"]
-        ax.errorbar([p["size_gib"]], [y], yerr=[[max(y - lo, 0.0)], [max(hi - y, 0.0)]], fmt="o", color="tab:blue",
-                    ecolor="tab:blue", capsize=4, markersize=6)
-        ax.annotate(p["candidate"], (p["size_gib"], y), textcoords="offset points", xytext=(7, 5), fontsize=9)
-    front = pareto_front([(p["size_gib"], p["mean_kld"], p["candidate"]) for p in pts])
-    if len(front) > 1:
-        ax.plot([f[0] for f in front], [f[1] for f in front], "--", color="tab:orange", linewidth=1.4,
-                label="Pareto frontier (smaller and closer)")
+        x, y = p["size_gib"] * scale, p["mean_kld"]
+        color = "tab:orange" if p["candidate"] in on_front else "tab:blue"
+        ax.errorbar([x], [y], yerr=[[max(y - lo, 0.0)], [max(hi - y, 0.0)]], fmt="o", color=color, ecolor=color,
+                    capsize=4, markersize=6)
+        ax.annotate(p["candidate"], (x, y), textcoords="offset points", xytext=(7, 5), fontsize=9)
+    if front:
+        ax.plot([f[0] * scale for f in front], [f[1] for f in front], "--", color="tab:orange", linewidth=1.4,
+                marker="o", label="Pareto frontier (no other candidate is both smaller and closer)")
         ax.legend(loc="upper right", fontsize=9)
     ax.set_yscale("log")
-    ax.set_xlabel("on-disk size (GiB)")
+    ax.ticklabel_format(axis="x", useOffset=False, style="plain")
+    ax.set_xlabel(f"on-disk size ({unit})")
     ax.set_ylabel("mean KLD vs BF16 (nats, log scale; bars: 95% interval)")
     ax.set_title("Fidelity versus size")
     ax.grid(True, which="both", alpha=0.3)
     if pts:
-        xs = [p["size_gib"] for p in pts]
+        xs = [p["size_gib"] * scale for p in pts]
         span = (max(xs) - min(xs)) or max(xs) or 1.0
         ax.set_xlim(min(xs) - 0.08 * span, max(xs) + 0.25 * span)
+        ys = [v for p in pts for v in (p["ci95"][0], p["mean_kld"], p["ci95"][1]) if v > 0]
+        ax.set_ylim(min(ys) / 2.0, max(ys) * 3.0)
     fig.tight_layout()
     path = Path(path)
     _save(fig, path)

@@ -127,10 +127,16 @@ def size_points(aggs: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     return sorted(pts, key=lambda p: (p["size_gib"] is None, p["size_gib"] or 0.0, p["candidate"]))
 
 
+def _size(size: int | None) -> str:
+    if not size:
+        return "—"
+    return f"{size / GIB:.3f} GiB ({size} bytes)" if size >= GIB // 100 else f"{size / 2**20:.3f} MiB ({size} bytes)"
+
+
 def _reproduce(name: str, agg: dict[str, Any], config: Any) -> list[str]:
     shards = ",".join(str(s["index"]) for s in agg["shards"])
     window = agg["score_from"]
-    cfg = f" --fidelity-config {shlex.quote(str(config.path))}" if config is not None else ""
+    cfg = f" --fidelity-config {shlex.quote(config.path.name)}" if config is not None else ""
     lines = ["```sh", f"pytest fidelity_tests -k {name}{cfg} --fidelity-shards {shards}"
              + (f" --fidelity-window {window}" if window else "") + " --fidelity-report-dir reports",
              f"fidelity aggregate reports/{name} --out aggregate/", "```"]
@@ -166,7 +172,7 @@ def render_candidate(name: str, agg: dict[str, Any], shards: Sequence[Any], tail
              f"| mean JSD (bits) | {_g(agg['jsd_bits']['mean'])} |",
              f"| PPL ref / cand | {agg['ppl']['ref']:.4f} / {agg['ppl']['cand']:.4f} |",
              f"| max KLD | {_g(k['max'])} |",
-             f"| on-disk size | {'—' if not size else f'{size / GIB:.3f} GiB ({size} bytes)'} |", ""]
+             f"| on-disk size | {_size(size)} |", ""]
     lines += ["## Tails", ""]
     if tails:
         cum = tails["cumulative"]
