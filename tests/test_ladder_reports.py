@@ -136,3 +136,14 @@ def test_adaptive_with_xdist_needs_loadgroup(project: pytest.Pytester) -> None:
     r = project.runpytest("--fidelity-adaptive", "-n", "2")
     assert r.ret != 0
     r.stderr.fnmatch_lines(["*--fidelity-adaptive with -n needs --dist loadgroup*"])
+
+
+def test_xdist_writes_what_a_serial_run_writes(project: pytest.Pytester) -> None:
+    """Workers report, the controller writes: tails, window and paired artifacts equal a serial run's."""
+    project.runpytest("--fidelity-update-baselines", "-m", "fidelity")  # baselines first: tails read max_p99
+    project.runpytest("--fidelity-report-dir", "serial").assert_outcomes(passed=13, skipped=1)
+    par = project.runpytest_subprocess("-n", "2", "--dist", "loadgroup", "--fidelity-report-dir", "par")
+    par.assert_outcomes(passed=13, skipped=1)
+    for rel in ("tails.json", "window.json", "paired/good-vs-bad.json"):
+        assert _load(project.path / "serial" / rel) == _load(project.path / "par" / rel), rel
+    assert all(c["max_p99_baseline"] for c in _load(project.path / "par" / "tails.json")["candidates"])
