@@ -27,7 +27,7 @@ from harness.hashing import sha256_file
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 MODEL_DIR = FIXTURES / "model"
 CAND_DIR = FIXTURES / "candidates"
-CANDIDATES = ("int8", "fp8_e4m3", "int4_g32", "int4_g32_b", "nvfp4", "int3_g32")
+CANDIDATES = ("int8", "fp8_e4m3", "int4_g32", "int4_g32_b", "nvfp4", "int4_g32_sr1", "int4_g32_sr2", "int3_g32")
 LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
@@ -64,6 +64,17 @@ def expected_weight(name: str, w: np.ndarray, stored: dict[str, np.ndarray], pre
         bs = rne(np.abs(g).max(-1, keepdims=True) / 6.0 / gs, 3, -6, 448.0)
         step = bs * gs
         return (rne(g / np.where(step == 0, 1, step), 1, 0, 6.0) * step).reshape(w.shape)
+    if name.startswith("int4_g32_sr"):
+        # stochastic rounding: the absmax scale as for RTN; each code is the floor or the ceiling
+        # of w / scale (the random draw picks which), so check that bracket and return its value.
+        g = w.reshape(out_f, in_f // 32, 32)
+        s = rne(np.abs(g).max(-1, keepdims=True) / 7, 7)
+        x = g / np.where(s == 0, 1, s)
+        got = stored[prefix + ".deq"].reshape(g.shape)
+        lo = rne(np.clip(np.floor(x), -8, 7) * s, 7)
+        hi = rne(np.clip(np.ceil(x), -8, 7) * s, 7)
+        assert np.all((got == lo) | (got == hi)), f"{prefix}: a code is neither floor nor ceil of w / scale"
+        return got.reshape(w.shape)
     # int4_g32_b: HQQ chooses scale/zero; the codes must be their round-to-nearest.
     s = stored[prefix + ".scales"].astype(np.float64)
     z = stored[prefix + ".zeros"].astype(np.float64)
@@ -94,6 +105,9 @@ def test_dequantized_weights_match_formula(name: str, source, models) -> None:
     stored = {k: _bf16_as_f64(v) for k, v in load_pt(str(CAND_DIR / name / "model.safetensors")).items()
               if k.endswith((".scales", ".zeros"))}
     state = models[name].state_dict()
+    for key in state:
+        if key.endswith(".weight") and key.removesuffix(".weight").rsplit(".", 1)[-1] in LINEARS:
+            stored[key.removesuffix(".weight") + ".deq"] = _bf16_as_f64(state[key])
     n = 0
     for key, w in source.items():
         prefix = key.removesuffix(".weight")
@@ -123,6 +137,8 @@ def test_identity_fields(name: str) -> None:
     assert ident["simulated"] is (name == "nvfp4")
     assert ident["source_model_sha256"] == sha256_file(MODEL_DIR / "model.safetensors")
     assert set(ident["files"]) == {"config.json", "quantization.json", "model.safetensors"}
+    if name.startswith("int4_g32_sr"):
+        assert ident["seed"] == int(name[-1]), "the seed is part of a stochastic recipe's identity"
     assert ident["files"]["model.safetensors"] == sha256_file(d / "model.safetensors")
     assert q["on_disk_bytes"] == (d / "model.safetensors").stat().st_size + (d / "config.json").stat().st_size
     assert len(q["layers"]) == 28

@@ -40,6 +40,8 @@ CONFIG_FILE = "config.json"
 REQUIRED_FILES = (CONFIG_FILE, QUANT_FILE, WEIGHTS_FILE)
 CODE_KINDS = ("int", "int_asym", "fp8_e4m3", "e2m1")
 _IDENTITY_KEYS = ("method", "bits", "group_size", "library", "simulated", "code_kind", "layers")
+#: Optional recipe fields carried into the identity when present (e.g. the seed of stochastic rounding).
+_OPTIONAL_IDENTITY_KEYS = ("seed",)
 
 
 def is_quantized_checkpoint(model_dir: Path) -> bool:
@@ -117,6 +119,7 @@ def quantization_identity(model_dir: Path) -> dict[str, Any]:
         "library": q["library"],
         "simulated": q["simulated"],
         "source_model_sha256": q.get("source_model_sha256"),
+        **{k: q[k] for k in _OPTIONAL_IDENTITY_KEYS if k in q},
         "files": {p.name: sha256_file(p) for p in files},
     }
 
