@@ -320,7 +320,11 @@ def fidelity_tails(request: pytest.FixtureRequest, fidelity_session: Any, fideli
     """This candidate's tail report over the selected shards (:class:`harness.cases.TailCase`)."""
     from harness.cases import TailCase
 
-    case = TailCase.run(fidelity_session, fidelity_tail_candidate, request.config.stash[_PLAN][1])
+    shards = request.config.stash[_PLAN][1]
+    monitor = _adaptive(request.config)
+    if monitor is not None and fidelity_tail_candidate in monitor.stopped:  # tails of the shards actually scored
+        shards = sorted(monitor.seen[fidelity_tail_candidate])
+    case = TailCase.run(fidelity_session, fidelity_tail_candidate, shards)
     _send(request, "tails", case.payload)
     return case
 

@@ -252,12 +252,11 @@ def score_shard(
     from harness.metrics import summarize
     from harness.report import ShardReport, make_comparability
 
-    t0 = time.perf_counter()
     pos = positions if positions is not None else shard_positions(
         suite=suite, shard=shard, reference=reference, candidate=candidate, head=head, cand_head=cand_head, device=device
     )
-    t1, t2 = t0 + pos.load_s, t0 + pos.load_s + pos.score_s
     mode, head_sha, cand_head_sha = pos.mode, pos.head_sha256, pos.cand_head_sha256
+    t2 = time.perf_counter()
     metrics = summarize(pos.scores, pos.context_index, pos.row, pos.labels, score_from=score_from, n_boot=n_boot)
     t3 = time.perf_counter()
     comparability = make_comparability(
@@ -280,7 +279,7 @@ def score_shard(
         candidate=candidate_name,
         comparability=comparability,
         metrics=metrics,
-        timing={"load_s": t1 - t0, "score_s": t2 - t1, "metrics_s": t3 - t2, "device": device},
+        timing={"load_s": pos.load_s, "score_s": pos.score_s, "metrics_s": t3 - t2, "device": device},
     )
 
 
