@@ -36,7 +36,11 @@ def plot_ccdf(curves: Mapping[str, Mapping[str, Sequence[float]]], path: str | P
     """KLD complementary CDF, log-log, one step curve per candidate: ``curves[name] = {"x": edges, "y": P(KLD >= x)}``."""
     plt = _plt()
     fig, ax = plt.subplots(figsize=(8, 5.5))
-    for name, c in sorted(curves.items()):
+    def median_x(item: tuple[str, Mapping[str, Sequence[float]]]) -> tuple[float, str]:
+        xs = [x for x, y in zip(item[1]["x"], item[1]["y"]) if y <= 0.5]
+        return (xs[0] if xs else float("inf"), item[0])
+
+    for name, c in sorted(curves.items(), key=median_x):  # legend from the closest candidate to the farthest
         if c["x"]:
             ax.step(c["x"], c["y"], where="post", label=name, linewidth=1.6)
     ax.set_xscale("log")
@@ -71,6 +75,35 @@ def pareto_front(points: Sequence[tuple[float, float, str]]) -> list[tuple[float
     return front
 
 
+def _labels(pts: Sequence[Mapping[str, Any]], scale: float) -> list[tuple[tuple[float, float], str, int]]:
+    """Point labels: coincident points share one label; a label near an earlier one moves down a line."""
+    import math
+
+    if not pts:
+        return []
+    xs = [p["size_gib"] * scale for p in pts]
+    ys = [math.log10(p["mean_kld"]) for p in pts]
+    sx = (max(xs) - min(xs)) or 1.0
+    sy = (max(ys) - min(ys)) or 1.0
+    groups: list[list[int]] = []
+    for i in sorted(range(len(pts)), key=lambda i: (xs[i], -ys[i])):
+        for g in groups:
+            if abs(xs[g[0]] - xs[i]) / sx < 0.01 and abs(ys[g[0]] - ys[i]) / sy < 0.02:
+                g.append(i)
+                break
+        else:
+            groups.append([i])
+    out: list[tuple[tuple[float, float], str, int]] = []
+    placed: list[tuple[float, float, int]] = []
+    for g in groups:
+        i = g[0]
+        nx, ny = xs[i] / sx, ys[i] / sy
+        k = sum(1 for px, py, _ in placed if abs(px - nx) < 0.12 and abs(py - ny) < 0.06)
+        placed.append((nx, ny, k))
+        out.append(((xs[i], pts[i]["mean_kld"]), ", ".join(sorted(pts[j]["candidate"] for j in g)), k))
+    return out
+
+
 def plot_kld_vs_size(points: Sequence[Mapping[str, Any]], path: str | Path) -> Path:
     """Mean KLD (log y, 95% interval bars) versus on-disk size, points labelled, Pareto frontier drawn.
 
@@ -89,7 +122,8 @@ def plot_kld_vs_size(points: Sequence[Mapping[str, Any]], path: str | Path) -> P
         color = "tab:orange" if p["candidate"] in on_front else "tab:blue"
         ax.errorbar([x], [y], yerr=[[max(y - lo, 0.0)], [max(hi - y, 0.0)]], fmt="o", color=color, ecolor=color,
                     capsize=4, markersize=6)
-        ax.annotate(p["candidate"], (x, y), textcoords="offset points", xytext=(7, 5), fontsize=9)
+    for (x, y), text, k in _labels(pts, scale):
+        ax.annotate(text, (x, y), textcoords="offset points", xytext=(7, 5 - 13 * k), fontsize=9)
     if front:
         ax.plot([f[0] * scale for f in front], [f[1] for f in front], "--", color="tab:orange", linewidth=1.4,
                 marker="o", label="Pareto frontier (no other candidate is both smaller and closer)")

@@ -314,6 +314,12 @@ def publish(reports_dir: str | Path, out_dir: str | Path, *, config: Any = None,
     adaptive = _read_json(reports_dir / "adaptive.json")
     pairs = [_read_json(p) for p in sorted((reports_dir / "paired").glob("*.json"))] if (reports_dir / "paired").is_dir() else []
     rows = ladder_rows([r for g in groups.values() for r in g])
+    run_ladder = _read_json(reports_dir / "ladder.json") or {}  # the run's baseline verdicts, when present
+    verdicts = {r.get("candidate"): r.get("verdict") for r in run_ladder.get("rows", [])}
+    for row in rows:
+        if verdicts.get(row["candidate"]) and row["shards"] == next(
+                (r.get("shards") for r in run_ladder["rows"] if r.get("candidate") == row["candidate"]), None):
+            row["verdict"] = verdicts[row["candidate"]]
     atomic_write_text(out / "ladder.md", "# Fidelity ladder\n\n" + "\n".join(format_ladder(rows)) + "\n")
     results = {
         "schema": SCHEMA_RESULTS,
