@@ -129,7 +129,7 @@ def test_hidden_mode_bf16_gives_fp32_logits_of_exact_products() -> None:
     s = score_hidden(rh, ch, head, y, tile_rows=5)
     # independent: float64 products of the exact bf16 values, float64 softmax math
     want = reference(rh.double() @ head.double().T, ch.double() @ head.double().T, y)
-    np.testing.assert_allclose(s.kld, want["kld"], rtol=2e-3, atol=1e-9)  # fp32 accumulation
+    np.testing.assert_allclose(s.kld, want["kld"], rtol=5e-3, atol=2e-8)  # fp32 accumulation
     # logits rounded to bf16 (what a CPU bf16 GEMM returns) are off by far more: the floor we avoid
     rounded = reference((rh @ head.T).double(), (ch @ head.T).double(), y)
     assert np.abs(rounded["kld"] - want["kld"]).max() > 10 * np.abs(s.kld - want["kld"]).max()
