@@ -23,13 +23,15 @@ noisy; the minimum is the least disturbed run). The default shape is Qwen-propor
 (hidden 2048, vocab 65,536, 4,096 positions, bf16); shrink with the options.
 
     python benchmarks/bench_scorer.py --positions 1024 --threads 2
+
+The measuring code lives in :mod:`harness.bench` (shared with ``fidelity bench``, which adds
+positions/s and the seed-suite projection, and runs on CUDA too).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import resource
 import subprocess
 import sys
 import time
@@ -37,87 +39,20 @@ import time
 import numpy as np
 import torch
 
+from harness.bench import bench_bootstrap, child_memory, make_inputs
 from harness.scorer import bare_gemms, default_tile_rows, score_hidden, score_two_pass
 
-
-def make_inputs(n: int, hidden: int, vocab: int, seed: int = 0) -> tuple[torch.Tensor, ...]:
-    """bf16 head and hidden states, generated 4096 rows at a time (small fp32 temporaries)."""
-    g = torch.Generator().manual_seed(seed)
-    head = torch.empty(vocab, hidden, dtype=torch.bfloat16)
-    for r in range(0, vocab, 4096):
-        head[r : r + 4096] = torch.randn(min(4096, vocab - r), hidden, generator=g) / hidden**0.5 * 4
-    ref = torch.empty(n, hidden, dtype=torch.bfloat16)
-    cand = torch.empty(n, hidden, dtype=torch.bfloat16)
-    for r in range(0, n, 4096):
-        x = torch.randn(min(4096, n - r), hidden, generator=g)
-        ref[r : r + 4096] = x
-        cand[r : r + 4096] = x + 0.05 * torch.randn(x.shape, generator=g)
-    targets = torch.randint(0, vocab, (n,), generator=g)
-    return ref, cand, head, targets
-
-
-def _status_kib(field: str) -> int:
-    with open("/proc/self/status") as fh:
-        for line in fh:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    raise KeyError(field)
-
-
-def child_memory(n: int, hidden: int, vocab: int, tile_rows: int | None, threads: int) -> None:
-    torch.set_num_threads(threads)
-    ref, cand, head, targets = make_inputs(n, hidden, vocab)
-    try:
-        with open("/proc/self/clear_refs", "w") as fh:
-            fh.write("5")
-        method = "VmHWM after clear_refs"
-        before = _status_kib("VmRSS")
-        score_hidden(ref, cand, head, targets, tile_rows=tile_rows)
-        after = _status_kib("VmHWM")
-    except OSError:
-        method = "ru_maxrss delta"
-        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        score_hidden(ref, cand, head, targets, tile_rows=tile_rows)
-        after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    print(json.dumps({"n": n, "extra_peak_kib": after - before, "baseline_kib": before, "method": method}))
+__all__ = ["make_inputs", "bench_bootstrap", "measure_memory", "main"]
 
 
 def measure_memory(n: int, args: argparse.Namespace) -> dict:
+    """Peak extra RSS of one scorer call in a fresh child (see :mod:`harness.bench`)."""
     cmd = [sys.executable, __file__, "--_child-memory", str(n), "--hidden", str(args.hidden), "--vocab", str(args.vocab),
            "--threads", str(args.threads)]
     if args.tile_rows:
         cmd += ["--tile-rows", str(args.tile_rows)]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     return json.loads(out.strip().splitlines()[-1])
-
-
-def bench_bootstrap(n_contexts: int, n_clusters: int, positions_per_context: int) -> dict[str, float]:
-    from harness.metrics import ContextLabel, summarize
-    from harness.metrics.bootstrap import TailData, draw_cluster_weights, ratio_replicates, tail_replicates
-    from harness.scorer import PositionScores
-
-    rng = np.random.default_rng(0)
-    n = n_contexts * positions_per_context
-    s = PositionScores(rng.lognormal(-7, 2, n), rng.random(n), rng.random(n), rng.random(n) * 5, rng.random(n) * 5,
-                       rng.integers(0, 4, n), rng.integers(0, 4, n))
-    ctx_cluster = np.concatenate([np.arange(n_clusters), rng.integers(0, n_clusters, n_contexts - n_clusters)])
-    labels = [ContextLabel(i, int(ctx_cluster[i]), "prose") for i in range(n_contexts)]
-    ci = np.repeat(np.arange(n_contexts), positions_per_context)
-    row = np.tile(np.arange(positions_per_context), n_contexts)
-    cl = ctx_cluster[ci]
-    t0 = time.perf_counter()
-    w = draw_cluster_weights(n_clusters, 10_000, 20240601)
-    counts = np.bincount(cl, minlength=n_clusters)
-    sums = np.stack([np.bincount(cl, weights=v, minlength=n_clusters) for v in (s.kld, s.ear, s.jsd_bits, s.top1.astype(float))], 1)
-    ratio_replicates(w, sums, counts)
-    t_means = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    tail_replicates(TailData.build(s.kld, cl, n_clusters), w[:2000])
-    t_tails = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    summarize(s, ci, row, labels)
-    t_sum = time.perf_counter() - t0
-    return {"positions": n, "means_10k_s": t_means, "tails_2k_s": t_tails, "summarize_s": t_sum}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -136,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--_child-memory", type=int, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args._child_memory is not None:
-        child_memory(args._child_memory, args.hidden, args.vocab, args.tile_rows, args.threads)
+        print(json.dumps(child_memory(args._child_memory, args.hidden, args.vocab, args.tile_rows, args.threads)))
         return 0
 
     torch.set_num_threads(args.threads)

@@ -452,23 +452,24 @@ def score_two_pass(
             a = ref_hidden[r0 : r0 + tile]
             b = cand_hidden[r0 : r0 + tile]
             m = a.shape[0]
-            buf_a = torch.empty(m, min(vocab_chunk, vocab))
-            buf_b = torch.empty(m, min(vocab_chunk, vocab))
-            lse_a = torch.full((m,), -math.inf)
-            lse_b = torch.full((m,), -math.inf)
+            dv = w_all.device  # (device-aware so the benchmark can run it on CUDA too)
+            buf_a = torch.empty(m, min(vocab_chunk, vocab), device=dv)
+            buf_b = torch.empty(m, min(vocab_chunk, vocab), device=dv)
+            lse_a = torch.full((m,), -math.inf, device=dv)
+            lse_b = torch.full((m,), -math.inf, device=dv)
             for v0 in range(0, vocab, vocab_chunk):
                 w = w_all[v0 : v0 + vocab_chunk]
                 k = w.shape[0]
                 lse_a = torch.logaddexp(lse_a, torch.logsumexp(logits_gemm(a, w, buf_a[:, :k]), 1))
                 lse_b = torch.logaddexp(lse_b, torch.logsumexp(logits_gemm(b, w, buf_b[:, :k]), 1))
-            acc = torch.zeros(m, dtype=torch.float64)
+            acc = torch.zeros(m, dtype=torch.float64, device=dv)
             for v0 in range(0, vocab, vocab_chunk):
                 w = w_all[v0 : v0 + vocab_chunk]
                 k = w.shape[0]
                 lp = logits_gemm(a, w, buf_a[:, :k]).sub_(lse_a[:, None])
                 lq = logits_gemm(b, w, buf_b[:, :k]).sub_(lse_b[:, None])
                 acc += (lp.exp() * (lp - lq)).sum(1).double()
-            kld[r0 : r0 + a.shape[0]] = acc.numpy()
+            kld[r0 : r0 + a.shape[0]] = acc.cpu().numpy()
     _ = targets
     return kld
 
