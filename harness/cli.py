@@ -305,6 +305,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"fidelity {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     import harness.cli_reports  # noqa: F401  (registers aggregate, paired, publish, verify)
+    import harness.cli_bench  # noqa: F401  (registers bench)
 
     for add in COMMANDS:
         add(sub)
