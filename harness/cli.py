@@ -306,6 +306,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     import harness.cli_reports  # noqa: F401  (registers aggregate, paired, publish, verify)
     import harness.cli_bench  # noqa: F401  (registers bench)
+    import harness.cli_kld  # noqa: F401  (registers kld export/import/stats)
 
     for add in COMMANDS:
         add(sub)
