@@ -314,10 +314,25 @@ def shard_positions(
         )
     t0 = time.perf_counter()
     indices = list(suite.shard_indices(shard))
-    ref = reference.load_rows(indices)
-    cnd = candidate.load_rows(indices)
     rows_per = suite.n_ctx - 1
     targets = torch.from_numpy(suite.tokens[indices, 1:].astype(np.int64).reshape(-1))
+    from harness.streaming import STREAM_MIN_BYTES, score_hidden_streaming
+
+    if reference.kind != "logits" and 2 * len(indices) * rows_per * reference.width * 2 > STREAM_MIN_BYTES:
+        # large shard: prefetch the next contexts while the current ones are scored (bounded memory)
+        scores, wait_s, score_s = score_hidden_streaming(
+            reference, candidate, indices, targets, head.weight,
+            None if cand_head is None else cand_head.weight, device=device,
+        )
+        mode, head_sha = "hidden_states", head.sha256
+        cand_head_sha = None if cand_head is None else cand_head.sha256
+        context_index = np.repeat(np.asarray(indices, dtype=np.int64), rows_per)
+        row = np.tile(np.arange(rows_per, dtype=np.int64), len(indices))
+        labels = [ContextLabel(index=c.index, source_cluster=c.source_cluster, stratum=c.stratum)
+                  for c in (suite.contexts[i] for i in indices)]
+        return ShardPositions(scores, context_index, row, labels, mode, head_sha, cand_head_sha, wait_s, score_s)
+    ref = reference.load_rows(indices)
+    cnd = candidate.load_rows(indices)
     t1 = time.perf_counter()
     if reference.kind == "logits":
         scores = score_logits(ref, cnd, targets)
