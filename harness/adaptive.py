@@ -107,14 +107,10 @@ def decide(rows: Sequence[dict[str, Any]], look: int, looks: int, threshold: flo
 
 def threshold_for(baselines_dir: Any, candidate: str, shards: Sequence[int]) -> float | None:
     """``T`` of a candidate (see the module docstring), or None."""
-    from harness.baselines import Baseline, BaselineError, baseline_path
+    from harness.baselines import load_baseline_or_none
 
-    path = baseline_path(baselines_dir, candidate)
-    if not path.is_file():
-        return None
-    try:
-        b = Baseline.load(path, candidate)
-    except BaselineError:
+    b = load_baseline_or_none(baselines_dir, candidate)
+    if b is None:
         return None
     if "max_mean_kld" in b.default:
         return b.default["max_mean_kld"]

@@ -211,6 +211,18 @@ def write_baseline(directory: Path, candidate: str, measured: dict[int, Headline
     return path
 
 
+def load_baseline_or_none(directory: Path, candidate: str) -> Baseline | None:
+    """The candidate's baseline, or None when it has none or it does not load (callers that only
+    *consult* a baseline -- tails, adaptive -- leave the refusal to the gate, which names the error)."""
+    path = baseline_path(Path(directory), candidate)
+    if not path.is_file():
+        return None
+    try:
+        return Baseline.load(path, candidate)
+    except BaselineError:
+        return None
+
+
 def unused_baselines(directory: Path, candidates: Iterable[str]) -> list[Path]:
     """Baseline files whose candidate is not in the configuration."""
     if not directory.is_dir():

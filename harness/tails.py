@@ -105,14 +105,10 @@ def check_tails(rep: dict[str, Any], max_p99: float | None = None) -> list[str]:
 
 def baseline_max_p99(baselines_dir: Any, candidate: str, shards: Sequence[int]) -> float | None:
     """The largest ``max_p99`` that applies to any of ``shards`` in the candidate's baseline (None: none)."""
-    from harness.baselines import Baseline, BaselineError, baseline_path
+    from harness.baselines import load_baseline_or_none
 
-    path = baseline_path(baselines_dir, candidate)
-    if not path.is_file():
-        return None
-    try:
-        b = Baseline.load(path, candidate)
-    except BaselineError:
+    b = load_baseline_or_none(baselines_dir, candidate)
+    if b is None:
         return None
     limits = [b.thresholds(s).get("max_p99") for s in shards]
     vals = [v for v in limits if v is not None]
