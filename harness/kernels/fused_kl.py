@@ -264,8 +264,23 @@ def _prep(ref_hidden: torch.Tensor, cand_hidden: torch.Tensor, head: torch.Tenso
     return ha, hb, w, wb
 
 
+def _env_blocks() -> tuple[int, int, int, int, int] | None:
+    """``FIDELITY_FUSED_BLOCKS="BM,BN,BK,warps,stages"`` overrides the CUDA default (tuning without a code change)."""
+    import os
+
+    spec = os.environ.get("FIDELITY_FUSED_BLOCKS")
+    if not spec:
+        return None
+    parts = tuple(int(x) for x in spec.split(","))
+    if len(parts) != 5:
+        raise ValueError(f"FIDELITY_FUSED_BLOCKS: expected BM,BN,BK,warps,stages, found {spec!r}")
+    return parts  # type: ignore[return-value]
+
+
 def _launch_args(blocks: tuple[int, int, int, int, int] | None, dev: torch.device, w: torch.Tensor, K: int) -> dict[str, Any]:
     interp = interpreting()
+    if blocks is None and not interp and dev.type == "cuda":
+        blocks = _env_blocks()
     bm, bn, bk, nw, ns = blocks or DEFAULT_BLOCKS["interpret" if interp or dev.type != "cuda" else "cuda"]
     upcast = interp or w.dtype == torch.float32
     kw: dict[str, Any] = dict(UPCAST=upcast, EVEN_K=(K % bk == 0), BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk)
