@@ -153,6 +153,14 @@ def _capture(a: argparse.Namespace) -> int:
 
     suite = Suite.load(a.suite)
     shards = suite.parse_shards(a.shards)
+    if getattr(a, "engine", "transformers") == "llamacpp":
+        from harness.engines.llamacpp import capture as capture_gguf
+
+        if a.kind != "logits":
+            raise FidelityError("--engine llamacpp captures logits only: pass --kind logits")
+        store = capture_gguf(a.model, suite, a.out, shards=shards, progress=not a.quiet, threads=a.threads)
+        print(f"{store.root}: {len(store.indices)}/{suite.n_contexts} contexts captured ({store.kind}, width {store.width})")
+        return 0
     store = capture(a.model, suite, a.out, shards=shards, device=a.device, dtype=a.dtype, progress=not a.quiet,
                     kind=a.kind, trust_remote_code=a.trust_remote_code)
     print(f"{store.root}: {len(store.indices)}/{suite.n_contexts} contexts captured ({store.kind}, width {store.width})")
@@ -174,9 +182,11 @@ def add_capture(sub: SubParsers) -> None:
             "  fidelity capture --model models/q4 --suite suites/s512 --out stores/q4 --shards 0,2-3 --device cuda:1"
         ),
     )
-    p.add_argument("--model", required=True, type=Path, help="model folder (config.json + *.safetensors)")
+    p.add_argument("--model", required=True, type=Path, help="model folder (config.json + *.safetensors), or a .gguf file with --engine llamacpp")
     p.add_argument("--suite", required=True, type=Path, help="suite folder")
     p.add_argument("--out", required=True, type=Path, help="capture store folder (created or resumed)")
+    p.add_argument("--engine", default="transformers", choices=["transformers", "llamacpp"],
+                   help="transformers (default) or llamacpp (a GGUF via llama-cpp-python; logits only)")
     p.add_argument("--shards", default=None, help="shards to capture, e.g. 0,2-3 (default: all)")
     p.add_argument("--device", default="cpu", type=device_arg, help="cpu, cuda or cuda:N (default cpu)")
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"], help="compute dtype (default bfloat16)")

@@ -64,6 +64,10 @@ class ScoredShard:
     headline: Headline
     size_bytes: int | None
 
+    def __repr__(self) -> str:
+        h = self.headline
+        return f"ScoredShard({self.candidate!r}, shard {self.shard:02d}, mean_kld={h.mean_kld:.6g}, top1={h.top1:.4f})"
+
 
 @dataclass
 class FidelitySession:
@@ -166,7 +170,13 @@ class FidelitySession:
         from harness.identity import identity_key, model_identity
 
         assert cand.model is not None
-        key = identity_key({"model": model_identity(cand.model), "engine": cand.engine, "device": self.device})
+        if cand.engine == "llamacpp":
+            from harness.engines.llamacpp import gguf_identity
+
+            ident = gguf_identity(cand.model)
+        else:
+            ident = model_identity(cand.model)
+        key = identity_key({"model": ident, "engine": cand.engine, "device": self.device})
         return self.config.cache_dir / "captures" / f"{cand.name}-{key[:16]}"
 
     def _capture_live(self, cand: CandidateConfig, shard: int) -> Any:
@@ -174,7 +184,7 @@ class FidelitySession:
         from harness.store import CaptureStore
 
         assert cand.model is not None
-        if cand.engine != "transformers":
+        if cand.engine not in ("transformers", "llamacpp"):
             raise FidelityError(
                 f"{self.config.path}: engine {cand.engine!r} of candidate {cand.name!r} is not available in this build"
             )
@@ -183,9 +193,13 @@ class FidelitySession:
             store = CaptureStore.open(out, self.suite, verify=True)
             if not store.missing(self.shard_indices(shard)):
                 return store
+        shards = sorted(self._planned.get(cand.name, set()) | {shard})
+        if cand.engine == "llamacpp":
+            from harness.engines.llamacpp import capture as capture_gguf
+
+            return capture_gguf(cand.model, self.suite, out, shards=shards, progress=self.progress)
         from harness.engines.transformers import capture
 
-        shards = sorted(self._planned.get(cand.name, set()) | {shard})
         return capture(cand.model, self.suite, out, shards=shards, device=self.device, progress=self.progress)
 
     # ------------------------------------------------------------------ scoring
@@ -307,7 +321,10 @@ def shard_positions(
     from harness.metrics import ContextLabel
     from harness.scorer import score_hidden, score_logits
 
-    if reference.kind != candidate.kind:
+    # a logits-only candidate (e.g. llama.cpp) against a hidden-state reference: the reference's
+    # logits are formed through the shared head (fp32, like the scorer) and both are scored in logits mode
+    mixed = reference.kind == "hidden_states" and candidate.kind == "logits"
+    if reference.kind != candidate.kind and not mixed:
         raise FidelityError(
             f"{candidate.root}: store kind {candidate.kind!r} cannot be scored against a {reference.kind!r} "
             f"reference ({reference.root})"
@@ -318,7 +335,7 @@ def shard_positions(
     targets = torch.from_numpy(suite.tokens[indices, 1:].astype(np.int64).reshape(-1))
     from harness.streaming import STREAM_MIN_BYTES, score_hidden_streaming
 
-    if reference.kind != "logits" and 2 * len(indices) * rows_per * reference.width * 2 > STREAM_MIN_BYTES:
+    if reference.kind != "logits" and not mixed and 2 * len(indices) * rows_per * reference.width * 2 > STREAM_MIN_BYTES:
         # large shard: prefetch the next contexts while the current ones are scored (bounded memory)
         scores, wait_s, score_s = score_hidden_streaming(
             reference, candidate, indices, targets, head.weight,
@@ -334,7 +351,15 @@ def shard_positions(
     ref = reference.load_rows(indices)
     cnd = candidate.load_rows(indices)
     t1 = time.perf_counter()
-    if reference.kind == "logits":
+    if mixed:
+        from harness.scorer import gemm_operand, logits_gemm
+
+        with torch.inference_mode():
+            w = gemm_operand(head.weight, torch.device("cpu"))
+            ref = logits_gemm(ref, w, torch.empty(ref.shape[0], w.shape[0], dtype=torch.float32))
+        scores = score_logits(ref, cnd, targets)
+        mode, head_sha, cand_head_sha = "logits (reference through head)", head.sha256, None
+    elif reference.kind == "logits":
         scores = score_logits(ref, cnd, targets)
         mode, head_sha, cand_head_sha = "logits", None, None
     else:

@@ -1,0 +1,173 @@
+"""Capture adapter for GGUF models through llama.cpp (llama-cpp-python).
+
+llama.cpp exposes logits, so captures are logits-mode stores (kind ``"logits"``, float32,
+``[n_ctx-1, vocab]``, row r predicts token r+1) scored without the shared head. Every suite
+context is evaluated on its own, from an empty KV cache, as one batch (``n_batch = n_ubatch =
+n_ctx``), exactly the tokens stored in the suite: no BOS is added (llama-perplexity substitutes
+a BOS at position 0 only when the GGUF says ``add_bos_token``; ``fixtures/make_gguf.py``
+writes ``false``).
+
+Identity: the GGUF file's sha256 (by content), its name and size; the engine identity carries
+the llama-cpp-python version, the ggml/llama.cpp system info (CPU features used) and whether
+weight repacking ("extra buffer types") was on. ``use_extra_bufts`` is switched off where the
+model params have it: the native AMX repack path crashed with SIGILL on this project's machine;
+a portable build (``CMAKE_ARGS="-DGGML_NATIVE=OFF"``) never did.
+
+Install: ``CMAKE_ARGS="-DGGML_NATIVE=OFF" pip install llama-cpp-python==0.3.36`` (builds llama.cpp
+from source: ~11 min on 2 cores the first time, then from pip's wheel cache).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from harness.errors import FidelityError
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from harness.store import CaptureStore
+    from harness.suite import Suite
+
+ENGINE_NAME = "llamacpp"
+INSTALL_HINT = 'CMAKE_ARGS="-DGGML_NATIVE=OFF" pip install llama-cpp-python==0.3.36'
+
+
+def available() -> bool:
+    """True when ``llama_cpp`` imports."""
+    try:
+        import llama_cpp  # noqa: F401
+    except (ImportError, OSError):
+        return False
+    return True
+
+
+def _import() -> Any:
+    try:
+        import llama_cpp
+    except (ImportError, OSError) as e:
+        raise FidelityError(f"engine 'llamacpp' needs llama-cpp-python ({e}); install it with: {INSTALL_HINT}") from None
+    return llama_cpp
+
+
+def check_gguf(path: str | Path) -> Path:
+    p = Path(path)
+    if not p.is_file():
+        raise FidelityError(f"{p}: GGUF file not found (engine 'llamacpp' takes a .gguf file as model)")
+    with open(p, "rb") as fh:
+        magic = fh.read(4)
+    if magic != b"GGUF":
+        raise FidelityError(f"{p}: not a GGUF file (magic {magic!r}, expected b'GGUF')")
+    return p
+
+
+def gguf_identity(path: str | Path) -> dict[str, Any]:
+    """Identity of a GGUF file by content."""
+    from harness.hashing import sha256_file
+
+    p = check_gguf(path)
+    return {"name": p.name, "format": "gguf", "sha256": sha256_file(p), "bytes": p.stat().st_size}
+
+
+def engine_identity(extra_bufts: bool | None = None) -> dict[str, str]:
+    llama_cpp = _import()
+    info = llama_cpp.llama_print_system_info()
+    info = info.decode() if isinstance(info, bytes) else str(info)
+    ident = {"name": ENGINE_NAME, "version": f"llama-cpp-python {llama_cpp.__version__}", "system_info": info.strip()}
+    if extra_bufts is not None:
+        ident["extra_bufts"] = str(extra_bufts).lower()
+    return ident
+
+
+@contextlib.contextmanager
+def _no_extra_bufts(llama_cpp: Any) -> Iterator[bool | None]:
+    """Make ``Llama`` load with ``use_extra_bufts = False`` (no weight repacking) where the field exists."""
+    import llama_cpp.llama as L
+
+    orig = L.llama_cpp.llama_model_default_params
+    probe = orig()
+    if not hasattr(probe, "use_extra_bufts"):
+        yield None
+        return
+
+    def patched() -> Any:
+        p = orig()
+        p.use_extra_bufts = False
+        return p
+
+    L.llama_cpp.llama_model_default_params = patched
+    try:
+        yield False
+    finally:
+        L.llama_cpp.llama_model_default_params = orig
+
+
+def load_model(path: str | Path, n_ctx: int, threads: int | None = None) -> tuple[Any, bool | None]:
+    """A ``llama_cpp.Llama`` for ``path`` with all-position logits, one batch per context."""
+    llama_cpp = _import()
+    p = check_gguf(path)
+    with _no_extra_bufts(llama_cpp) as extra:
+        try:
+            model = llama_cpp.Llama(
+                model_path=str(p), n_ctx=n_ctx, n_batch=n_ctx, n_ubatch=n_ctx, logits_all=True,
+                n_threads=threads, n_threads_batch=threads, n_gpu_layers=0, verbose=False, seed=0,
+            )
+        except (ValueError, RuntimeError) as e:
+            raise FidelityError(f"{p}: llama.cpp could not load the model ({e})") from None
+    return model, extra
+
+
+def capture_logits(model: Any, token_ids: np.ndarray | Sequence[int]) -> Any:
+    """Logits of one context, rows ``0 .. n_ctx-2``: ``[n_ctx-1, vocab]`` float32 torch tensor."""
+    import numpy as np
+    import torch
+
+    ids = [int(t) for t in np.asarray(token_ids).reshape(-1)]
+    model.reset()
+    model.eval(ids)
+    scores = np.array(model.scores[: len(ids) - 1], dtype=np.float32, copy=True)
+    return torch.from_numpy(scores)
+
+
+def capture(
+    model_path: str | Path,
+    suite: Suite | str | Path,
+    out: str | Path,
+    shards: Sequence[int] | str | None = None,
+    progress: bool = True,
+    threads: int | None = None,
+) -> CaptureStore:
+    """Capture ``suite`` contexts (all, or the given shards) of a GGUF model into a logits store at ``out``.
+    Resumable like the transformers capture."""
+    from tqdm import tqdm
+
+    from harness.identity import runtime_identity
+    from harness.store import CaptureStore, StoreWriter
+    from harness.suite import Suite as SuiteCls
+
+    if not isinstance(suite, SuiteCls):
+        suite = SuiteCls.load(suite)
+    if shards is None or isinstance(shards, str):
+        shard_list = suite.parse_shards(shards)
+    else:
+        shard_list = [suite.shard(k).index for k in shards]
+    indices = [i for k in shard_list for i in suite.shard_indices(k)]
+    ident = gguf_identity(model_path)
+    model, extra = load_model(model_path, suite.n_ctx, threads)
+    try:
+        vocab = int(model.n_vocab())
+        if vocab < suite.vocab_size:
+            raise FidelityError(f"{model_path}: model vocab {vocab} is smaller than the suite's tokenizer vocab {suite.vocab_size}")
+        writer = StoreWriter(out, suite, "logits", vocab, "float32", ident, engine_identity(extra), runtime_identity(), "cpu")
+        with writer:
+            bar = tqdm(indices, desc=f"capture {Path(model_path).name}", unit="ctx", disable=not progress)
+            for i in bar:
+                if writer.done(i):
+                    continue
+                writer.write(i, capture_logits(model, suite.tokens[i]))
+    finally:
+        model.close() if hasattr(model, "close") else None
+    return CaptureStore.open(out, suite)

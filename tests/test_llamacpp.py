@@ -1,0 +1,144 @@
+"""Engine ``llamacpp`` (GGUF through llama-cpp-python) and logits-vs-hidden-state scoring.
+
+The engine tests skip with a reason when ``llama_cpp`` is not importable or the committed GGUF
+fixtures are absent; the mixed-kind scoring test needs neither.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+GGUF_DIR = ROOT / "fixtures" / "gguf"
+
+
+def _need_llamacpp() -> None:
+    from harness.engines.llamacpp import INSTALL_HINT, available
+
+    if not available():
+        pytest.skip(f"llama_cpp is not importable (install: {INSTALL_HINT})")
+
+
+def _gguf(name: str) -> Path:
+    p = GGUF_DIR / f"fixture-{name}.gguf"
+    if not p.is_file():
+        pytest.skip(f"{p} missing (make it with fixtures/make_gguf.py)")
+    return p
+
+
+def test_logits_candidate_against_hidden_reference(fidelity_project: Path, tmp_path: Path) -> None:
+    """A logits store (what llama.cpp gives) is scored against a hidden-state reference through the head."""
+    from harness.engines.transformers import capture
+    from harness.head import load_head
+    from harness.session import shard_positions
+    from harness.store import CaptureStore
+    from harness.suite import Suite
+
+    root = fidelity_project
+    suite = Suite.load(root / "suite")
+    head = load_head(root / "lm_head.safetensors")
+    ref = CaptureStore.open(root / "reference", suite)
+    bad_h = capture(root / "models" / "bad", suite, tmp_path / "bad_h", shards=[0], progress=False)
+    bad_l = capture(root / "models" / "bad", suite, tmp_path / "bad_l", shards=[0], progress=False, kind="logits", dtype="float32")
+    self_l = capture(root / "models" / "reference", suite, tmp_path / "ref_l", shards=[0], progress=False, kind="logits", dtype="float32")
+    ph = shard_positions(suite=suite, shard=0, reference=ref, candidate=bad_h, head=head)
+    pl = shard_positions(suite=suite, shard=0, reference=ref, candidate=bad_l, head=head)
+    ps = shard_positions(suite=suite, shard=0, reference=ref, candidate=self_l, head=head)
+    assert pl.mode == "logits (reference through head)" and pl.head_sha256 == head.sha256
+    assert ph.scores.kld.mean() > 1e-4
+    assert pl.scores.kld.mean() == pytest.approx(ph.scores.kld.mean(), rel=0.1)
+    # the reference model's own fp32 logits against its bf16 hidden states x head: a small floor
+    assert ps.scores.kld.mean() < 0.05 * ph.scores.kld.mean()
+    assert ps.scores.top1.mean() > 0.95
+
+
+def test_engine_refuses_non_gguf(tmp_path: Path) -> None:
+    from harness.engines.llamacpp import check_gguf
+    from harness.errors import FidelityError
+
+    (tmp_path / "x.gguf").write_bytes(b"NOPE" + b"\0" * 16)
+    with pytest.raises(FidelityError, match="not a GGUF file"):
+        check_gguf(tmp_path / "x.gguf")
+    with pytest.raises(FidelityError, match="not found"):
+        check_gguf(tmp_path / "missing.gguf")
+
+
+@pytest.fixture(scope="module")
+def fixture_suite() -> object:
+    from harness.suite import Suite
+
+    return Suite.load(ROOT / "fixtures" / "suite")
+
+
+def test_capture_bf16_gguf_matches_reference(fixture_suite: object, tmp_path: Path) -> None:
+    """The fixture model's own bf16 weights through llama.cpp: KLD to the transformers reference is a
+    small floor (different kernels, not different weights); the store is a verified logits store."""
+    _need_llamacpp()
+    from harness.engines.llamacpp import capture
+    from harness.head import load_head
+    from harness.session import shard_positions
+    from harness.store import CaptureStore
+
+    suite = fixture_suite
+    g = _gguf("bf16")
+    store = capture(g, suite, tmp_path / "cap", shards=[0], progress=False, threads=2)
+    assert store.kind == "logits" and store.width == 4096 and store.dtype == "float32"
+    assert store.identity["format"] == "gguf" and len(store.identity["sha256"]) == 64
+    assert store.manifest["engine"]["name"] == "llamacpp"
+    ref = CaptureStore.open(ROOT / "fixtures" / "reference", suite)
+    head = load_head(ROOT / "fixtures" / "lm_head.safetensors")
+    pos = shard_positions(suite=suite, shard=0, reference=ref, candidate=store, head=head)
+    assert pos.scores.kld.mean() < 1e-3
+    assert pos.scores.top1.mean() > 0.97
+    # resumable: a second run captures nothing new and gives identical bytes
+    before = json.loads((store.root / "capture.json").read_text())
+    capture(g, suite, tmp_path / "cap", shards=[0], progress=False, threads=2)
+    assert json.loads((store.root / "capture.json").read_text()) == before
+
+
+def test_capture_is_deterministic(fixture_suite: object) -> None:
+    _need_llamacpp()
+    from harness.engines.llamacpp import capture_logits, load_model
+
+    suite = fixture_suite
+    model, _ = load_model(_gguf("q4_0"), suite.n_ctx, threads=2)
+    a = capture_logits(model, suite.tokens[1]).numpy()
+    b = capture_logits(model, suite.tokens[1]).numpy()
+    assert a.shape == (suite.n_ctx - 1, 4096) and np.isfinite(a).all()
+    assert np.array_equal(a, b)
+
+
+def test_session_uses_llamacpp_engine(fixture_suite: object, tmp_path: Path) -> None:
+    """``engine = "llamacpp"`` in fidelity.toml: the session captures the GGUF live into its cache."""
+    _need_llamacpp()
+    from harness.config import load_config
+    from harness.session import FidelitySession
+
+    g = _gguf("q8_0")
+    shutil.copy(g, tmp_path / g.name)
+    (tmp_path / "fidelity.toml").write_text(f"""
+[suite]
+path = "{ROOT / 'fixtures' / 'suite'}"
+[reference]
+name = "bf16"
+store = "{ROOT / 'fixtures' / 'reference'}"
+head = "{ROOT / 'fixtures' / 'lm_head.safetensors'}"
+[settings]
+cache_dir = "cache"
+n_boot = 200
+[[candidates]]
+name = "q8_0"
+engine = "llamacpp"
+model = "{g.name}"
+""")
+    cfg = load_config(tmp_path / "fidelity.toml")
+    sess = FidelitySession(cfg)
+    cand = cfg.candidate("q8_0")
+    res = sess.score(cand, 0, n_boot=200)
+    assert 0 < res.headline.mean_kld < 0.01
+    assert sess.live_store_path(cand).parent == tmp_path / "cache" / "captures"
