@@ -156,13 +156,13 @@ def _capture(a: argparse.Namespace) -> int:
     if getattr(a, "engine", "transformers") == "llamacpp":
         from harness.engines.llamacpp import capture as capture_gguf
 
-        if a.kind != "logits":
-            raise FidelityError("--engine llamacpp captures logits only: pass --kind logits")
+        if a.kind not in (None, "logits"):
+            raise FidelityError("--engine llamacpp captures logits only (--kind logits)")
         store = capture_gguf(a.model, suite, a.out, shards=shards, progress=not a.quiet, threads=a.threads)
         print(f"{store.root}: {len(store.indices)}/{suite.n_contexts} contexts captured ({store.kind}, width {store.width})")
         return 0
     store = capture(a.model, suite, a.out, shards=shards, device=a.device, dtype=a.dtype, progress=not a.quiet,
-                    kind=a.kind, trust_remote_code=a.trust_remote_code)
+                    kind=a.kind or "hidden_states", trust_remote_code=a.trust_remote_code)
     print(f"{store.root}: {len(store.indices)}/{suite.n_contexts} contexts captured ({store.kind}, width {store.width})")
     return 0
 
@@ -190,7 +190,7 @@ def add_capture(sub: SubParsers) -> None:
     p.add_argument("--shards", default=None, help="shards to capture, e.g. 0,2-3 (default: all)")
     p.add_argument("--device", default="cpu", type=device_arg, help="cpu, cuda or cuda:N (default cpu)")
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"], help="compute dtype (default bfloat16)")
-    p.add_argument("--kind", default="hidden_states", choices=["hidden_states", "logits"], help="what to store (default hidden_states)")
+    p.add_argument("--kind", default=None, choices=["hidden_states", "logits"], help="what to store (default hidden_states; llamacpp: logits)")
     p.add_argument("--trust-remote-code", action="store_true", dest="trust_remote_code", help="allow the model's own Python code")
     p.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
