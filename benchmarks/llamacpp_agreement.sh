@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Agreement with llama.cpp: llama-perplexity's own KL-divergence block against the harness's, on
+# the same .kld file (our BF16 reference exported with `fidelity kld export`) and the same GGUF.
+#
+#   benchmarks/llamacpp_agreement.sh [GGUF ...]      (default: the quants in fixtures/gguf/)
+#
+# Environment:
+#   LLSRC  llama.cpp source tree (default: the one vendored in the llama-cpp-python 0.3.36 sdist,
+#          unpacked with `pip download --no-deps --no-binary :all: llama-cpp-python==0.3.36` + tar)
+#   BUILD  cmake build folder for llama-perplexity (built once: -DGGML_NATIVE=OFF, that target only)
+#   OUT    work folder (default /tmp/llamacpp-agreement)
+#   JOBS   parallel build jobs (default 2)
+#
+# For each GGUF: llama-perplexity --kl-divergence reads ref.kld and prints its block; the harness
+# captures the same GGUF with engine llamacpp (llama-cpp-python) and `fidelity kld stats`
+# recomputes the block from ref.kld + those logits with llama.cpp's formulas. The two agree to the
+# printed digits up to (a) llama-cpp-python's and llama-perplexity's builds differing in kernels
+# (same source, so normally identical logits) and (b) summation order of the double sums.
+# `fidelity kld stats --reference` additionally prints the exact block and our cluster bootstrap.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+LLSRC=${LLSRC:-$(ls -d /tmp/llsrc/llama_cpp_python-*/vendor/llama.cpp 2>/dev/null | head -1)}
+BUILD=${BUILD:-/tmp/llama-perplexity-build}
+OUT=${OUT:-/tmp/llamacpp-agreement}
+JOBS=${JOBS:-2}
+SUITE=fixtures/suite
+N_CTX=$(python -c "import json;print(json.load(open('$SUITE/suite.json'))['n_ctx'])")
+if [ ! -x "$BUILD/bin/llama-perplexity" ]; then
+  [ -f "$LLSRC/CMakeLists.txt" ] || { echo "set LLSRC to a llama.cpp source tree" >&2; exit 2; }
+  cmake -S "$LLSRC" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=OFF -DLLAMA_CURL=OFF \
+        -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_OPENSSL=OFF >/dev/null
+  cmake --build "$BUILD" --target llama-perplexity -j"$JOBS"
+fi
+mkdir -p "$OUT"
+fidelity kld export --suite $SUITE --reference fixtures/reference --head fixtures/lm_head.safetensors --out "$OUT/ref.kld"
+if [ $# -eq 0 ]; then set -- fixtures/gguf/fixture-q8_0.gguf fixtures/gguf/fixture-q6_k.gguf fixtures/gguf/fixture-q4_k_m.gguf fixtures/gguf/fixture-q4_0.gguf; fi
+status=0
+for g in "$@"; do
+  n=$(basename "$g" .gguf)
+  echo "== $n"
+  "$BUILD/bin/llama-perplexity" -m "$g" --kl-divergence-base "$OUT/ref.kld" --kl-divergence \
+      -c "$N_CTX" -b "$N_CTX" -t 2 > "$OUT/$n.llama.log" 2>&1
+  rm -rf "$OUT/$n.store"
+  fidelity capture --engine llamacpp --model "$g" --suite $SUITE --out "$OUT/$n.store" --quiet --threads 2 >/dev/null
+  fidelity kld stats --kld "$OUT/ref.kld" --suite $SUITE --candidate "$OUT/$n.store" \
+      --reference fixtures/reference --head fixtures/lm_head.safetensors --json "$OUT/$n.json" > "$OUT/$n.ours.txt"
+  python benchmarks/llamacpp_agreement.py "$OUT/$n.llama.log" "$OUT/$n.ours.txt" | tee "$OUT/$n.agreement.txt" || status=1
+done
+exit $status
