@@ -15,4 +15,6 @@ pytestmark = pytest.mark.fidelity
 
 def test_fidelity(fidelity_scored: Any, fidelity_gate: Any) -> None:
     """The candidate's drift on this shard stays within its committed thresholds."""
-    fidelity_gate.check(fidelity_scored)
+    failure = fidelity_gate.failure(fidelity_scored)
+    if failure:
+        pytest.fail(failure, pytrace=False)

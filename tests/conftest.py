@@ -172,7 +172,9 @@ pytestmark = pytest.mark.fidelity
 
 
 def test_fidelity(fidelity_scored, fidelity_gate):
-    fidelity_gate.check(fidelity_scored)
+    failure = fidelity_gate.failure(fidelity_scored)
+    if failure:
+        pytest.fail(failure, pytrace=False)
 '''
 
 
