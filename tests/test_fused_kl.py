@@ -138,3 +138,17 @@ def test_overflow_rows_fall_back_to_torch(results) -> None:
 def test_phase1_only_marks_jsd_ear_nan(results) -> None:
     assert np.all(np.isnan(results["nojsd/jsd_bits"])) and np.all(np.isnan(results["nojsd/ear"]))
     np.testing.assert_array_equal(results["nojsd/kld"], results["random/fused/kld"])
+
+
+def test_gpu_check_script_dry_run_on_cpu() -> None:
+    """benchmarks/gpu_check.py end to end on a CPU under the interpreter (tiny shapes): the script the
+    GPU machine will run has no Python-level errors, and its agreement step passes."""
+    root = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, TRITON_INTERPRET="1", OMP_NUM_THREADS="1")
+    proc = subprocess.run(
+        [sys.executable, str(root / "benchmarks" / "gpu_check.py"), "--dry-run-cpu", "--positions", "32", "--hidden", "32",
+         "--vocab", "300", "--subset-positions", "16", "--sweep-positions", "16", "--reps", "1", "--configs", "16,64,32,1,1"],
+        env=env, cwd=root, capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "status: agreement OK" in proc.stdout and "| fused phase 1 / bare bf16 GEMMs (goal <= 1.15) |" in proc.stdout
