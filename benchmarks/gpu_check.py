@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     from harness.kernels import triton_available
 
     if not triton_available():
-        log("gpu_check: triton is not importable; install it (pip install --no-deps 'triton==3.9.0' or the version "
+        log("gpu_check: triton is not importable; install it (pip install --no-deps 'triton==3.8.0' or the version "
             "your torch CUDA wheel pins) and rerun")
         return 2
     import numpy as np

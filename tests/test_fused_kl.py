@@ -5,7 +5,7 @@ small cases -- N=37, H=64, V=1000 (V not a multiple of the column block), ties a
 blocks, identical operands, peaked and flat logits, H not a multiple of BLOCK_K, a candidate's
 own head, a pathological logit range that needs the torch fallback -- and these tests compare
 its outputs with a float64 numpy reference and with the torch path. Skipped, with the reason,
-when triton is not installed (``pip install --no-deps 'triton==3.9.0'``; see docs/performance.md).
+when triton is not installed (``pip install --no-deps 'triton==3.8.0'``; see docs/performance.md).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from harness.kernels import triton_available
 
 pytestmark = pytest.mark.skipif(
     not triton_available(),
-    reason="triton is not installed (optional: pip install --no-deps 'triton==3.9.0'); the fused kernel is untested here",
+    reason="triton is not installed (optional: pip install --no-deps 'triton==3.8.0'); the fused kernel is untested here",
 )
 
 CASES = ["random", "own_head", "identical", "ties", "peaked", "flat", "odd_hidden", "overflow"]

@@ -340,6 +340,9 @@ def fused_score(
     from harness.scorer import PositionScores
 
     dev = torch.device(device) if device is not None else head.device
+    if dev.type != "cuda" and not interpreting():
+        raise ValueError(f"fused Triton scorer: device {dev} needs CUDA (or TRITON_INTERPRET=1 set before triton is "
+                         "imported, for tests); use backend='torch' here")
     n = ref_hidden.shape[0]
     if n == 0:
         return PositionScores.empty(0)
