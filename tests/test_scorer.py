@@ -23,7 +23,8 @@ def reference(ref_logits: torch.Tensor, cand_logits: torch.Tensor, targets: torc
     idx = np.arange(p.shape[0])
     return {
         "kld": rel_entr(p, q).sum(1),
-        "jsd_bits": np.array([jensenshannon(p[i], q[i], base=2) ** 2 for i in idx]),
+        # scipy's distance is sqrt(JSD): for near-identical rows it takes sqrt of a ~-1e-17 rounding residue -> NaN
+        "jsd_bits": np.nan_to_num(np.array([jensenshannon(p[i], q[i], base=2) ** 2 for i in idx]), nan=0.0),
         "ear": np.minimum(p, q).sum(1),
         "nll_ref": -la[idx, y],
         "nll_cand": -lb[idx, y],
