@@ -156,9 +156,8 @@ def _capture(a: argparse.Namespace) -> int:
     if getattr(a, "engine", "transformers") == "llamacpp":
         from harness.engines.llamacpp import capture as capture_gguf
 
-        if a.kind not in (None, "logits"):
-            raise FidelityError("--engine llamacpp captures logits only (--kind logits)")
-        store = capture_gguf(a.model, suite, a.out, shards=shards, progress=not a.quiet, threads=a.threads)
+        store = capture_gguf(a.model, suite, a.out, shards=shards, progress=not a.quiet, threads=a.threads,
+                             kind=a.kind or "logits")
         print(f"{store.root}: {len(store.indices)}/{suite.n_contexts} contexts captured ({store.kind}, width {store.width})")
         return 0
     store = capture(a.model, suite, a.out, shards=shards, device=a.device, dtype=a.dtype, progress=not a.quiet,
@@ -186,7 +185,7 @@ def add_capture(sub: SubParsers) -> None:
     p.add_argument("--suite", required=True, type=Path, help="suite folder")
     p.add_argument("--out", required=True, type=Path, help="capture store folder (created or resumed)")
     p.add_argument("--engine", default="transformers", choices=["transformers", "llamacpp"],
-                   help="transformers (default) or llamacpp (a GGUF via llama-cpp-python; logits only)")
+                   help="transformers (default) or llamacpp (a GGUF via llama-cpp-python; default kind logits)")
     p.add_argument("--shards", default=None, help="shards to capture, e.g. 0,2-3 (default: all)")
     p.add_argument("--device", default="cpu", type=device_arg, help="cpu, cuda or cuda:N (default cpu)")
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"], help="compute dtype (default bfloat16)")

@@ -142,3 +142,26 @@ model = "{g.name}"
     res = sess.score(cand, 0, n_boot=200)
     assert 0 < res.headline.mean_kld < 0.01
     assert sess.live_store_path(cand).parent == tmp_path / "cache" / "captures"
+
+
+def test_capture_hidden_states_through_shared_head(fixture_suite: object, tmp_path: Path) -> None:
+    """kind hidden_states: llama.cpp's per-token embeddings (no pooling) are the final norm's output;
+    through the shared head they score like the logits capture of the same bf16 GGUF."""
+    _need_llamacpp()
+    from harness.engines.llamacpp import capture
+    from harness.head import load_head
+    from harness.session import shard_positions
+    from harness.store import CaptureStore
+
+    suite = fixture_suite
+    g = _gguf("bf16")
+    hs = capture(g, suite, tmp_path / "h", shards=[0], progress=False, threads=2, kind="hidden_states")
+    lg = capture(g, suite, tmp_path / "l", shards=[0], progress=False, threads=2)
+    assert hs.kind == "hidden_states" and hs.width == 128 and hs.dtype == "bfloat16"
+    ref = CaptureStore.open(ROOT / "fixtures" / "reference", suite)
+    head = load_head(ROOT / "fixtures" / "lm_head.safetensors")
+    ph = shard_positions(suite=suite, shard=0, reference=ref, candidate=hs, head=head).scores
+    pl = shard_positions(suite=suite, shard=0, reference=ref, candidate=lg, head=head).scores
+    assert ph.kld.mean() < 1e-3 and ph.top1.mean() > 0.97
+    # same weights (the bf16 head is the GGUF's own token_embd): the two captures agree closely
+    assert ph.kld.mean() == pytest.approx(pl.kld.mean(), rel=0.5)

@@ -1,7 +1,10 @@
 """Capture adapter for GGUF models through llama.cpp (llama-cpp-python).
 
-llama.cpp exposes logits, so captures are logits-mode stores (kind ``"logits"``, float32,
-``[n_ctx-1, vocab]``, row r predicts token r+1) scored without the shared head. Every suite
+Captures are logits-mode stores by default (kind ``"logits"``, float32, ``[n_ctx-1, vocab]``,
+row r predicts token r+1), scored against the reference's logits (a hidden-state reference goes
+through the shared head). ``kind="hidden_states"`` instead stores llama.cpp's per-token
+embeddings without pooling -- the output of the final norm, the LM head's input -- as bf16, so a
+GGUF candidate can be scored through the shared BF16 head like any other candidate. Every suite
 context is evaluated on its own, from an empty KV cache, as one batch (``n_batch = n_ubatch =
 n_ctx``), exactly the tokens stored in the suite: no BOS is added (llama-perplexity substitutes
 a BOS at position 0 only when the GGUF says ``add_bos_token``; ``fixtures/make_gguf.py``
@@ -105,15 +108,19 @@ def _no_extra_bufts(llama_cpp: Any) -> Iterator[bool | None]:
         L.llama_cpp.llama_model_default_params = orig
 
 
-def load_model(path: str | Path, n_ctx: int, threads: int | None = None) -> tuple[Any, bool | None]:
-    """A ``llama_cpp.Llama`` for ``path`` with all-position logits, one batch per context."""
+def load_model(path: str | Path, n_ctx: int, threads: int | None = None, hidden: bool = False) -> tuple[Any, bool | None]:
+    """A ``llama_cpp.Llama`` for ``path`` with all-position logits, one batch per context; with
+    ``hidden`` also per-token embeddings without pooling (the output of the final norm)."""
     llama_cpp = _import()
     p = check_gguf(path)
+    extra_kw: dict[str, Any] = {}
+    if hidden:
+        extra_kw = {"embedding": True, "pooling_type": llama_cpp.LLAMA_POOLING_TYPE_NONE}
     with _no_extra_bufts(llama_cpp) as extra:
         try:
             model = llama_cpp.Llama(
                 model_path=str(p), n_ctx=n_ctx, n_batch=n_ctx, n_ubatch=n_ctx, logits_all=True,
-                n_threads=threads, n_threads_batch=threads, n_gpu_layers=0, verbose=False, seed=0,
+                n_threads=threads, n_threads_batch=threads, n_gpu_layers=0, verbose=False, seed=0, **extra_kw,
             )
         except (ValueError, RuntimeError) as e:
             raise FidelityError(f"{p}: llama.cpp could not load the model ({e})") from None
@@ -132,6 +139,24 @@ def capture_logits(model: Any, token_ids: np.ndarray | Sequence[int]) -> Any:
     return torch.from_numpy(scores)
 
 
+def capture_hidden(model: Any, token_ids: np.ndarray | Sequence[int]) -> Any:
+    """Post-final-norm hidden states of one context (llama.cpp embeddings, no pooling), rows
+    ``0 .. n_ctx-2``: ``[n_ctx-1, n_embd]`` bf16 torch tensor (a model loaded with ``hidden=True``)."""
+    import numpy as np
+    import torch
+
+    llama_cpp = _import()
+    ids = [int(t) for t in np.asarray(token_ids).reshape(-1)]
+    model.reset()
+    model.eval(ids)
+    n_embd = int(model.n_embd())
+    ptr = llama_cpp.llama_get_embeddings(model._ctx.ctx)
+    if not ptr:
+        raise FidelityError("llama.cpp returned no embeddings (was the model loaded with hidden=True?)")
+    e = np.ctypeslib.as_array(ptr, shape=(len(ids) * n_embd,)).reshape(len(ids), n_embd)
+    return torch.from_numpy(e[:-1].copy()).to(torch.bfloat16)
+
+
 def capture(
     model_path: str | Path,
     suite: Suite | str | Path,
@@ -139,8 +164,11 @@ def capture(
     shards: Sequence[int] | str | None = None,
     progress: bool = True,
     threads: int | None = None,
+    kind: str = "logits",
 ) -> CaptureStore:
-    """Capture ``suite`` contexts (all, or the given shards) of a GGUF model into a logits store at ``out``.
+    """Capture ``suite`` contexts (all, or the given shards) of a GGUF model into a store at ``out``:
+    ``kind="logits"`` (float32, default) or ``"hidden_states"`` (llama.cpp's per-token embeddings
+    without pooling = the output of the final norm, rounded to bf16, scored through the shared head).
     Resumable like the transformers capture."""
     from tqdm import tqdm
 
@@ -155,19 +183,26 @@ def capture(
     else:
         shard_list = [suite.shard(k).index for k in shards]
     indices = [i for k in shard_list for i in suite.shard_indices(k)]
+    if kind not in ("logits", "hidden_states"):
+        raise FidelityError(f"unknown capture kind {kind!r}: choose logits or hidden_states")
     ident = gguf_identity(model_path)
-    model, extra = load_model(model_path, suite.n_ctx, threads)
+    hidden = kind == "hidden_states"
+    model, extra = load_model(model_path, suite.n_ctx, threads, hidden=hidden)
     try:
         vocab = int(model.n_vocab())
         if vocab < suite.vocab_size:
             raise FidelityError(f"{model_path}: model vocab {vocab} is smaller than the suite's tokenizer vocab {suite.vocab_size}")
-        writer = StoreWriter(out, suite, "logits", vocab, "float32", ident, engine_identity(extra), runtime_identity(), "cpu")
+        if hidden:
+            width, dtype, fn = int(model.n_embd()), "bfloat16", capture_hidden
+        else:
+            width, dtype, fn = vocab, "float32", capture_logits
+        writer = StoreWriter(out, suite, kind, width, dtype, ident, engine_identity(extra), runtime_identity(), "cpu")
         with writer:
             bar = tqdm(indices, desc=f"capture {Path(model_path).name}", unit="ctx", disable=not progress)
             for i in bar:
                 if writer.done(i):
                     continue
-                writer.write(i, capture_logits(model, suite.tokens[i]))
+                writer.write(i, fn(model, suite.tokens[i]))
     finally:
         model.close() if hasattr(model, "close") else None
     return CaptureStore.open(out, suite)
