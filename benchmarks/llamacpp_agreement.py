@@ -50,6 +50,9 @@ def main() -> int:
     a = ap.parse_args()
     tl, to = first_block(a.llama_log.read_text(errors="replace")), first_block(a.ours.read_text())
     L, O = parse_block(tl), parse_block(to)
+    if "Same top p" not in L:
+        print(f"{a.llama_log}: llama.cpp's block is incomplete (its asynchronous logger dropped lines)")
+        return 2
     bad = 0
     print(f"{'line':40s} {'llama.cpp':>14s} {'harness':>14s} {'diff':>10s}")
     for k in L:

@@ -79,7 +79,10 @@ def engine_identity(extra_bufts: bool | None = None) -> dict[str, str]:
     llama_cpp = _import()
     info = llama_cpp.llama_print_system_info()
     info = info.decode() if isinstance(info, bytes) else str(info)
-    ident = {"name": ENGINE_NAME, "version": f"llama-cpp-python {llama_cpp.__version__}", "system_info": info.strip()}
+    ident = {"name": ENGINE_NAME, "version": f"llama-cpp-python {llama_cpp.__version__}", "system_info": info.strip(),
+             # numerics-relevant context settings (llama-perplexity's default -fa auto turns flash attention
+             # on, which changes logits: pass -fa off to it to reproduce these captures)
+             "flash_attn": "off", "kv_cache": "f16", "batch": "one batch per context"}
     if extra_bufts is not None:
         ident["extra_bufts"] = str(extra_bufts).lower()
     return ident
@@ -120,7 +123,7 @@ def load_model(path: str | Path, n_ctx: int, threads: int | None = None, hidden:
         try:
             model = llama_cpp.Llama(
                 model_path=str(p), n_ctx=n_ctx, n_batch=n_ctx, n_ubatch=n_ctx, logits_all=True,
-                n_threads=threads, n_threads_batch=threads, n_gpu_layers=0, verbose=False, seed=0, **extra_kw,
+                n_threads=threads, n_threads_batch=threads, n_gpu_layers=0, verbose=False, seed=0, flash_attn=False, **extra_kw,
             )
         except (ValueError, RuntimeError) as e:
             raise FidelityError(f"{p}: llama.cpp could not load the model ({e})") from None
