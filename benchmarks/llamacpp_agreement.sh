@@ -57,4 +57,24 @@ for g in "$@"; do
       --reference fixtures/reference --head fixtures/lm_head.safetensors --json "$OUT/$n.json" > "$OUT/$n.ours.txt"
   python benchmarks/llamacpp_agreement.py "$OUT/$n.llama.log" "$OUT/$n.ours.txt" | tee "$OUT/$n.agreement.txt" || status=1
 done
+# Writer byte-identity: llama-perplexity writes a .kld from a text (bf16 GGUF); the harness's writer,
+# fed the engine's logits for the same tokens, must reproduce the file byte for byte.
+cat fixtures/corpus/howto/logging.txt fixtures/corpus/howto/regex.txt > "$OUT/text.txt"
+for try in 1 2 3 4 5; do
+  "$BUILD/bin/llama-perplexity" -m fixtures/gguf/fixture-bf16.gguf -f "$OUT/text.txt" -c "$N_CTX" -b "$N_CTX" -t 2 \
+      -fa "${FA:-off}" ${REPACK:--nr} --kl-divergence-base "$OUT/llama_base.kld" --chunks 8 > "$OUT/base_write.log" 2>&1
+  grep -q "Final estimate" "$OUT/base_write.log" && break
+done
+python - "$OUT" <<'PY' || status=1
+import sys
+from harness.engines.llamacpp import capture_logits, load_model
+from harness.formats.kld import read_kld, write_kld
+out = sys.argv[1]
+kf = read_kld(f"{out}/llama_base.kld")
+m, _ = load_model("fixtures/gguf/fixture-bf16.gguf", kf.n_ctx, threads=2)
+write_kld(f"{out}/ours_base.kld", kf.tokens, kf.n_vocab, lambda i: capture_logits(m, kf.tokens[i]).numpy())
+same = open(f"{out}/llama_base.kld", "rb").read() == open(f"{out}/ours_base.kld", "rb").read()
+print(f"== .kld writer: {kf.n_chunk} chunks x {kf.n_ctx}: {'byte-identical' if same else 'DIFFERENT'} to llama-perplexity's")
+sys.exit(0 if same else 1)
+PY
 exit $status

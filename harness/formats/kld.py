@@ -162,6 +162,9 @@ def read_kld(path: str | Path) -> KldFile:
             head = fh.read(HEADER_BYTES)
     except OSError as e:
         raise VerificationError(p, f"cannot read .kld file ({e.strerror})") from None
+    if head[:8] == MAGIC and len(head) < HEADER_BYTES:
+        raise VerificationError(p, "header", f"{HEADER_BYTES} bytes", f"{len(head)} bytes", "truncated (llama-perplexity stops "
+                                "after the header when the text is too short for two contexts)")
     if len(head) < HEADER_BYTES or head[:8] != MAGIC:
         raise VerificationError(p, "magic", MAGIC.decode(), head[:8], "not a llama.cpp --kl-divergence-base file")
     n_ctx, n_vocab, n_chunk = (int(x) for x in np.frombuffer(head, dtype="<i4", count=3, offset=8))
