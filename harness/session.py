@@ -40,6 +40,8 @@ def candidate_size_bytes(cand: CandidateConfig) -> int | None:
         return cand.size_bytes
     if cand.model is None:
         return None
+    if cand.model.is_file():  # a single-file model (GGUF)
+        return cand.model.stat().st_size
     qfile = cand.model / "quantization.json"
     if qfile.is_file():
         import json
