@@ -165,3 +165,18 @@ def test_capture_hidden_states_through_shared_head(fixture_suite: object, tmp_pa
     assert ph.kld.mean() < 1e-3 and ph.top1.mean() > 0.97
     # same weights (the bf16 head is the GGUF's own token_embd): the two captures agree closely
     assert ph.kld.mean() == pytest.approx(pl.kld.mean(), rel=0.5)
+
+
+def test_cli_capture_engine_llamacpp(tmp_path: Path) -> None:
+    _need_llamacpp()
+    from harness.cli import main
+    from harness.store import CaptureStore
+    from harness.suite import Suite
+
+    g = _gguf("q4_0")
+    assert main(["capture", "--engine", "llamacpp", "--model", str(g), "--suite", str(ROOT / "fixtures" / "suite"),
+                 "--out", str(tmp_path / "s"), "--shards", "5", "--quiet", "--threads", "2"]) == 0
+    st = CaptureStore.open(tmp_path / "s", Suite.load(ROOT / "fixtures" / "suite"))
+    assert st.kind == "logits" and len(st.indices) == 16
+    assert main(["capture", "--engine", "llamacpp", "--model", str(ROOT / "fixtures" / "model"),
+                 "--suite", str(ROOT / "fixtures" / "suite"), "--out", str(tmp_path / "x"), "--quiet"]) == 2
