@@ -37,7 +37,7 @@ import random
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -129,6 +129,15 @@ class Suite:
         """Context indices of shard ``k``."""
         s = self.shard(k)
         return list(range(s.start, s.stop))
+
+    def context_indices(self, shards: Sequence[int] | str | None = None) -> list[int]:
+        """Context indices of the given shards: a list of shard numbers, a spec such as
+        ``"0,2-3"``, or ``None`` for every shard (each shard number is checked)."""
+        if shards is None or isinstance(shards, str):
+            shard_list = self.parse_shards(shards)
+        else:
+            shard_list = [self.shard(k).index for k in shards]
+        return [i for k in shard_list for i in self.shard_indices(k)]
 
     def parse_shards(self, spec: str | None) -> list[int]:
         """Parse a shard spec such as ``"0,2-3"`` against this suite (``None``/``"all"``: every shard)."""

@@ -181,11 +181,7 @@ def capture(
 
     if not isinstance(suite, SuiteCls):
         suite = SuiteCls.load(suite)
-    if shards is None or isinstance(shards, str):
-        shard_list = suite.parse_shards(shards)
-    else:
-        shard_list = [suite.shard(k).index for k in shards]
-    indices = [i for k in shard_list for i in suite.shard_indices(k)]
+    indices = suite.context_indices(shards)
     if kind not in ("logits", "hidden_states"):
         raise FidelityError(f"unknown capture kind {kind!r}: choose logits or hidden_states")
     ident = gguf_identity(model_path)
