@@ -163,24 +163,21 @@ def _plan(config: pytest.Config) -> tuple[Any, list[int]]:
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    for fixture, params in ((TAIL_FIXTURE, _tail_params), (WINDOW_FIXTURE, _window_params), (PAIR_FIXTURE, _pair_params)):
+    for fixture, make_params in ((TAIL_FIXTURE, _tail_params), (WINDOW_FIXTURE, _window_params), (PAIR_FIXTURE, _pair_params)):
         if fixture in metafunc.fixturenames:
-            metafunc.parametrize(fixture, params(_require_plan(metafunc)))
-    if CASE_FIXTURE not in metafunc.fixturenames:
-        return
-    if _PLAN not in metafunc.config.stash:
-        pytest.fail(
-            f"{_config_path(metafunc.config)}: no fidelity configuration found; "
-            "create fidelity.toml at the rootdir or pass --fidelity-config PATH",
-            pytrace=False,
-        )
-    cfg, shards = metafunc.config.stash[_PLAN]
-    params = [
+            metafunc.parametrize(fixture, make_params(_require_plan(metafunc)))
+    if CASE_FIXTURE in metafunc.fixturenames:
+        metafunc.parametrize(CASE_FIXTURE, _case_params(_require_plan(metafunc)), indirect=True)
+
+
+def _case_params(plan: tuple[Any, list[int]]) -> list[Any]:
+    """One case per candidate x selected shard, ids ``<candidate>-shard<NN>``, grouped per candidate for xdist."""
+    cfg, shards = plan
+    return [
         pytest.param((c.name, s), id=f"{c.name}-shard{s:02d}", marks=pytest.mark.xdist_group(c.name))
         for c in cfg.candidates
         for s in shards
     ]
-    metafunc.parametrize(CASE_FIXTURE, params, indirect=True)
 
 
 def _require_plan(metafunc: pytest.Metafunc) -> tuple[Any, list[int]]:
