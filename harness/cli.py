@@ -43,26 +43,23 @@ def command(fn: Callable[[SubParsers], None]) -> Callable[[SubParsers], None]:
     return fn
 
 
-def positive_int(text: str) -> int:
-    """argparse ``type=``: an integer >= 1."""
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {v}")
-    return v
+def _int_at_least(minimum: int, words: str) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {words}, got {text!r}") from None
+        if v < minimum:
+            raise argparse.ArgumentTypeError(f"expected {words}, got {v}")
+        return v
+
+    return parse
 
 
-def nonneg_int(text: str) -> int:
-    """argparse ``type=``: an integer >= 0."""
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {v}")
-    return v
+#: argparse ``type=``: an integer >= 1.
+positive_int = _int_at_least(1, "a positive integer")
+#: argparse ``type=``: an integer >= 0.
+nonneg_int = _int_at_least(0, "an integer >= 0")
 
 
 def device_arg(text: str) -> str:

@@ -90,26 +90,19 @@ def suite_from_tokens(tokens: np.ndarray, vocab: int, out: str | Path, n_shards:
                       tokenizer_sha256: str = "unknown") -> Any:
     """A suite whose contexts are the rows of ``tokens`` (each its own source cluster, stratum ``kld``)."""
     import io
-    import math
     from dataclasses import asdict
 
     from harness import PROTOCOL_VERSION
     from harness.atomic import atomic_write_bytes, atomic_write_json
     from harness.hashing import tokens_sha256
-    from harness.suite import SCHEMA, SUITE_JSON, TOKENS_FILE, ContextInfo, ShardInfo, _manifest_sha256, load_suite
+    from harness.suite import SCHEMA, SUITE_JSON, TOKENS_FILE, ContextInfo, _manifest_sha256, load_suite, split_shards
 
     toks = np.ascontiguousarray(tokens, dtype="<u4")
     n, n_ctx = toks.shape
     if not 1 <= n_shards <= n:
         raise FidelityError(f"n_shards must lie in [1, {n}], found {n_shards}")
     contexts = [ContextInfo(i, f"{source}#chunk{i}", "kld", source, i * n_ctx) for i in range(n)]
-    size = math.ceil(n / n_shards)
-    shards = []
-    for k in range(n_shards):
-        a, b = k * size, min((k + 1) * size, n)
-        if a >= b:
-            raise FidelityError(f"{n_shards} shards of {size} leave shard {k} empty for {n} contexts: choose fewer shards")
-        shards.append(ShardInfo(k, a, b, tokens_sha256(toks[a:b])))
+    shards = split_shards(toks, n_shards)
     doc: dict[str, Any] = {
         "schema": SCHEMA, "protocol_version": PROTOCOL_VERSION, "n_ctx": int(n_ctx), "n_contexts": int(n),
         "n_shards": n_shards, "seed": 0, "tokenizer": {"sha256": tokenizer_sha256, "vocab_size": int(vocab)},

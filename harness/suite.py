@@ -335,6 +335,20 @@ def _read_list(path: Path) -> list[str]:
     return out
 
 
+def split_shards(tokens: np.ndarray, n_shards: int) -> list[ShardInfo]:
+    """The protocol's shard split: consecutive contexts, ceil(n_contexts / n_shards) per shard (the
+    last may be shorter), each with the sha256 of its rows; a split that leaves a shard empty is refused."""
+    n = int(tokens.shape[0])
+    size = math.ceil(n / n_shards)
+    shards = []
+    for k in range(n_shards):
+        a, b = k * size, min((k + 1) * size, n)
+        if a >= b:
+            raise FidelityError(f"{n_shards} shards of {size} leave shard {k} empty for {n} contexts: choose fewer shards")
+        shards.append(ShardInfo(k, a, b, tokens_sha256(tokens[a:b])))
+    return shards
+
+
 def build_suite(
     corpus_dir: str | Path,
     tokenizer_json: str | Path,
@@ -428,13 +442,7 @@ def build_suite(
     for i, (rel, start) in enumerate(chosen):
         tokens[i] = ids_by_doc[rel][start : start + n_ctx]
         contexts.append(ContextInfo(i, grouping.get(rel, rel), _stratum(rel), rel, start))
-    size = math.ceil(n_contexts / n_shards)
-    shards = []
-    for k in range(n_shards):
-        a, b = k * size, min((k + 1) * size, n_contexts)
-        if a >= b:
-            raise FidelityError(f"{n_shards} shards of {size} leave shard {k} empty for {n_contexts} contexts: choose fewer shards")
-        shards.append(ShardInfo(k, a, b, tokens_sha256(tokens[a:b])))
+    shards = split_shards(tokens, n_shards)
 
     doc: dict[str, Any] = {
         "schema": SCHEMA,
