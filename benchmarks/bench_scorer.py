@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Scorer performance, measured side by side in one run (DESIGN.md section 6).
+"""Scorer performance, measured side by side in one run (docs/design.md, section 6).
 
 Prints four figures:
 
@@ -24,7 +24,7 @@ noisy; the minimum is the least disturbed run). The default shape is Qwen-propor
 
     python benchmarks/bench_scorer.py --positions 1024 --threads 2
 
-The measuring code lives in :mod:`harness.bench` (shared with ``fidelity bench``, which adds
+The measuring code lives in :mod:`harness.scoring.bench` (shared with ``fidelity bench``, which adds
 positions/s and the seed-suite projection, and runs on CUDA too).
 """
 
@@ -39,14 +39,14 @@ import time
 import numpy as np
 import torch
 
-from harness.bench import bench_bootstrap, child_memory, make_inputs
-from harness.scorer import bare_gemms, default_tile_rows, score_hidden, score_two_pass
+from harness.scoring.bench import bench_bootstrap, child_memory, make_inputs
+from harness.scoring.scorer import bare_gemms, default_tile_rows, score_hidden, score_two_pass
 
 __all__ = ["make_inputs", "bench_bootstrap", "measure_memory", "main"]
 
 
 def measure_memory(n: int, args: argparse.Namespace) -> dict:
-    """Peak extra RSS of one scorer call in a fresh child (see :mod:`harness.bench`)."""
+    """Peak extra RSS of one scorer call in a fresh child (see :mod:`harness.scoring.bench`)."""
     cmd = [sys.executable, __file__, "--_child-memory", str(n), "--hidden", str(args.hidden), "--vocab", str(args.vocab),
            "--threads", str(args.threads)]
     if args.tile_rows:

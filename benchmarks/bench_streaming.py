@@ -5,7 +5,7 @@ Writes a synthetic suite (in memory) and two bf16 hidden-state capture stores (r
 candidate) into a temporary folder, then times, on one shard holding every context:
 
 1. the scorer alone on tensors already in memory (``score_hidden``);
-2. ``shard_positions`` with streaming (prefetching reader, :mod:`harness.streaming`), with the
+2. ``shard_positions`` with streaming (prefetching reader, :mod:`harness.scoring.streaming`), with the
    page cache dropped first where that is allowed (``echo 3 > /proc/sys/vm/drop_caches``; the
    output says which condition was measured), and again warm;
 3. the old whole-shard path (``load_rows`` everything, then score), cold where possible.
@@ -29,8 +29,8 @@ import torch
 
 
 def make_suite(root: Path, n_contexts: int, n_ctx: int, vocab: int) -> object:
-    from harness.hashing import tokens_sha256
-    from harness.suite import ContextInfo, ShardInfo, Suite
+    from harness.io.hashing import tokens_sha256
+    from harness.inputs.suite import ContextInfo, ShardInfo, Suite
 
     tokens = np.random.default_rng(0).integers(0, vocab, (n_contexts, n_ctx)).astype(np.uint32)
     contexts = [ContextInfo(i, f"doc{i % 7}", "prose", f"doc{i}.txt", 0) for i in range(n_contexts)]
@@ -39,8 +39,8 @@ def make_suite(root: Path, n_contexts: int, n_ctx: int, vocab: int) -> object:
 
 
 def write_store(path: Path, suite: object, hidden: int, noise: float) -> None:
-    from harness.identity import runtime_identity
-    from harness.store import StoreWriter
+    from harness.inputs.identity import runtime_identity
+    from harness.capture.store import StoreWriter
 
     with StoreWriter(path, suite, "hidden_states", hidden, "bfloat16",
                      {"name": path.name, "config_sha256": "0" * 64, "weights": {}}, {"name": "synthetic", "version": "0"},
@@ -88,10 +88,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dir", type=Path, default=None, help="where to write the stores (default: a temp dir)")
     a = ap.parse_args(argv)
 
-    import harness.streaming as streaming
-    from harness.scorer import score_hidden
-    from harness.session import shard_positions
-    from harness.store import CaptureStore
+    import harness.scoring.streaming as streaming
+    from harness.scoring.scorer import score_hidden
+    from harness.run.shard import shard_positions
+    from harness.capture.store import CaptureStore
 
     torch.set_num_threads(a.threads)
     tmp = Path(tempfile.mkdtemp(prefix="fidelity-stream-", dir=a.dir))

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""GPU check of the fused Triton scorer (issue 8), sized to finish in < 5 minutes on an H100/H200.
+"""GPU check of the fused Triton scorer, sized to finish in < 5 minutes on an H100/H200.
 
     python benchmarks/gpu_check.py            # or: bash benchmarks/gpu_check.sh
     TRITON_INTERPRET=1 python benchmarks/gpu_check.py --dry-run-cpu --positions 64 --hidden 64 \
@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available() and not a.dry_run_cpu:
         log(f"gpu_check: CUDA is not available (torch {torch.__version__}); nothing to check on this machine")
         return 2
-    from harness.kernels import triton_available
+    from harness.scoring.backends import triton_available
 
     if not triton_available():
         log("gpu_check: triton is not importable; install it (pip install --no-deps 'triton==3.8.0' or the version "
@@ -90,8 +90,8 @@ def main(argv: list[str] | None = None) -> int:
     import numpy as np
     import triton
 
-    from harness.kernels.fused_kl import fused_score
-    from harness.scorer import score_hidden, score_two_pass
+    from harness.scoring.fused_kl import fused_score
+    from harness.scoring.scorer import score_hidden, score_two_pass
 
     if a.dry_run_cpu:
         dev = torch.device("cpu")

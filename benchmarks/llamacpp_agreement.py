@@ -3,7 +3,7 @@
     python benchmarks/llamacpp_agreement.py LLAMA_LOG OURS_TXT [--tolerance-digits 2]
 
 Both texts are cut to their first block (``====== Perplexity statistics ======`` .. ``Same top p``)
-and parsed with ``harness.llamacpp_stats.parse_block``. A value agrees when it differs by at most
+and parsed with ``harness.llamacpp.stats.parse_block``. A value agrees when it differs by at most
 ``tolerance-digits`` units of the last printed digit (both sides print the same format). Exit 1 on
 any disagreement or a missing line.
 """
@@ -14,7 +14,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from harness.llamacpp_stats import parse_block
+from harness.llamacpp.stats import parse_block
 
 MARK = "====== Perplexity statistics ======"
 

@@ -68,7 +68,7 @@ done
 python - "$OUT" <<'PY' || status=1
 import sys
 from harness.engines.llamacpp import capture_logits, load_model
-from harness.formats.kld import read_kld, write_kld
+from harness.llamacpp.kld_file import read_kld, write_kld
 out = sys.argv[1]
 kf = read_kld(f"{out}/llama_base.kld")
 m, _ = load_model("fixtures/gguf/fixture-bf16.gguf", kf.n_ctx, threads=2)

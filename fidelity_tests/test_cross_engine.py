@@ -36,10 +36,10 @@ def cross_engine(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str
     if not (GGUF / "fixture-bf16.gguf").is_file():
         pytest.skip(f"{GGUF}/fixture-bf16.gguf missing (make it with fixtures/make_gguf.py)")
     from harness.engines.llamacpp import capture
-    from harness.head import load_head
-    from harness.session import shard_positions
-    from harness.store import CaptureStore
-    from harness.suite import Suite
+    from harness.inputs.head import load_head
+    from harness.run.session import shard_positions
+    from harness.capture.store import CaptureStore
+    from harness.inputs.suite import Suite
 
     suite = Suite.load(ROOT / "fixtures" / "suite")
     ref = CaptureStore.open(ROOT / "fixtures" / "reference", suite)

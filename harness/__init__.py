@@ -1,10 +1,10 @@
 """Fidelity harness: exact full-vocabulary KL divergence of a quantized LLM against its BF16 original.
 
-The library never imports pytest; ``harness.pytest_plugin`` is the thin adapter.
+The library never imports pytest; ``harness.plugin.pytest_plugin`` is the thin adapter.
 Data flows one way: suite -> capture (engine) -> store -> scorer -> metrics -> report -> gate/aggregate.
 """
 
 __version__ = "0.1.0"
 
-#: Version of the measurement protocol (DESIGN.md section 2). Reports of different protocols never mix.
+#: Version of the measurement protocol (docs/design.md, section 2). Reports of different protocols never mix.
 PROTOCOL_VERSION = 1

@@ -11,7 +11,7 @@ class FidelityError(Exception):
 
 
 class VerificationError(FidelityError):
-    """An input failed verification (fail-closed rule, DESIGN.md section 4).
+    """An input failed verification (fail-closed rule, docs/design.md, section 4).
 
     The message reads ``<file>: <what>: expected <expected>, found <found>`` plus an optional hint.
     """

@@ -105,7 +105,7 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def tiny_suite(tmp_path_factory: pytest.TempPathFactory, tiny_corpus: Path, tiny_tokenizer: Path) -> Path:
     """Folder of a suite: n_ctx 32, 6 contexts, 3 shards, seed 0."""
-    from harness.suite import build_suite
+    from harness.inputs.suite import build_suite
 
     out = tmp_path_factory.mktemp("suites") / "suite"
     build_suite(tiny_corpus, tiny_tokenizer, n_ctx=32, n_contexts=6, n_shards=3, seed=0, out=out)
@@ -184,8 +184,8 @@ def fidelity_project(tmp_path_factory: pytest.TempPathFactory, tiny_corpus: Path
     model, its capture store and head, two perturbed candidates (``good``, ``bad``),
     ``fidelity.toml`` and ``test_fidelity.py`` (no baselines yet). Copy it before changing it."""
     from harness.engines.transformers import capture
-    from harness.head import export_head
-    from harness.suite import build_suite
+    from harness.inputs.head import export_head
+    from harness.inputs.suite import build_suite
 
     root = tmp_path_factory.mktemp("project")
     ref = make_tiny_model(root / "models" / "reference", seed=1)

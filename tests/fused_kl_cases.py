@@ -16,8 +16,8 @@ import torch
 
 assert os.environ.get("TRITON_INTERPRET") == "1", "run with TRITON_INTERPRET=1"
 
-from harness.kernels.fused_kl import fused_score  # noqa: E402
-from harness.scorer import score_hidden  # noqa: E402
+from harness.scoring.fused_kl import fused_score  # noqa: E402
+from harness.scoring.scorer import score_hidden  # noqa: E402
 
 N, H, V = 37, 64, 1000  # V is not a multiple of BLOCK_N (64), N not of BLOCK_M (16)
 

@@ -1,10 +1,10 @@
-"""The adaptive ladder's stopping rule (harness.adaptive): error rate in simulation, and the monitor."""
+"""The adaptive ladder's stopping rule (harness.gate.adaptive): error rate in simulation, and the monitor."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from harness.adaptive import ALPHA, AdaptiveMonitor, decide
+from harness.gate.adaptive import ALPHA, AdaptiveMonitor, decide
 
 K = 4  # planned shards (looks)
 CLUSTERS_PER_SHARD = 16

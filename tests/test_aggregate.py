@@ -1,4 +1,4 @@
-"""Aggregation (harness.aggregate, ``fidelity aggregate``): every fail-closed rule with a crafted bad
+"""Aggregation (harness.reports.aggregate, ``fidelity aggregate``): every fail-closed rule with a crafted bad
 report, grouping of several candidates, and the two-machine equivalence through pytester."""
 
 from __future__ import annotations
@@ -11,17 +11,17 @@ from typing import Any
 
 import pytest
 
-from harness.aggregate import aggregate
-from harness.cli import main
+from harness.reports.aggregate import aggregate
+from harness.cli.main import main
 from harness.errors import VerificationError
-from harness.report import ShardReport
+from harness.reports.shard import ShardReport
 
 
 @pytest.fixture(scope="module")
 def shard_reports(tmp_path_factory: pytest.TempPathFactory, fidelity_project: Path) -> dict[str, list[dict[str, Any]]]:
     """JSON dicts of every shard report of both candidates of the tiny project (scored in-process)."""
-    from harness.config import load_config
-    from harness.session import FidelitySession
+    from harness.inputs.config import load_config
+    from harness.run.session import FidelitySession
 
     root = tmp_path_factory.mktemp("agg") / "project"
     shutil.copytree(fidelity_project, root)

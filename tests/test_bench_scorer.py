@@ -1,4 +1,4 @@
-"""pytest-benchmark cases for the scorer on a small shape (DESIGN.md section 6).
+"""pytest-benchmark cases for the scorer on a small shape (docs/design.md, section 6).
 
 Marked ``benchmark``: the fidelity plugin skips them unless ``--fidelity-benchmarks`` is given
 (and under xdist). Without the plugin loaded they are skipped unless ``FIDELITY_BENCHMARKS=1``.
@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from harness.scorer import bare_gemms, score_hidden, score_two_pass
+from harness.scoring.scorer import bare_gemms, score_hidden, score_two_pass
 
 pytestmark = [
     pytest.mark.benchmark,

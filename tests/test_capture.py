@@ -20,10 +20,10 @@ from safetensors.torch import save_file
 
 from harness.engines.transformers import capture, capture_hidden, load_model
 from harness.errors import FidelityError, VerificationError
-from harness.head import export_head, load_head
-from harness.identity import identity_key, model_identity
-from harness.store import CaptureStore
-from harness.suite import Suite
+from harness.inputs.head import export_head, load_head
+from harness.inputs.identity import identity_key, model_identity
+from harness.capture.store import CaptureStore
+from harness.inputs.suite import Suite
 
 
 @pytest.fixture(scope="module")

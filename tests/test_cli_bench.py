@@ -1,4 +1,4 @@
-"""``fidelity bench`` and harness.bench on a tiny CPU shape (the projection arithmetic, the output)."""
+"""``fidelity bench`` and harness.scoring.bench on a tiny CPU shape (the projection arithmetic, the output)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from harness.bench import SEED_POSITIONS, BenchResult, flops_per_position
-from harness.cli import main
+from harness.scoring.bench import SEED_POSITIONS, BenchResult, flops_per_position
+from harness.cli.main import main
 
 
 def test_projection_scales_by_flops() -> None:

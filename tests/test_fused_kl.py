@@ -1,4 +1,4 @@
-"""The fused Triton kernel (harness/kernels/fused_kl.py) on a CPU, under Triton's interpreter.
+"""The fused Triton kernel (harness/scoring/fused_kl.py) on a CPU, under Triton's interpreter.
 
 One child process (``tests/fused_kl_cases.py``, ``TRITON_INTERPRET=1`` set only there) scores
 small cases -- N=37, H=64, V=1000 (V not a multiple of the column block), ties across column
@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from harness.kernels import triton_available
+from harness.scoring.backends import triton_available
 
 pytestmark = pytest.mark.skipif(
     not triton_available(),
@@ -43,7 +43,7 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, np.ndarray]:
 
 
 def reference64(r: dict[str, np.ndarray], name: str) -> dict[str, np.ndarray]:
-    """Float64 metrics from the (bf16-valued) inputs: the definitions of DESIGN.md section 2."""
+    """Float64 metrics from the (bf16-valued) inputs: the definitions of docs/design.md, section 2."""
     ref, cand, head, y = (r[f"{name}/in/{k}"].astype(np.float64) for k in ("ref", "cand", "head", "y"))
     y = y.astype(np.int64)
     chead = r.get(f"{name}/in/cand_head")

@@ -112,7 +112,7 @@ def scratch(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_config_valid_document_loads(scratch: Path) -> None:
-    from harness.config import load_config
+    from harness.inputs.config import load_config
 
     (scratch / "fidelity.toml").write_text(dump_toml(VALID_CONFIG))
     cfg = load_config(scratch / "fidelity.toml")
@@ -122,7 +122,7 @@ def test_config_valid_document_loads(scratch: Path) -> None:
 @FUZZ
 @given(doc=mutated(VALID_CONFIG, CONFIG_KEYS))
 def test_config_mutated(scratch: Path, doc: Any) -> None:
-    from harness.config import load_config
+    from harness.inputs.config import load_config
 
     p = scratch / "fidelity.toml"
     p.write_text(dump_toml(doc) if isinstance(doc, dict) else _toml_value(doc), "utf-8")
@@ -132,7 +132,7 @@ def test_config_mutated(scratch: Path, doc: Any) -> None:
 @FUZZ
 @given(text=st.text(max_size=200) | st.sampled_from(["[suite]\npath = 1\n", "candidates = 3\n", "[[pairs]]\na = 'x'\n"]))
 def test_config_text(scratch: Path, text: str) -> None:
-    from harness.config import load_config
+    from harness.inputs.config import load_config
 
     p = scratch / "fidelity.toml"
     p.write_text(text, "utf-8", errors="surrogatepass")
@@ -142,7 +142,7 @@ def test_config_text(scratch: Path, text: str) -> None:
 @FUZZ
 @given(data=st.binary(max_size=80))
 def test_config_bytes(scratch: Path, data: bytes) -> None:
-    from harness.config import load_config
+    from harness.inputs.config import load_config
 
     p = scratch / "fidelity.toml"
     p.write_bytes(data)
@@ -163,7 +163,7 @@ VALID_BASELINE = {
 @FUZZ
 @given(doc=mutated(VALID_BASELINE, ("max_mean_kld", "min_top1", "01", "default", "shards")))
 def test_baseline_mutated(scratch: Path, doc: Any) -> None:
-    from harness.baselines import Baseline, Headline
+    from harness.gate.baselines import Baseline, Headline
 
     p = scratch / "good.json"
     p.write_text(json.dumps(doc))
@@ -175,7 +175,7 @@ def test_baseline_mutated(scratch: Path, doc: Any) -> None:
 @FUZZ
 @given(data=st.binary(max_size=80) | st.sampled_from([b'{"a": 1e999}', b'{"schema": NaN}', b"[" * 5000, b"\xff\xfe{}"]))
 def test_baseline_bytes(scratch: Path, data: bytes) -> None:
-    from harness.baselines import Baseline
+    from harness.gate.baselines import Baseline
 
     p = scratch / "good.json"
     p.write_bytes(data)
@@ -183,7 +183,7 @@ def test_baseline_bytes(scratch: Path, data: bytes) -> None:
 
 
 def test_baseline_infinite_and_huge_thresholds_refused(scratch: Path) -> None:
-    from harness.baselines import Baseline, BaselineError
+    from harness.gate.baselines import Baseline, BaselineError
 
     for raw in ('{"schema": "fidelity.baseline/1", "candidate": "good", "default": {"max_mean_kld": 1e999}}',
                 '{"schema": "fidelity.baseline/1", "candidate": "good", "default": {"max_p99": 1' + "0" * 400 + "}}"):
@@ -198,8 +198,8 @@ def test_baseline_infinite_and_huge_thresholds_refused(scratch: Path) -> None:
 @pytest.fixture(scope="module")
 def valid_report() -> dict[str, Any]:
     from harness.metrics import ContextLabel, summarize
-    from harness.report import ShardReport, make_comparability
-    from harness.scorer import PositionScores
+    from harness.reports.shard import ShardReport, make_comparability
+    from harness.scoring.scores import PositionScores
 
     rng = np.random.default_rng(0)
     n = 60
@@ -216,7 +216,7 @@ def valid_report() -> dict[str, Any]:
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(data=st.data())
 def test_report_mutated(valid_report: dict[str, Any], data: st.DataObject) -> None:
-    from harness.report import ShardReport, render_markdown
+    from harness.reports.shard import ShardReport, render_markdown
 
     doc = data.draw(mutated(valid_report, ("schema", "candidate", "metrics", "comparability", "score_from", "shard")))
     r = clean(lambda: ShardReport.from_json_dict(doc, "fuzz.json"))
@@ -228,7 +228,7 @@ def test_report_mutated(valid_report: dict[str, Any], data: st.DataObject) -> No
 @FUZZ
 @given(data=st.binary(max_size=120) | st.sampled_from([b"[" * 5000, b'{"schema": Infinity}', b"\x00\xff"]))
 def test_report_bytes(scratch: Path, data: bytes) -> None:
-    from harness.report import ShardReport
+    from harness.reports.shard import ShardReport
 
     p = scratch / "r.json"
     p.write_bytes(data)
@@ -242,9 +242,9 @@ def test_report_bytes(scratch: Path, data: bytes) -> None:
 def store_fx(tmp_path_factory: pytest.TempPathFactory, tiny_suite: Path) -> tuple[Any, Path, dict[str, Any]]:
     import torch
 
-    from harness.identity import runtime_identity
-    from harness.store import StoreWriter
-    from harness.suite import Suite
+    from harness.inputs.identity import runtime_identity
+    from harness.capture.store import StoreWriter
+    from harness.inputs.suite import Suite
 
     suite = Suite.load(tiny_suite)
     root = tmp_path_factory.mktemp("fuzz-store") / "s"
@@ -258,7 +258,7 @@ def store_fx(tmp_path_factory: pytest.TempPathFactory, tiny_suite: Path) -> tupl
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(data=st.data())
 def test_capture_manifest_mutated(store_fx: tuple[Any, Path, dict[str, Any]], data: st.DataObject) -> None:
-    from harness.store import CaptureStore
+    from harness.capture.store import CaptureStore
 
     suite, root, valid = store_fx
     extra = ("ctx-000000.safetensors", "ctx-000009.safetensors", "../x", "/abs", "index", "sha256", "files", "kind", "dtype")
@@ -272,7 +272,7 @@ def test_capture_manifest_mutated(store_fx: tuple[Any, Path, dict[str, Any]], da
 @FUZZ
 @given(data=st.binary(max_size=80) | st.sampled_from([b"[" * 5000, b'{"files": {"a": 1, "a": 2}}']))
 def test_capture_manifest_bytes(store_fx: tuple[Any, Path, dict[str, Any]], data: bytes) -> None:
-    from harness.store import CaptureStore
+    from harness.capture.store import CaptureStore
 
     suite, root, _valid = store_fx
     (root / "capture.json").write_bytes(data)
@@ -292,12 +292,12 @@ def suite_fx(tmp_path_factory: pytest.TempPathFactory, tiny_suite: Path) -> tupl
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(data=st.data(), reseal=st.booleans())
 def test_suite_json_mutated(suite_fx: tuple[Path, dict[str, Any]], data: st.DataObject, reseal: bool) -> None:
-    from harness.suite import Suite, _manifest_sha256
+    from harness.inputs.suite import Suite, manifest_sha256
 
     root, valid = suite_fx
     doc = data.draw(mutated(valid, ("n_ctx", "tokenizer", "contexts", "shards", "protocol_version", "index", "start", "stop")))
     if reseal and isinstance(doc, dict):
-        doc["manifest_sha256"] = _manifest_sha256(doc)
+        doc["manifest_sha256"] = manifest_sha256(doc)
     (root / "suite.json").write_text(json.dumps(doc))
     s = clean(lambda: Suite.load(root, verify=True))
     if s is not None:
@@ -309,7 +309,7 @@ def test_suite_json_mutated(suite_fx: tuple[Path, dict[str, Any]], data: st.Data
 @FUZZ
 @given(data=st.binary(max_size=80) | st.sampled_from([b"[" * 5000, b'{"schema": "fidelity.suite/1", "n_ctx": NaN}']))
 def test_suite_json_bytes(suite_fx: tuple[Path, dict[str, Any]], data: bytes) -> None:
-    from harness.suite import Suite
+    from harness.inputs.suite import Suite
 
     root, _valid = suite_fx
     (root / "suite.json").write_bytes(data)

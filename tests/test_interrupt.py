@@ -32,7 +32,7 @@ _SLOW_CLI_CAPTURE = textwrap.dedent(
         time.sleep(0.3)
         return orig(model, ids)
     T.capture_hidden = slow
-    from harness.cli import main
+    from harness.cli.main import main
     sys.exit(main(sys.argv[1:]))
     """
 )
@@ -110,7 +110,7 @@ def _md(p: Path) -> list[str]:
 def test_kill_9_during_pytest_run_then_rerun(pytester: pytest.Pytester, fidelity_project: Path) -> None:
     """SIGKILL `pytest` after its first report; what it left is whole or absent; a rerun gives the
     reports of an uninterrupted run (apart from timing/created), and no temporaries."""
-    from harness.report import ShardReport
+    from harness.reports.shard import ShardReport
 
     root = pytester.path
     shutil.copytree(fidelity_project, root, dirs_exist_ok=True)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from harness.errors import VerificationError
-from harness.formats.kld import (
+from harness.llamacpp.kld_file import (
     decode_rows,
     file_size,
     kld_bytes,
@@ -20,7 +20,7 @@ from harness.formats.kld import (
     rows_per_chunk,
     write_kld,
 )
-from harness.llamacpp_stats import (
+from harness.llamacpp.stats import (
     LlamaPositions,
     compute_stats,
     parse_block,
@@ -242,7 +242,7 @@ def test_block_needs_100_positions() -> None:
 
 
 def test_positions_from_scores() -> None:
-    from harness.scorer import PositionScores
+    from harness.scoring.scores import PositionScores
 
     s = PositionScores.empty(3)
     s.kld[:] = [0.1, 0.2, 0.3]
@@ -258,12 +258,12 @@ def test_positions_from_scores() -> None:
 
 
 def test_export_import_round_trip(fidelity_project: Path, tmp_path: Path) -> None:
-    from harness.cli import main
-    from harness.formats.kld import first_scored
-    from harness.kld_tools import llamacpp_positions, store_logits
-    from harness.head import load_head
-    from harness.store import CaptureStore
-    from harness.suite import Suite
+    from harness.cli.main import main
+    from harness.llamacpp.kld_file import first_scored
+    from harness.llamacpp.kld_tools import llamacpp_positions, store_logits
+    from harness.inputs.head import load_head
+    from harness.capture.store import CaptureStore
+    from harness.inputs.suite import Suite
 
     root = fidelity_project
     out = tmp_path / "ref.kld"
@@ -305,7 +305,7 @@ def test_export_import_round_trip(fidelity_project: Path, tmp_path: Path) -> Non
 def test_stats_cli(fidelity_project: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     import json
 
-    from harness.cli import main
+    from harness.cli.main import main
     from harness.engines.transformers import capture
 
     root = fidelity_project

@@ -84,7 +84,7 @@ def test_pair_expectation_fails_with_a_readable_message(project: pytest.Pytester
 
 
 def test_window_flip_with_disjoint_intervals_fails() -> None:
-    from harness.windows import compare_windows, flip_message
+    from harness.reports.windows import compare_windows, flip_message
 
     s = lambda m, lo, hi: {"mean_kld": m, "ci95": [lo, hi], "n_positions": 1}  # noqa: E731
     base = {"a": s(1.0, 0.9, 1.1), "b": s(2.0, 1.9, 2.1), "c": s(2.05, 1.95, 2.2)}
@@ -99,7 +99,7 @@ def test_window_flip_with_disjoint_intervals_fails() -> None:
 
 
 def test_paired_verdict_rule() -> None:
-    from harness.paired_report import verdict
+    from harness.reports.paired import verdict
 
     assert verdict([-0.0005, 0.0004], 0.001) == "equivalent"
     assert verdict([-0.0005, -0.0001], 0.001) == "equivalent"  # inside the margin wins

@@ -34,10 +34,10 @@ def _gguf(name: str) -> Path:
 def test_logits_candidate_against_hidden_reference(fidelity_project: Path, tmp_path: Path) -> None:
     """A logits store (what llama.cpp gives) is scored against a hidden-state reference through the head."""
     from harness.engines.transformers import capture
-    from harness.head import load_head
-    from harness.session import shard_positions
-    from harness.store import CaptureStore
-    from harness.suite import Suite
+    from harness.inputs.head import load_head
+    from harness.run.shard import shard_positions
+    from harness.capture.store import CaptureStore
+    from harness.inputs.suite import Suite
 
     root = fidelity_project
     suite = Suite.load(root / "suite")
@@ -70,7 +70,7 @@ def test_engine_refuses_non_gguf(tmp_path: Path) -> None:
 
 @pytest.fixture(scope="module")
 def fixture_suite() -> object:
-    from harness.suite import Suite
+    from harness.inputs.suite import Suite
 
     return Suite.load(ROOT / "fixtures" / "suite")
 
@@ -80,9 +80,9 @@ def test_capture_bf16_gguf_matches_reference(fixture_suite: object, tmp_path: Pa
     small floor (different kernels, not different weights); the store is a verified logits store."""
     _need_llamacpp()
     from harness.engines.llamacpp import capture
-    from harness.head import load_head
-    from harness.session import shard_positions
-    from harness.store import CaptureStore
+    from harness.inputs.head import load_head
+    from harness.run.shard import shard_positions
+    from harness.capture.store import CaptureStore
 
     suite = fixture_suite
     g = _gguf("bf16")
@@ -116,8 +116,8 @@ def test_capture_is_deterministic(fixture_suite: object) -> None:
 def test_session_uses_llamacpp_engine(fixture_suite: object, tmp_path: Path) -> None:
     """``engine = "llamacpp"`` in fidelity.toml: the session captures the GGUF live into its cache."""
     _need_llamacpp()
-    from harness.config import load_config
-    from harness.session import FidelitySession
+    from harness.inputs.config import load_config
+    from harness.run.session import FidelitySession
 
     g = _gguf("q8_0")
     shutil.copy(g, tmp_path / g.name)
@@ -149,9 +149,9 @@ def test_capture_hidden_states_through_shared_head(fixture_suite: object, tmp_pa
     through the shared head they score like the logits capture of the same bf16 GGUF."""
     _need_llamacpp()
     from harness.engines.llamacpp import capture
-    from harness.head import load_head
-    from harness.session import shard_positions
-    from harness.store import CaptureStore
+    from harness.inputs.head import load_head
+    from harness.run.shard import shard_positions
+    from harness.capture.store import CaptureStore
 
     suite = fixture_suite
     g = _gguf("bf16")
@@ -169,9 +169,9 @@ def test_capture_hidden_states_through_shared_head(fixture_suite: object, tmp_pa
 
 def test_cli_capture_engine_llamacpp(tmp_path: Path) -> None:
     _need_llamacpp()
-    from harness.cli import main
-    from harness.store import CaptureStore
-    from harness.suite import Suite
+    from harness.cli.main import main
+    from harness.capture.store import CaptureStore
+    from harness.inputs.suite import Suite
 
     g = _gguf("q4_0")
     assert main(["capture", "--engine", "llamacpp", "--model", str(g), "--suite", str(ROOT / "fixtures" / "suite"),

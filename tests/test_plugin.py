@@ -158,7 +158,7 @@ def test_missing_config_is_a_usage_error(project: pytest.Pytester) -> None:
 
 
 def test_reference_store_of_another_suite_fails_the_case(project: pytest.Pytester, tiny_corpus: Path, tiny_tokenizer: Path) -> None:
-    from harness.suite import build_suite
+    from harness.inputs.suite import build_suite
 
     _update(project, "-k", "good and shard00")
     # Rebuild the suite with another seed: the committed reference store no longer matches.

@@ -22,7 +22,7 @@ from harness.engines.quantized import (
     quantization_identity,
 )
 from harness.errors import VerificationError
-from harness.hashing import sha256_file
+from harness.io.hashing import sha256_file
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 MODEL_DIR = FIXTURES / "model"

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 import harness
-from harness.cli import main
+from harness.cli.main import main
 
 
 def _strip(d: dict[str, Any]) -> dict[str, Any]:
@@ -76,5 +76,5 @@ def test_trust_remote_code_only_from_the_cli_flag() -> None:
             assert value in ("bool = False", "trust_remote_code", "a.trust_remote_code", '"trust_remote_code"'), f"{p.name}:{i}: {c.strip()}"
             seen += 1
     assert seen >= 4  # the check is not vacuous
-    cfg = (Path(harness.__file__).parent / "config.py").read_text()
+    cfg = (Path(harness.__file__).parent / "inputs" / "config.py").read_text()
     assert "trust_remote_code" not in cfg, "fidelity.toml must not be able to turn on remote code"

@@ -11,7 +11,7 @@ from scipy.spatial.distance import jensenshannon
 from scipy.special import log_softmax as np_log_softmax
 from scipy.special import rel_entr
 
-from harness.scorer import PositionScores, default_tile_rows, score_hidden, score_logits, score_two_pass
+from harness.scoring.scorer import PositionScores, default_tile_rows, score_hidden, score_logits, score_two_pass
 
 
 def reference(ref_logits: torch.Tensor, cand_logits: torch.Tensor, targets: torch.Tensor) -> dict[str, np.ndarray]:

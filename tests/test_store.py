@@ -1,4 +1,4 @@
-"""Capture store: round trip and every fail-closed rule (DESIGN.md section 4), without a model."""
+"""Capture store: round trip and every fail-closed rule (docs/design.md, section 4), without a model."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ import torch
 from safetensors.torch import save_file
 
 from harness.errors import FidelityError, VerificationError
-from harness.hashing import sha256_file
-from harness.identity import identity_key, runtime_identity
-from harness.store import CaptureStore, StoreWriter, context_filename
-from harness.suite import Suite
+from harness.io.hashing import sha256_file
+from harness.inputs.identity import identity_key, runtime_identity
+from harness.capture.store import CaptureStore, StoreWriter, context_filename
+from harness.inputs.suite import Suite
 
 HIDDEN = 8
 MODEL = {"name": "fake", "config_sha256": "0" * 64, "weights": {}}
@@ -182,7 +182,7 @@ def test_writer_refuses_other_model_or_suite(store: Path, suite: Suite, tmp_path
     with pytest.raises(VerificationError, match=r"capture.json: existing store's model differs.*use a new --out folder"):
         with _writer(store, suite, model={**MODEL, "name": "other"}):
             pass
-    from harness.suite import build_suite
+    from harness.inputs.suite import build_suite
 
     other = build_suite(tiny_corpus, tiny_tokenizer, 32, 6, 3, seed=99, out=tmp_path / "other")
     with pytest.raises(VerificationError, match=r"capture.json: existing store's suite_token_sha256 differs"):

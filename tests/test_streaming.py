@@ -1,4 +1,4 @@
-"""harness/streaming.py: the prefetching reader (order, errors, bounded memory, early close) and
+"""harness/scoring/streaming.py: the prefetching reader (order, errors, bounded memory, early close) and
 streamed shard scoring equal to the whole-shard scorer."""
 
 from __future__ import annotations
@@ -12,12 +12,12 @@ import numpy as np
 import pytest
 import torch
 
-import harness.streaming as streaming
-from harness.identity import runtime_identity
-from harness.scorer import score_hidden
-from harness.store import CaptureStore, StoreWriter
-from harness.streaming import Prefetcher, chunk_indices, score_hidden_streaming
-from harness.suite import Suite
+import harness.scoring.streaming as streaming
+from harness.inputs.identity import runtime_identity
+from harness.scoring.scorer import score_hidden
+from harness.capture.store import CaptureStore, StoreWriter
+from harness.scoring.streaming import Prefetcher, chunk_indices, score_hidden_streaming
+from harness.inputs.suite import Suite
 
 
 def test_prefetcher_yields_in_order_and_stays_bounded() -> None:
@@ -98,7 +98,7 @@ def test_streamed_scores_equal_whole_shard() -> None:
 
 
 def test_shard_positions_streams_large_shards(tiny_suite: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from harness.session import shard_positions
+    from harness.run.shard import shard_positions
 
     suite = Suite.load(tiny_suite)
     stores = []

@@ -1,4 +1,4 @@
-"""Suite building, loading and verification (DESIGN.md sections 2-4)."""
+"""Suite building, loading and verification (docs/design.md, sections 2-4)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from harness.errors import FidelityError, VerificationError
-from harness.hashing import tokens_sha256
-from harness.suite import Suite, build_suite, describe, list_documents, parse_shard_spec
+from harness.io.hashing import tokens_sha256
+from harness.inputs.suite import Suite, build_suite, describe, list_documents, parse_shard_spec
 
 
 def test_build_and_load(tiny_suite: Path) -> None:
@@ -188,7 +188,7 @@ def test_geometry_properties(tmp_path_factory: pytest.TempPathFactory, tiny_toke
 
 def test_token_id_at_or_above_vocab_refused(tmp_path: Path, tiny_suite: Path) -> None:
     """Even with every hash recomputed, an id >= vocab_size is refused."""
-    from harness.suite import _manifest_sha256
+    from harness.inputs.suite import manifest_sha256
 
     d = _copy(tiny_suite, tmp_path / "s")
     arr = np.load(d / "tokens.npy")
@@ -197,7 +197,7 @@ def test_token_id_at_or_above_vocab_refused(tmp_path: Path, tiny_suite: Path) ->
     doc = json.loads((d / "suite.json").read_text())
     doc["suite_token_sha256"] = tokens_sha256(arr)
     doc["shards"][0]["sha256"] = tokens_sha256(arr[doc["shards"][0]["start"] : doc["shards"][0]["stop"]])
-    doc["manifest_sha256"] = _manifest_sha256(doc)
+    doc["manifest_sha256"] = manifest_sha256(doc)
     (d / "suite.json").write_text(json.dumps(doc))
     with pytest.raises(VerificationError, match=r"tokens.npy: token id below vocab_size: expected < 300, found 300"):
         Suite.load(d)

@@ -1,8 +1,8 @@
-"""Tamper campaign (DESIGN.md section 4): a valid fixture, ONE thing broken, and the harness refuses.
+"""Tamper campaign (docs/design.md, section 4): a valid fixture, ONE thing broken, and the harness refuses.
 
 Every case copies a valid base (suite, reference store, candidate store, shared head, built once
 per module from the tiny project), breaks one thing, runs ``fidelity replay`` in-process
-(``harness.cli.main``) or the consuming library call, and asserts
+(``harness.cli.main.main``) or the consuming library call, and asserts
 
 * refusal (a non-zero exit code, or a ``FidelityError``),
 * an error text naming the file and the cause (``<file>: <what>: expected X, found Y``),
@@ -28,9 +28,9 @@ import pytest
 import torch
 from safetensors.torch import save
 
-from harness.cli import main
+from harness.cli.main import main
 from harness.errors import FidelityError, VerificationError
-from harness.hashing import sha256_file, tokens_sha256
+from harness.io.hashing import sha256_file, tokens_sha256
 
 N_BOOT = "200"
 
@@ -126,8 +126,8 @@ def flip_byte(path: Path, offset: int = -3) -> None:
 
 def reseal_suite(suite_dir: Path, tokens: np.ndarray | None = None, edit: Callable[[dict[str, Any]], None] | None = None) -> None:
     """Rewrite a suite consistently (every hash recomputed) after changing tokens or fields."""
-    from harness.atomic import dumps_json
-    from harness.hashing import sha256_bytes
+    from harness.io.atomic import dumps_json
+    from harness.io.hashing import sha256_bytes
 
     doc = json.loads((suite_dir / "suite.json").read_text())
     if tokens is not None:
@@ -530,7 +530,7 @@ def reports(base: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, P
 
 
 def _load(p: Path) -> Any:
-    from harness.report import ShardReport
+    from harness.reports.shard import ShardReport
 
     return ShardReport.load(p)
 
@@ -558,7 +558,7 @@ def test_report_file_refused(tmp_path: Path, reports: dict[str, Path], name: str
 
 def test_report_payload_with_nan_refused_by_consumer(tmp_path: Path, reports: dict[str, Path]) -> None:
     """The plugin's controller (LadderCollector) takes worker payloads as dicts: NaN is refused, nothing written."""
-    from harness.ladder import LadderCollector
+    from harness.plugin.ladder import LadderCollector
 
     doc = _doc(reports["s0"])
     doc["metrics"]["kld"]["p99"] = float("nan")
@@ -573,7 +573,7 @@ def _reports(reports: dict[str, Path], *keys: str) -> list[Any]:
 
 
 def test_aggregate_accepts_valid(reports: dict[str, Path]) -> None:
-    from harness.aggregate import aggregate
+    from harness.reports.aggregate import aggregate
 
     agg = aggregate(_reports(reports, "s0", "s1"))
     assert agg["n_contexts"] == 4 and agg["score_from"] == 0
@@ -603,7 +603,7 @@ AGGREGATE_CASES = [
 
 @pytest.mark.parametrize("name,keys,edit,pattern", AGGREGATE_CASES, ids=[c[0] for c in AGGREGATE_CASES])
 def test_aggregate_refuses(reports: dict[str, Path], name: str, keys: tuple[str, ...], edit: Any, pattern: str) -> None:
-    from harness.aggregate import aggregate
+    from harness.reports.aggregate import aggregate
 
     rs = _reports(reports, *keys)
     if callable(edit):

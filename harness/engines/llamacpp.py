@@ -32,8 +32,8 @@ from harness.errors import FidelityError
 if TYPE_CHECKING:
     import numpy as np
 
-    from harness.store import CaptureStore
-    from harness.suite import Suite
+    from harness.capture.store import CaptureStore
+    from harness.inputs.suite import Suite
 
 ENGINE_NAME = "llamacpp"
 INSTALL_HINT = 'CMAKE_ARGS="-DGGML_NATIVE=OFF" pip install llama-cpp-python==0.3.36'
@@ -69,7 +69,7 @@ def check_gguf(path: str | Path) -> Path:
 
 def gguf_identity(path: str | Path) -> dict[str, Any]:
     """Identity of a GGUF file by content."""
-    from harness.hashing import sha256_file
+    from harness.io.hashing import sha256_file
 
     p = check_gguf(path)
     return {"name": p.name, "format": "gguf", "sha256": sha256_file(p), "bytes": p.stat().st_size}
@@ -175,9 +175,9 @@ def capture(
     Resumable like the transformers capture."""
     from tqdm import tqdm
 
-    from harness.identity import runtime_identity
-    from harness.store import CaptureStore, StoreWriter
-    from harness.suite import Suite as SuiteCls
+    from harness.inputs.identity import runtime_identity
+    from harness.capture.store import CaptureStore, StoreWriter
+    from harness.inputs.suite import Suite as SuiteCls
 
     if not isinstance(suite, SuiteCls):
         suite = SuiteCls.load(suite)

@@ -32,7 +32,7 @@ import torch
 from safetensors import safe_open
 
 from harness.errors import VerificationError
-from harness.hashing import sha256_file
+from harness.io.hashing import sha256_file
 
 QUANT_FILE = "quantization.json"
 WEIGHTS_FILE = "model.safetensors"

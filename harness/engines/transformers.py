@@ -13,14 +13,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from harness.errors import FidelityError
-from harness.identity import QUANTIZATION_JSON, model_identity, quantized_module, runtime_identity
+from harness.inputs.identity import QUANTIZATION_JSON, model_identity, quantized_module, runtime_identity
 
 if TYPE_CHECKING:
     import numpy as np
     import torch
 
-    from harness.store import CaptureStore
-    from harness.suite import Suite
+    from harness.capture.store import CaptureStore
+    from harness.inputs.suite import Suite
 
 ENGINE_NAME = "transformers"
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
@@ -154,13 +154,13 @@ def capture(
     """Capture ``suite`` contexts (all, or the given shards) of a model into the store at ``out``.
 
     Resumable: contexts already in the store whose files verify are skipped. Concurrent runs into
-    one store are safe (see ``harness.store.StoreWriter``). Returns the opened store.
+    one store are safe (see ``harness.capture.store.StoreWriter``). Returns the opened store.
     """
     import torch
     from tqdm import tqdm
 
-    from harness.store import CaptureStore, StoreWriter
-    from harness.suite import Suite as SuiteCls
+    from harness.capture.store import CaptureStore, StoreWriter
+    from harness.inputs.suite import Suite as SuiteCls
 
     if not isinstance(suite, SuiteCls):
         suite = SuiteCls.load(suite)

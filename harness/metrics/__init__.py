@@ -1,4 +1,4 @@
-"""Statistics over per-position scores (DESIGN.md section 2): one concept per module.
+"""Statistics over per-position scores (docs/design.md, section 2): one concept per module.
 
 * :mod:`~harness.metrics.positions` — context labels, the scoring window, cluster ids
 * :mod:`~harness.metrics.histogram` — the fixed log-spaced KLD histogram and exceedance counts

@@ -1,4 +1,4 @@
-"""Source-cluster bootstrap (DESIGN.md section 2).
+"""Source-cluster bootstrap (docs/design.md, section 2).
 
 The unit of statistical independence is the *source cluster* (the document or conversation a
 context was cut from). A replicate resamples the C clusters with replacement and keeps every

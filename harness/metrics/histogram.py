@@ -1,4 +1,4 @@
-"""Fixed log-spaced KLD histogram (DESIGN.md section 2).
+"""Fixed log-spaced KLD histogram (docs/design.md, section 2).
 
 Edges are fixed by the protocol, not by the data, so the counts of two shards add exactly
 (percentiles do not). Bins: ``[1e-12, 1e2)`` nats, 40 per decade (560 bins), plus an explicit

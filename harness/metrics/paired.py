@@ -1,4 +1,4 @@
-"""Paired comparison of two candidates on the same positions (DESIGN.md section 2).
+"""Paired comparison of two candidates on the same positions (docs/design.md, section 2).
 
 Differences are ``a - b`` (for KLD, p99 and CVaR1 negative means *a* is closer to the reference;
 for top-1 and EAR positive means *a* is closer). Each interval applies the *same* cluster draws to
@@ -30,7 +30,7 @@ from harness.metrics.bootstrap import (
 )
 from harness.metrics.positions import ContextLabel, layout
 from harness.metrics.tails import cvar, quantile
-from harness.scorer import PositionScores
+from harness.scoring.scores import PositionScores
 
 
 def paired(

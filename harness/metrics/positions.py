@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from harness.scorer import PositionScores
+from harness.scoring.scores import PositionScores
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""Per-report statistics (DESIGN.md section 2): ``summarize`` turns per-position scores into a JSON-ready dict.
+"""Per-report statistics (docs/design.md, section 2): ``summarize`` turns per-position scores into a JSON-ready dict.
 
 Field meanings (all KLD values in nats; "positions" are the scored positions after the window):
 
@@ -46,7 +46,7 @@ from harness.metrics.bootstrap import (
 from harness.metrics.histogram import LogHistogram, exceedance_counts
 from harness.metrics.positions import ContextLabel, Layout, layout
 from harness.metrics.tails import cvar, quantile
-from harness.scorer import PositionScores
+from harness.scoring.scores import PositionScores
 
 N_WORST = 20
 DELTA_P_PERCENTILES = (1, 5, 10, 25, 50, 75, 90, 95, 99)

@@ -1,0 +1,438 @@
+"""The capture store (docs/design.md, sections 3-4): one safetensors file per context plus a manifest.
+
+Layout of a store folder::
+
+    capture.json              manifest, schema "fidelity.capture/1"
+    ctx-000000.safetensors    one tensor per context, named after the store's kind
+    ctx-000001.safetensors
+    .lock                     flock(2) lock file used by writers
+
+``capture.json`` fields:
+
+schema: ``"fidelity.capture/1"``.
+kind: ``"hidden_states"`` (post-final-norm hidden states, bf16, ``[n_ctx-1, hidden_size]``) or
+    ``"logits"`` (``[n_ctx-1, vocab_size]``, float32 or bf16) for engines that expose only logits.
+suite_token_sha256, n_ctx: the suite the contexts come from.
+hidden_size / vocab_size: the row width (``hidden_size`` for hidden states, ``vocab_size`` for logits).
+dtype: ``"bfloat16"`` or ``"float32"``.
+model: ``harness.inputs.identity.model_identity`` of the captured model (identity by content).
+engine: ``{"name", "version"}`` of the engine that ran it.
+runtime: ``harness.inputs.identity.runtime_identity()``.
+device: the device it ran on, e.g. ``"cpu"`` or ``"cuda:0"``.
+files: ``{file name: {"index", "sha256"}}``; the name must be ``ctx-{index:06d}.safetensors``.
+
+Fail-closed rules on opening: manifest missing or not JSON; wrong schema or kind; suite hash or
+n_ctx mismatch; a file name that is not a plain ``ctx-NNNNNN.safetensors`` name inside the folder
+(``..``, ``/``, absolute paths, symlinks resolving outside); duplicate or out-of-range index; a
+listed file missing; an unlisted ``ctx-*.safetensors`` present. On loading a context: sha256
+mismatch, truncated/corrupt safetensors, wrong tensor name, dtype or shape, NaN/Inf. Each raises
+``VerificationError`` naming the file, the expected and the found value.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import re
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from harness.io.atomic import atomic_write_bytes, atomic_write_json
+from harness.errors import FidelityError, VerificationError
+from harness.io.hashing import sha256_bytes, sha256_file
+
+if TYPE_CHECKING:
+    import torch
+
+    from harness.inputs.suite import Suite
+
+SCHEMA = "fidelity.capture/1"
+MANIFEST = "capture.json"
+LOCK = ".lock"
+KINDS = ("hidden_states", "logits")
+DTYPES = {"hidden_states": ("bfloat16",), "logits": ("float32", "bfloat16")}
+_NAME_RE = re.compile(r"^ctx-(\d{6,})\.safetensors$", re.ASCII)
+
+
+def context_filename(index: int) -> str:
+    """File name of context ``index``: ``ctx-{index:06d}.safetensors``."""
+    return f"ctx-{index:06d}.safetensors"
+
+
+def width_field(kind: str) -> str:
+    """Manifest field holding the row width: ``hidden_size`` or ``vocab_size``."""
+    return "hidden_size" if kind == "hidden_states" else "vocab_size"
+
+
+def _torch_dtype(name: str) -> torch.dtype:
+    import torch
+
+    return {"bfloat16": torch.bfloat16, "float32": torch.float32}[name]
+
+
+def _check_tensor(path: Path, tensors: dict[str, torch.Tensor], kind: str, dtype: str, shape: tuple[int, int]) -> torch.Tensor:
+    import torch
+
+    if sorted(tensors) != [kind]:
+        raise VerificationError(path, "tensor names", [kind], sorted(tensors))
+    t = tensors[kind]
+    if t.dtype != _torch_dtype(dtype):
+        raise VerificationError(path, f"{kind} dtype", f"torch.{dtype}", t.dtype)
+    if tuple(t.shape) != shape:
+        raise VerificationError(path, f"{kind} shape", list(shape), list(t.shape))
+    finite = torch.isfinite(t)
+    if not bool(finite.all()):
+        raise VerificationError(path, f"{kind} values", "all finite", f"{int((~finite).sum())} NaN/Inf")
+    return t
+
+
+def _read_manifest(path: Path) -> dict[str, Any]:
+    mf = path / MANIFEST
+    if not mf.is_file():
+        raise VerificationError(mf, "capture manifest missing", hint="capture with `fidelity capture`")
+    try:
+        doc = json.loads(mf.read_text("utf-8"), object_pairs_hook=_unique_keys(mf), parse_constant=_no_constant(mf))
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
+        raise VerificationError(mf, f"not valid JSON ({type(e).__name__}: {e})") from None
+    if not isinstance(doc, dict):
+        raise VerificationError(mf, "top level", "a JSON object", type(doc).__name__)
+    if doc.get("schema") != SCHEMA:
+        raise VerificationError(mf, "schema", SCHEMA, doc.get("schema"))
+    if doc.get("kind") not in KINDS:
+        raise VerificationError(mf, "kind", " or ".join(KINDS), doc.get("kind"))
+    if doc.get("dtype") not in DTYPES[doc["kind"]]:
+        raise VerificationError(mf, f"dtype of a {doc['kind']} store", " or ".join(DTYPES[doc["kind"]]), doc.get("dtype"))
+    if not isinstance(doc.get("files"), dict):
+        raise VerificationError(mf, "files", "an object {name: {index, sha256}}", type(doc.get("files")).__name__)
+    return doc
+
+
+def _unique_keys(path: Path) -> Any:
+    """``json.loads`` hook: a key given twice (e.g. one context file listed twice) is refused, not collapsed."""
+
+    def hook(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for k, v in pairs:
+            if k in out:
+                raise VerificationError(path, f"JSON key {k!r}", "each key once", "listed twice")
+            out[k] = v
+        return out
+
+    return hook
+
+
+def _no_constant(path: Path) -> Any:
+    def reject(name: str) -> Any:
+        raise VerificationError(path, "number", "finite JSON numbers", name)
+
+    return reject
+
+
+def _check_embedded(path: Path, data: bytes, index: int, suite_sha: str) -> None:
+    """The identity a context file carries in its safetensors metadata must match the manifest:
+    a file renamed or copied from another index or suite is refused even when its sha256 is listed."""
+    try:
+        n = int.from_bytes(data[:8], "little")
+        meta = json.loads(data[8 : 8 + n]).get("__metadata__") or {}
+        embedded = json.loads(meta["fidelity"])
+        found = (embedded.get("index"), embedded.get("suite_token_sha256"))
+    except (ValueError, KeyError, TypeError, AttributeError):
+        found = None
+    if found != (index, suite_sha):
+        raise VerificationError(path, "embedded identity (metadata 'fidelity': index, suite_token_sha256)", (index, suite_sha), found,
+                                "the file belongs to another context or suite")
+
+
+def _check_name(root: Path, name: str, entry: Any, mf: Path) -> int:
+    """Validate one manifest entry's name and index; return the index."""
+    if os.path.isabs(name) or "/" in name or "\\" in name or ".." in name:
+        raise VerificationError(mf, f"file name {name!r} leaves the store folder", "a plain ctx-NNNNNN.safetensors name", name)
+    m = _NAME_RE.match(name)
+    if not m:
+        raise VerificationError(mf, "file name", "ctx-NNNNNN.safetensors", name)
+    if not isinstance(entry, dict) or type(entry.get("index")) is not int or not isinstance(entry.get("sha256"), str):
+        raise VerificationError(mf, f"files[{name!r}]", "{index: int, sha256: str}", entry)
+    if int(m.group(1)) != entry["index"]:
+        raise VerificationError(mf, f"files[{name!r}].index", int(m.group(1)), entry["index"])
+    p = root / name
+    if p.is_symlink():
+        target = p.resolve()
+        if not target.is_relative_to(root.resolve()):
+            raise VerificationError(p, "symlink leaves the store folder", f"a file inside {root}", str(target))
+    return int(entry["index"])
+
+
+@dataclass
+class CaptureStore:
+    """An opened capture store. Use ``CaptureStore.open``; then ``load(index)`` / ``load_rows``.
+
+    Every context is content-verified (sha256, tensor name, dtype, shape, finite values) the first
+    time it is loaded; later loads memory-map the file and re-check only the tensor.
+    """
+
+    root: Path
+    suite: Suite
+    manifest: dict[str, Any]
+    files: dict[int, str]
+    hashes: dict[int, str]
+    verify: bool = True
+    _verified: set[int] = field(default_factory=set, repr=False)
+
+    @property
+    def kind(self) -> str:
+        return str(self.manifest["kind"])
+
+    @property
+    def dtype(self) -> str:
+        return str(self.manifest["dtype"])
+
+    @property
+    def width(self) -> int:
+        """Row width: hidden size for hidden-state stores, vocab size for logits stores."""
+        return int(self.manifest[width_field(self.kind)])
+
+    @property
+    def indices(self) -> list[int]:
+        """Context indices present in the store, sorted."""
+        return sorted(self.files)
+
+    @property
+    def identity(self) -> dict[str, Any]:
+        """The captured model's identity (by content)."""
+        return dict(self.manifest["model"])
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (self.suite.n_ctx - 1, self.width)
+
+    @classmethod
+    def open(cls, path: str | Path, suite: Suite, verify: bool = True) -> CaptureStore:
+        """Open a store for ``suite``; structural checks always, content checks on load if ``verify``."""
+        root = Path(path)
+        mf = root / MANIFEST
+        doc = _read_manifest(root)
+        if doc.get("suite_token_sha256") != suite.suite_token_sha256:
+            raise VerificationError(mf, "suite_token_sha256", suite.suite_token_sha256, doc.get("suite_token_sha256"), hint="this store was captured for another suite")
+        if doc.get("n_ctx") != suite.n_ctx:
+            raise VerificationError(mf, "n_ctx", suite.n_ctx, doc.get("n_ctx"))
+        wf = width_field(doc["kind"])
+        if not isinstance(doc.get(wf), int) or doc[wf] <= 0:
+            raise VerificationError(mf, wf, "a positive integer", doc.get(wf))
+        files: dict[int, str] = {}
+        hashes: dict[int, str] = {}
+        for name, entry in doc["files"].items():
+            idx = _check_name(root, name, entry, mf)
+            if idx in files:
+                raise VerificationError(mf, f"duplicate context index {idx}", files[idx], name)
+            if not 0 <= idx < suite.n_contexts:
+                raise VerificationError(mf, f"context index of {name}", f"0..{suite.n_contexts - 1}", idx)
+            if not (root / name).is_file():
+                raise VerificationError(root / name, "listed context file missing", hint="re-run `fidelity capture` to resume")
+            files[idx] = name
+            hashes[idx] = entry["sha256"]
+        listed = set(doc["files"])
+        extra = sorted(p.name for p in root.glob("ctx-*.safetensors") if p.name not in listed)
+        if extra:
+            raise VerificationError(root / extra[0], "context file not listed in capture.json", "no unlisted ctx files", extra)
+        return cls(root, suite, doc, files, hashes, verify)
+
+    def has(self, index: int) -> bool:
+        return index in self.files
+
+    def _path(self, index: int) -> Path:
+        if index not in self.files:
+            raise VerificationError(self.root / context_filename(index), f"context {index} not in store", hint="capture it with `fidelity capture --shards ...`")
+        return self.root / self.files[index]
+
+    def load(self, index: int) -> torch.Tensor:
+        """The verified tensor of context ``index`` (``[n_ctx-1, width]``)."""
+        from safetensors import SafetensorError, safe_open
+        from safetensors.torch import load as st_load
+
+        path = self._path(index)
+        try:
+            if self.verify and index not in self._verified:
+                data = path.read_bytes()
+                digest = sha256_bytes(data)
+                if digest != self.hashes[index]:
+                    raise VerificationError(path, "sha256", self.hashes[index], digest)
+                tensors = st_load(data)
+            else:
+                with safe_open(str(path), framework="pt") as fh:
+                    tensors = {k: fh.get_tensor(k) for k in fh.keys()}
+        except SafetensorError as e:
+            raise VerificationError(path, f"corrupt or truncated safetensors ({e})") from None
+        t = _check_tensor(path, tensors, self.kind, self.dtype, self.shape)
+        if self.verify and index not in self._verified:
+            _check_embedded(path, data, index, self.suite.suite_token_sha256)
+        self._verified.add(index)
+        return t
+
+    def load_rows(self, indices: Sequence[int]) -> torch.Tensor:
+        """Contexts ``indices`` concatenated along rows: ``[len(indices) * (n_ctx-1), width]``.
+
+        The result is allocated once and each context is copied into its rows as it is read
+        (peak memory: the result plus one context, not twice the result as with a concatenation)."""
+        import torch
+
+        if len(indices) == 0:
+            return torch.cat([], dim=0)  # the same error as before for an empty list
+        first = self.load(indices[0])
+        r = first.shape[0]
+        out = torch.empty((len(indices) * r, *first.shape[1:]), dtype=first.dtype)
+        out[:r] = first
+        del first
+        for k, i in enumerate(indices[1:], 1):
+            out[k * r : (k + 1) * r] = self.load(i)
+        return out
+
+    def missing(self, indices: Sequence[int]) -> list[int]:
+        """Those of ``indices`` not captured yet."""
+        return [i for i in indices if i not in self.files]
+
+    def verify_all(self) -> int:
+        """Content-verify every file now; returns the number verified."""
+        for i in self.indices:
+            self.load(i)
+        return len(self.files)
+
+
+# ----------------------------------------------------------------------------- writing
+
+
+class StoreWriter:
+    """Writes a store, resumably and safely under concurrency.
+
+    * The header (everything but ``files``) is fixed when the store is created; an existing store
+      whose header differs (another model, suite, engine, device, runtime, kind, width or dtype)
+      is refused: captures are never mixed.
+    * Each context file is written to a temporary name and renamed; the manifest is rewritten
+      atomically after every file. Both happen under an exclusive ``flock`` on ``.lock``, and the
+      manifest is re-read under that lock, so two processes capturing into one store merge their
+      work instead of overwriting it. Temporaries left by a killed writer are removed on open.
+    * ``done(index)`` is true when the context is listed and its file's sha256 matches: a re-run
+      after a crash (even ``kill -9``) skips those and recaptures the rest. Unlisted leftovers of
+      an interrupted write are removed when the writer opens.
+
+    Use as a context manager.
+    """
+
+    def __init__(
+        self,
+        path: str | Path,
+        suite: Suite,
+        kind: str,
+        width: int,
+        dtype: str,
+        model: dict[str, Any],
+        engine: dict[str, str],
+        runtime: dict[str, str],
+        device: str,
+    ) -> None:
+        if kind not in KINDS:
+            raise FidelityError(f"unknown store kind {kind!r}: choose one of {', '.join(KINDS)}")
+        if dtype not in DTYPES[kind]:
+            raise FidelityError(f"dtype {dtype!r} not allowed for a {kind} store: choose one of {', '.join(DTYPES[kind])}")
+        self.root = Path(path)
+        self.suite = suite
+        self.kind = kind
+        self.dtype = dtype
+        self.shape = (suite.n_ctx - 1, width)
+        self.header: dict[str, Any] = {
+            "schema": SCHEMA,
+            "kind": kind,
+            "suite_token_sha256": suite.suite_token_sha256,
+            "n_ctx": suite.n_ctx,
+            width_field(kind): width,
+            "dtype": dtype,
+            "model": model,
+            "engine": engine,
+            "runtime": runtime,
+            "device": device,
+        }
+        self._lock_fd: int | None = None
+
+    def __enter__(self) -> StoreWriter:
+        self.root.mkdir(parents=True, exist_ok=True)
+        self._lock_fd = os.open(self.root / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+        with self._locked():
+            mf = self.root / MANIFEST
+            if mf.exists():
+                doc = _read_manifest(self.root)
+                for key, want in self.header.items():
+                    if doc.get(key) != want:
+                        raise VerificationError(
+                            mf, f"existing store's {key} differs", want, doc.get(key),
+                            hint="a store never mixes captures: use a new --out folder",
+                        )
+                listed = set(doc["files"])
+            else:
+                atomic_write_json(mf, {**self.header, "files": {}})
+                listed = set()
+            for p in self.root.glob("ctx-*.safetensors"):
+                if p.name not in listed:
+                    p.unlink()
+            # temporaries of an interrupted atomic write (writes happen under this lock, so none is live)
+            for pattern in (".ctx-*.safetensors.*.tmp", f".{MANIFEST}.*.tmp"):
+                for p in self.root.glob(pattern):
+                    p.unlink()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+    @contextmanager
+    def _locked(self) -> Iterator[None]:
+        assert self._lock_fd is not None, "use StoreWriter as a context manager"
+        fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
+
+    def _manifest(self) -> dict[str, Any]:
+        return json.loads((self.root / MANIFEST).read_text("utf-8"))
+
+    def done(self, index: int) -> bool:
+        """True if context ``index`` is listed and its file's sha256 matches; a listed but missing
+        or corrupt file is dropped from the manifest so it gets recaptured."""
+        name = context_filename(index)
+        with self._locked():
+            doc = self._manifest()
+            entry = doc["files"].get(name)
+            if entry is None:
+                return False
+            p = self.root / name
+            if p.is_file() and not p.is_symlink() and sha256_file(p) == entry.get("sha256"):
+                return True
+            del doc["files"][name]
+            atomic_write_json(self.root / MANIFEST, doc)
+            if p.exists() or p.is_symlink():
+                p.unlink()
+            return False
+
+    def write(self, index: int, tensor: torch.Tensor) -> str:
+        """Verify and store context ``index``; returns the file's sha256."""
+        from safetensors.torch import save
+
+        name = context_filename(index)
+        t = _check_tensor(self.root / name, {self.kind: tensor}, self.kind, self.dtype, self.shape)
+        data = save(
+            {self.kind: t.contiguous()},
+            # one metadata key: safetensors orders metadata keys arbitrarily, and files must be byte-stable
+            metadata={"fidelity": json.dumps({"index": index, "suite_token_sha256": self.suite.suite_token_sha256}, sort_keys=True)},
+        )
+        digest = sha256_bytes(data)
+        with self._locked():
+            atomic_write_bytes(self.root / name, data)
+            doc = self._manifest()
+            doc["files"][name] = {"index": index, "sha256": digest}
+            doc["files"] = dict(sorted(doc["files"].items()))
+            atomic_write_json(self.root / MANIFEST, doc)
+        return digest

@@ -1,0 +1,221 @@
+"""``fidelity suite|capture|export-head|store|replay``: the commands that make and check inputs."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from harness.cli.registry import Builder, SubParsers, device_arg, formatter, nonneg_int, positive_int
+
+# ----------------------------------------------------------------------------- suite
+
+
+def _suite_build(a: argparse.Namespace) -> int:
+    from harness.inputs.suite import build_suite, describe
+
+    s = build_suite(a.corpus, a.tokenizer, a.n_ctx, a.contexts, a.shards, a.seed, a.out, grouping_file=a.grouping, documents=a.documents)
+    print(describe(s))
+    return 0
+
+
+def _suite_verify(a: argparse.Namespace) -> int:
+    from harness.inputs.suite import Suite
+
+    s = Suite.load(a.suite, verify=True)
+    print(f"{s.root}: OK ({s.n_contexts} contexts x {s.n_ctx} tokens, {s.n_shards} shards, suite_token_sha256 {s.suite_token_sha256})")
+    return 0
+
+
+def _suite_show(a: argparse.Namespace) -> int:
+    from harness.inputs.suite import Suite, describe
+
+    print(describe(Suite.load(a.suite, verify=True)))
+    return 0
+
+
+def add_suite(sub: SubParsers) -> None:
+    p = sub.add_parser("suite", help="build, verify or show a suite of fixed token contexts", formatter_class=formatter)
+    ss = p.add_subparsers(dest="suite_cmd", required=True, metavar="{build,verify,show}")
+    b = ss.add_parser(
+        "build",
+        help="cut a suite from a corpus folder",
+        formatter_class=formatter,
+        description=(
+            "Cut n_contexts non-overlapping windows of n_ctx tokens from the text documents under a\n"
+            "corpus folder (the first sub-folder is the stratum), spread across documents and strata\n"
+            "with a seeded RNG, and write suite.json + tokens.npy.\n\n"
+            "example:\n"
+            "  fidelity suite build --corpus corpus/ --tokenizer model/tokenizer.json \\\n"
+            "      --n-ctx 512 --contexts 128 --shards 8 --seed 0 --out suites/s512 \\\n"
+            "      --documents corpus/heldout.txt"
+        ),
+    )
+    b.add_argument("--corpus", required=True, type=Path, help="folder of text documents")
+    b.add_argument("--tokenizer", required=True, type=Path, help="tokenizer.json of the reference model")
+    b.add_argument("--n-ctx", required=True, type=positive_int, dest="n_ctx", help="tokens per context (>= 2)")
+    b.add_argument("--contexts", required=True, type=positive_int, help="number of contexts")
+    b.add_argument("--shards", required=True, type=positive_int, help="number of shards (<= contexts)")
+    b.add_argument("--seed", required=True, type=nonneg_int, help="selection seed")
+    b.add_argument("--out", required=True, type=Path, help="suite folder to write")
+    b.add_argument("--documents", type=Path, help="file listing the relative document paths to use (e.g. a held-out list)")
+    b.add_argument("--grouping", type=Path, help='JSON {"relative/doc/path": "cluster-name"} grouping documents into source clusters')
+    b.set_defaults(func=_suite_build)
+    v = ss.add_parser("verify", help="re-hash a suite; exit 1 on any mismatch", formatter_class=formatter,
+                      description="example:\n  fidelity suite verify suites/s512")
+    v.add_argument("suite", type=Path, help="suite folder")
+    v.set_defaults(func=_suite_verify)
+    s = ss.add_parser("show", help="geometry, strata, clusters and shards of a suite", formatter_class=formatter,
+                      description="example:\n  fidelity suite show suites/s512")
+    s.add_argument("suite", type=Path, help="suite folder")
+    s.set_defaults(func=_suite_show)
+
+
+# ----------------------------------------------------------------------------- capture
+
+
+def _capture(a: argparse.Namespace) -> int:
+    if a.threads:
+        import torch
+
+        torch.set_num_threads(a.threads)
+    from harness.engines.transformers import capture
+    from harness.inputs.suite import Suite
+
+    suite = Suite.load(a.suite)
+    shards = suite.parse_shards(a.shards)
+    if getattr(a, "engine", "transformers") == "llamacpp":
+        from harness.engines.llamacpp import capture as capture_gguf
+
+        store = capture_gguf(a.model, suite, a.out, shards=shards, progress=not a.quiet, threads=a.threads,
+                             kind=a.kind or "logits")
+        print(f"{store.root}: {len(store.indices)}/{suite.n_contexts} contexts captured ({store.kind}, width {store.width})")
+        return 0
+    store = capture(a.model, suite, a.out, shards=shards, device=a.device, dtype=a.dtype, progress=not a.quiet,
+                    kind=a.kind or "hidden_states", trust_remote_code=a.trust_remote_code)
+    print(f"{store.root}: {len(store.indices)}/{suite.n_contexts} contexts captured ({store.kind}, width {store.width})")
+    return 0
+
+
+def add_capture(sub: SubParsers) -> None:
+    p = sub.add_parser(
+        "capture",
+        help="run a transformers model over a suite and store its hidden states (or logits)",
+        formatter_class=formatter,
+        description=(
+            "Capture the post-final-norm hidden states (the LM head's input, bf16) of every context\n"
+            "of the chosen shards into a capture store. Re-running resumes: verified contexts are\n"
+            "skipped. Several processes may capture different shards into one store at once.\n\n"
+            "examples:\n"
+            "  fidelity capture --model models/qwen3-bf16 --suite suites/s512 --out stores/ref\n"
+            "  fidelity capture --model models/q4 --suite suites/s512 --out stores/q4 --shards 0,2-3 --device cuda:1"
+        ),
+    )
+    p.add_argument("--model", required=True, type=Path, help="model folder (config.json + *.safetensors), or a .gguf file with --engine llamacpp")
+    p.add_argument("--suite", required=True, type=Path, help="suite folder")
+    p.add_argument("--out", required=True, type=Path, help="capture store folder (created or resumed)")
+    p.add_argument("--engine", default="transformers", choices=["transformers", "llamacpp"],
+                   help="transformers (default) or llamacpp (a GGUF via llama-cpp-python; default kind logits)")
+    p.add_argument("--shards", default=None, help="shards to capture, e.g. 0,2-3 (default: all)")
+    p.add_argument("--device", default="cpu", type=device_arg, help="cpu, cuda or cuda:N (default cpu)")
+    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"], help="compute dtype (default bfloat16)")
+    p.add_argument("--kind", default=None, choices=["hidden_states", "logits"], help="what to store (default hidden_states; llamacpp: logits)")
+    p.add_argument("--trust-remote-code", action="store_true", dest="trust_remote_code", help="allow the model's own Python code")
+    p.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=_capture)
+
+
+# ----------------------------------------------------------------------------- head
+
+
+def _export_head(a: argparse.Namespace) -> int:
+    from harness.inputs.head import export_head, sidecar_path
+
+    h = export_head(a.model, a.out)
+    print(f"{h.path}: weight [{h.vocab_size}, {h.hidden_size}] bfloat16 sha256 {h.sha256} (sidecar {sidecar_path(h.path).name})")
+    return 0
+
+
+def add_export_head(sub: SubParsers) -> None:
+    p = sub.add_parser(
+        "export-head",
+        help="export the shared BF16 LM head of a model",
+        formatter_class=formatter,
+        description="Write lm_head.safetensors (tensor 'weight' [vocab, hidden] bf16) and lm_head.json.\n\n"
+        "example:\n  fidelity export-head --model models/qwen3-bf16 --out heads/lm_head.safetensors",
+    )
+    p.add_argument("--model", required=True, type=Path, help="model folder")
+    p.add_argument("--out", required=True, type=Path, help="output .safetensors path")
+    p.set_defaults(func=_export_head)
+
+
+# ----------------------------------------------------------------------------- store
+
+
+def _store_verify(a: argparse.Namespace) -> int:
+    from harness.capture.store import CaptureStore
+    from harness.inputs.suite import Suite
+
+    suite = Suite.load(a.suite)
+    store = CaptureStore.open(a.store, suite)
+    n = store.verify_all()
+    missing = suite.n_contexts - n
+    print(f"{store.root}: OK ({n} contexts verified, {missing} not captured, kind {store.kind}, model {store.identity.get('name')})")
+    return 0
+
+
+def add_store(sub: SubParsers) -> None:
+    p = sub.add_parser("store", help="inspect capture stores", formatter_class=formatter)
+    ss = p.add_subparsers(dest="store_cmd", required=True, metavar="{verify}")
+    v = ss.add_parser("verify", help="verify every file of a capture store; exit 1 on any problem", formatter_class=formatter,
+                      description="example:\n  fidelity store verify stores/ref --suite suites/s512")
+    v.add_argument("store", type=Path, help="capture store folder")
+    v.add_argument("--suite", required=True, type=Path, help="suite folder the store was captured for")
+    v.set_defaults(func=_store_verify)
+
+
+# ----------------------------------------------------------------------------- replay
+
+
+def _replay(a: argparse.Namespace) -> int:
+    from harness.run.replay import replay
+
+    paths = replay(a.suite, a.reference, a.candidate, a.head, a.out, cand_head_path=a.candidate_head, shards=a.shards,
+                   score_from=a.window, n_boot=a.n_boot, device=a.device, candidate_name=a.name, reference_name=a.reference_name)
+    for p in paths:
+        print(f"{p}: written (+ {p.with_suffix('.md').name})")
+    return 0
+
+
+def add_replay(sub: SubParsers) -> None:
+    p = sub.add_parser(
+        "replay",
+        help="score stored captures, shard by shard, like one pytest case (verifies everything first)",
+        formatter_class=formatter,
+        description=(
+            "Verify the suite, both stores (every file), the head(s) and the shard list, then score\n"
+            "each selected shard and write its report. With one shard and --out X.json: X.json + X.md;\n"
+            "otherwise --out is a folder of shard-NN.json + shard-NN.md. Any refusal exits non-zero\n"
+            "and writes nothing.\n\n"
+            "example:\n"
+            "  fidelity replay --suite suites/s512 --reference stores/ref --candidate stores/q4 \\\n"
+            "      --head heads/lm_head.safetensors --shards 0 --out reports/q4-shard00.json"
+        ),
+    )
+    p.add_argument("--suite", required=True, type=Path, help="suite folder")
+    p.add_argument("--reference", required=True, type=Path, help="reference capture store")
+    p.add_argument("--candidate", required=True, type=Path, help="candidate capture store")
+    p.add_argument("--head", required=True, type=Path, help="shared lm_head.safetensors")
+    p.add_argument("--candidate-head", type=Path, default=None, dest="candidate_head", help="the candidate's own head (head attribution)")
+    p.add_argument("--shards", default=None, help="shards to score, e.g. 0,2-3 (default: all)")
+    p.add_argument("--window", type=nonneg_int, default=0, help="score_from: drop the first N rows of every context")
+    p.add_argument("--n-boot", type=positive_int, default=10_000, dest="n_boot", help="bootstrap replicates (default 10000)")
+    p.add_argument("--device", default="cpu", type=device_arg, help="cpu, cuda or cuda:N (default cpu)")
+    p.add_argument("--name", default=None, help="candidate name in the report (default: the store folder's name)")
+    p.add_argument("--reference-name", default="reference", dest="reference_name", help="reference name (default 'reference')")
+    p.add_argument("--out", required=True, type=Path, help="report .json (one shard) or folder")
+    p.set_defaults(func=_replay)
+
+
+#: Parser builders, in help order.
+COMMANDS: tuple[Builder, ...] = (add_suite, add_capture, add_export_head, add_store, add_replay)

@@ -1,0 +1,74 @@
+"""The ``fidelity`` command: the top-level parser and the entry point.
+
+Subcommands live in :mod:`harness.cli.inputs`, :mod:`harness.cli.reports`, :mod:`harness.cli.bench`
+and :mod:`harness.cli.kld`; each lists its parser builders in ``COMMANDS``. Heavy imports (torch,
+transformers) happen inside handlers, so ``fidelity --help`` is instant.
+
+Exit codes: 0 success; 1 a verification failure (``VerificationError``); 2 a usage error or any
+other ``FidelityError`` (and argparse's own usage errors). Expected errors print one line,
+``fidelity: error: <message>``, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from harness.cli import bench, inputs, kld, reports
+from harness.cli.registry import formatter
+from harness.errors import FidelityError, VerificationError
+
+
+# ----------------------------------------------------------------------------- main
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The top-level parser with every registered subcommand."""
+    from harness import __version__
+
+    parser = argparse.ArgumentParser(
+        prog="fidelity",
+        formatter_class=formatter,
+        description=(
+            "Exact full-vocabulary KL divergence of quantized LLMs against their BF16 original.\n\n"
+            "typical flow:\n"
+            "  fidelity suite build --corpus corpus/ --tokenizer ref/tokenizer.json --n-ctx 512 \\\n"
+            "      --contexts 128 --shards 8 --seed 0 --out suite/\n"
+            "  fidelity export-head --model ref/ --out lm_head.safetensors\n"
+            "  fidelity capture --model ref/ --suite suite/ --out stores/ref\n"
+            "  fidelity store verify stores/ref --suite suite/"
+        ),
+    )
+    parser.add_argument("--version", action="version", version=f"fidelity {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for module in (inputs, reports, bench, kld):
+        for add in module.COMMANDS:
+            add(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``fidelity`` console script; returns the exit code."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args))
+    except VerificationError as e:
+        print(f"fidelity: error: {e}", file=sys.stderr)
+        return 1
+    except FidelityError as e:
+        print(f"fidelity: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("fidelity: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # e.g. `fidelity suite show S | head`
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

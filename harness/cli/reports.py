@@ -1,0 +1,180 @@
+"""Report subcommands of the ``fidelity`` command: ``aggregate``, ``paired``, ``publish``, ``verify``.
+
+Registered through :func:`harness.cli.main.command`; heavy imports happen inside the handlers.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from harness.cli.registry import Builder, SubParsers, formatter, nonneg_int, positive_int
+from harness.errors import FidelityError, VerificationError
+
+
+# ----------------------------------------------------------------------------- aggregate
+def _aggregate(a: argparse.Namespace) -> int:
+    from harness.reports.aggregate import format_ladder, ladder_rows
+    from harness.reports.publish import aggregate_groups, load_reports, write_aggregates
+
+    suite = None
+    n_shards = a.complete
+    if a.suite is not None:
+        from harness.inputs.suite import Suite
+
+        suite = Suite.load(a.suite, verify=True)
+        n_shards = suite.n_shards
+    groups = load_reports(a.reports)
+    aggs = aggregate_groups(groups, n_shards=n_shards, suite=suite)
+    write_aggregates(a.out, groups, aggs)
+    for line in format_ladder(ladder_rows([r for g in groups.values() for r in g])):
+        print(line)
+    print(f"{a.out}: {len(aggs)} candidate aggregate(s), ladder.md, ladder.json")
+    return 0
+
+
+def add_aggregate(sub: SubParsers) -> None:
+    p = sub.add_parser(
+        "aggregate", help="combine shard reports (per candidate, fail closed) into aggregates and a ladder",
+        formatter_class=formatter,
+        description=(
+            "Group the shard reports by candidate and aggregate each group. Refuses reports that\n"
+            "differ in any comparability field (suite, window, reference, candidate, head, engine,\n"
+            "scorer, schema), overlapping shards or contexts, rows that disagree with their summary,\n"
+            "different histogram specs, and (with --complete/--suite) missing shards.\n\n"
+            "examples:\n"
+            "  fidelity aggregate machineA/ machineB/ --suite suites/s512 --out aggregate/\n"
+            "  fidelity aggregate reports/int4/shard-00.json reports/int4/shard-01.json --out agg/"
+        ),
+    )
+    p.add_argument("reports", nargs="+", type=Path, help="shard report files or folders (searched for shard-*.json)")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--complete", type=positive_int, metavar="N", help="require all N shards of every candidate")
+    g.add_argument("--suite", type=Path, help="require every shard of this suite (and its suite hash)")
+    p.add_argument("--out", required=True, type=Path, help="folder for <candidate>/aggregate.json and ladder.md/json")
+    p.set_defaults(func=_aggregate)
+
+
+# ----------------------------------------------------------------------------- paired
+def _paired(a: argparse.Namespace) -> int:
+    from harness.reports.paired import paired_report, write_paired
+    from harness.run.replay import verify_inputs
+    from harness.run.shard import shard_positions
+
+    margin = a.margin
+    if margin is None and a.config is not None:
+        from harness.inputs.config import load_config
+
+        cfg = load_config(a.config)
+        margin = next((p.margin for p in cfg.pairs if (p.a, p.b) == (a.name_a, a.name_b)), None)
+    if margin is None:
+        raise FidelityError("paired: no equivalence margin: pass --margin NATS, or --config with a matching [[pairs]] entry")
+    inputs = {}
+    for side, store in (("a", a.a), ("b", a.b)):
+        inputs[side] = verify_inputs(a.suite, a.reference, store, a.head, shards=a.shards, score_from=a.window)
+    pos = {
+        side: [shard_positions(suite=i.suite, shard=s, reference=i.reference, candidate=i.candidate, head=i.head,
+                               device=a.device) for s in i.shards]
+        for side, i in inputs.items()
+    }
+    rep = paired_report(a.name_a, a.name_b, pos["a"], pos["b"], margin=margin, score_from=a.window, n_boot=a.n_boot)
+    json_path, md_path = write_paired(a.out, rep)
+    lo, hi = rep["kld_mean"]["ci95"]
+    print(f"{a.name_a} vs {a.name_b}: {rep['verdict_named']} (mean KLD difference {rep['kld_mean']['diff']:.4g}, "
+          f"95% [{lo:.4g}, {hi:.4g}], margin ±{margin:g})")
+    print(f"{json_path}\n{md_path}")
+    return 0
+
+
+def add_paired(sub: SubParsers) -> None:
+    p = sub.add_parser(
+        "paired", help="paired comparison of two candidates' capture stores (common random numbers)",
+        formatter_class=formatter,
+        description=(
+            "Score two candidate stores against one reference on the same positions and bootstrap\n"
+            "the differences a - b (mean KLD, p99, CVaR1%%, top-1, EAR) with the same cluster draws.\n"
+            "Verdict on the mean-KLD difference: equivalent (interval inside ±margin), A better,\n"
+            "B better (interval excludes 0) or inconclusive. Writes <out>/paired/<a>-vs-<b>.json/.md.\n\n"
+            "example:\n"
+            "  fidelity paired stores/int4_g32 stores/int4_g32_b --suite suites/s512 --reference stores/ref \\\n"
+            "      --head lm_head.safetensors --margin 0.001 --out reports/"
+        ),
+    )
+    p.add_argument("a", type=Path, help="capture store of candidate A")
+    p.add_argument("b", type=Path, help="capture store of candidate B")
+    p.add_argument("--suite", required=True, type=Path, help="suite folder")
+    p.add_argument("--reference", required=True, type=Path, help="reference capture store")
+    p.add_argument("--head", required=True, type=Path, help="shared lm_head.safetensors")
+    p.add_argument("--out", required=True, type=Path, help="report folder (paired/ is created inside)")
+    p.add_argument("--name-a", dest="name_a", default=None, help="name of A (default: its folder name)")
+    p.add_argument("--name-b", dest="name_b", default=None, help="name of B (default: its folder name)")
+    p.add_argument("--margin", type=float, default=None, help="equivalence margin on mean KLD, nats")
+    p.add_argument("--config", type=Path, default=None, help="fidelity.toml whose [[pairs]] entry gives the margin")
+    p.add_argument("--shards", default=None, help="shards, e.g. 0,2-3 (default: all)")
+    p.add_argument("--window", type=nonneg_int, default=0, help="score_from (default 0)")
+    p.add_argument("--n-boot", dest="n_boot", type=positive_int, default=10_000, help="bootstrap replicates (default 10000)")
+    p.add_argument("--device", default="cpu", help="scoring device (default cpu)")
+
+    def run(a: argparse.Namespace) -> int:
+        a.name_a = a.name_a or a.a.resolve().name
+        a.name_b = a.name_b or a.b.resolve().name
+        return _paired(a)
+
+    p.set_defaults(func=run)
+
+
+# ----------------------------------------------------------------------------- publish / verify
+def _publish(a: argparse.Namespace) -> int:
+    from harness.reports.publish import publish
+
+    cfg = None
+    if a.config is not None:
+        from harness.inputs.config import load_config
+
+        cfg = load_config(a.config)
+    files = publish(a.reports, a.out, config=cfg, n_shards=a.complete)
+    print(f"{a.out}: {len(files)} files, checksums in {a.out / 'checksums.txt'}; check with: fidelity verify {a.out}")
+    return 0
+
+
+def add_publish(sub: SubParsers) -> None:
+    p = sub.add_parser(
+        "publish", help="write the publishable report set (ladder, results, plots, per-candidate pages, checksums)",
+        formatter_class=formatter,
+        description=(
+            "From a report folder (pytest --fidelity-report-dir or fidelity replay output), write:\n"
+            "README.md, ladder.md, results.json, kld-vs-size.json/.png, <candidate>/report.md and\n"
+            "checksums.txt (sha256sum format).\n\n"
+            "example:\n  fidelity publish --reports fidelity-reports --out publish/ --config fidelity.toml"
+        ),
+    )
+    p.add_argument("--reports", required=True, type=Path, help="report folder")
+    p.add_argument("--out", required=True, type=Path, help="output folder (must be new or empty)")
+    p.add_argument("--config", type=Path, default=None, help="fidelity.toml (for the reproduction commands)")
+    p.add_argument("--complete", type=positive_int, metavar="N", default=None, help="require all N shards per candidate")
+    p.set_defaults(func=_publish)
+
+
+def _verify(a: argparse.Namespace) -> int:
+    from harness.reports.publish import verify_set
+
+    problems = verify_set(a.dir)
+    if problems:
+        for line in problems[:-1]:
+            print(f"fidelity: {line}")
+        raise VerificationError(a.dir, "published set", "every file as listed in checksums.txt",
+                                f"{len(problems)} problem(s); last: {problems[-1]}")
+    n = len((a.dir / "checksums.txt").read_text().splitlines())
+    print(f"{a.dir}: OK ({n} files match checksums.txt, no extra files)")
+    return 0
+
+
+def add_verify(sub: SubParsers) -> None:
+    p = sub.add_parser("verify", help="check a published set against its checksums.txt; exit 1 if tampered",
+                       formatter_class=formatter, description="example:\n  fidelity verify publish/")
+    p.add_argument("dir", type=Path, help="published set folder")
+    p.set_defaults(func=_verify)
+
+
+#: Parser builders, in help order.
+COMMANDS: tuple[Builder, ...] = (add_aggregate, add_paired, add_publish, add_verify,)

@@ -1,0 +1,243 @@
+"""Committed threshold baselines: one human-readable JSON file per candidate.
+
+A baseline file ``<baselines>/<candidate>.json`` holds thresholds with their
+direction, for every shard (``"shards": {"00": {...}}``) and/or a ``"default"``
+entry used for shards without their own::
+
+    {
+      "schema": "fidelity.baseline/1",
+      "candidate": "int4_g32",
+      "default": {"max_mean_kld": 0.005},
+      "shards": {"00": {"max_ci_high": 0.0051, "max_mean_kld": 0.0046, "max_p99": 0.031, "min_top1": 0.93}}
+    }
+
+Fields (each optional; a case passes when every present field holds):
+
+* ``max_mean_kld`` — token-mean KLD (nats) must be <= the value;
+* ``max_ci_high`` — upper end of the 95% cluster-bootstrap interval must be <= the value;
+* ``max_p99`` — 99th percentile of per-position KLD must be <= the value;
+* ``min_top1`` — top-1 agreement (fraction) must be >= the value.
+
+Baselines change only on purpose: ``--fidelity-update-baselines`` writes the measured
+values with the margin below. Margin (documented, applied on update):
+``max_*`` = measured x (1 + ``REL_MARGIN``) + ``ABS_MARGIN_KLD``; ``min_top1`` =
+measured - ``TOP1_MARGIN``. The margin absorbs numeric differences between machines
+(BF16 GEMMs on another CPU or a GPU), not real regressions: a candidate whose drift
+grows by more than 10% fails.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable
+
+from harness.io.atomic import dumps_json, atomic_write_text
+from harness.errors import FidelityError
+
+SCHEMA = "fidelity.baseline/1"
+
+#: Relative margin added to measured maxima on update.
+REL_MARGIN = 0.10
+#: Absolute margin (nats) added to measured KLD maxima on update.
+ABS_MARGIN_KLD = 1e-6
+#: Absolute margin subtracted from measured top-1 agreement on update.
+TOP1_MARGIN = 0.005
+
+#: field -> (headline attribute, direction) where direction "max" means value <= limit.
+FIELDS: dict[str, tuple[str, str]] = {
+    "max_mean_kld": ("mean_kld", "max"),
+    "max_ci_high": ("ci_high", "max"),
+    "max_p99": ("p99", "max"),
+    "min_top1": ("top1", "min"),
+}
+
+
+class BaselineError(FidelityError):
+    """A baseline file is malformed: the message names the file and the field."""
+
+
+@dataclass(frozen=True)
+class Headline:
+    """The headline numbers a baseline gates on, for one candidate x shard."""
+
+    mean_kld: float
+    ci_low: float
+    ci_high: float
+    p99: float
+    top1: float
+
+
+@dataclass(frozen=True)
+class Violation:
+    """One failed threshold: field, measured value and limit."""
+
+    field: str
+    value: float
+    limit: float
+
+    def describe(self) -> str:
+        attr, direction = FIELDS[self.field]
+        op = ">" if direction == "max" else "<"
+        return f"{attr} {self.value:.6g} {op} {direction} {self.limit:.6g} ({self.field})"
+
+
+def shard_key(shard: int) -> str:
+    """The key of a shard's entry: two digits, ``"03"``."""
+    return f"{shard:02d}"
+
+
+def _as_float(value: int | float) -> float:
+    try:
+        return float(value)
+    except OverflowError:  # an integer too large for a float
+        return math.inf
+
+
+def _validate_entry(path: Path, where: str, entry: Any) -> dict[str, float]:
+    if not isinstance(entry, dict):
+        raise BaselineError(f"{path}: {where} must be an object of thresholds, found {type(entry).__name__}")
+    out: dict[str, float] = {}
+    for key, value in entry.items():
+        if key not in FIELDS:
+            close = difflib.get_close_matches(key, list(FIELDS), n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else f"; allowed: {', '.join(FIELDS)}"
+            raise BaselineError(f"{path}: unknown field {where}.{key}{hint}")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(_as_float(value)):
+            raise BaselineError(f"{path}: {where}.{key} must be a finite number, found {value!r}")
+        out[key] = float(value)
+    return out
+
+
+@dataclass
+class Baseline:
+    """Thresholds of one candidate: a default entry and per-shard entries."""
+
+    path: Path
+    candidate: str
+    default: dict[str, float]
+    shards: dict[str, dict[str, float]]
+
+    @classmethod
+    def load(cls, path: Path, candidate: str) -> "Baseline":
+        """Read and validate ``path``; refuses unknown fields, wrong schema or candidate."""
+        try:
+            raw = json.loads(path.read_text(encoding="utf-8"), parse_constant=_no_constant(path))
+        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
+            raise BaselineError(f"{path}: not valid JSON: {type(exc).__name__}: {exc}") from None
+        if not isinstance(raw, dict):
+            raise BaselineError(f"{path}: expected a JSON object, found {type(raw).__name__}")
+        allowed = {"schema", "candidate", "default", "shards", "margin"}
+        for key in raw:
+            if key not in allowed:
+                close = difflib.get_close_matches(key, sorted(allowed), n=1)
+                hint = f"; did you mean {close[0]!r}?" if close else ""
+                raise BaselineError(f"{path}: unknown top-level field {key!r}{hint}")
+        if raw.get("schema") != SCHEMA:
+            raise BaselineError(f"{path}: schema: expected {SCHEMA!r}, found {raw.get('schema')!r}")
+        if raw.get("candidate") != candidate:
+            raise BaselineError(f"{path}: candidate: expected {candidate!r}, found {raw.get('candidate')!r}")
+        default = _validate_entry(path, "default", raw.get("default", {}))
+        shards_raw = raw.get("shards", {})
+        if not isinstance(shards_raw, dict):
+            raise BaselineError(f"{path}: shards must be an object keyed by two-digit shard number")
+        shards: dict[str, dict[str, float]] = {}
+        for key, entry in shards_raw.items():
+            if not (isinstance(key, str) and len(key) == 2 and key.isdigit()):
+                raise BaselineError(f"{path}: shard key: expected two digits like '03', found {key!r}")
+            shards[key] = _validate_entry(path, f"shards.{key}", entry)
+        return cls(path=path, candidate=candidate, default=default, shards=shards)
+
+    def thresholds(self, shard: int) -> dict[str, float]:
+        """The thresholds that apply to ``shard``: its own entry over the default."""
+        return {**self.default, **self.shards.get(shard_key(shard), {})}
+
+    def check(self, shard: int, headline: Headline) -> list[Violation]:
+        """Every threshold the headline breaks (empty when it passes)."""
+        out = []
+        for name, limit in sorted(self.thresholds(shard).items()):
+            attr, direction = FIELDS[name]
+            value = float(getattr(headline, attr))
+            bad = value > limit if direction == "max" else value < limit
+            if bad:
+                out.append(Violation(name, value, limit))
+        return out
+
+
+def _no_constant(path: Path) -> Any:
+    def reject(name: str) -> Any:
+        raise BaselineError(f"{path}: {name} is not allowed in a baseline file")
+
+    return reject
+
+
+def baseline_path(directory: Path, candidate: str) -> Path:
+    """Where the baseline of ``candidate`` lives."""
+    return directory / f"{candidate}.json"
+
+
+def thresholds_from(headline: Headline) -> dict[str, float]:
+    """Thresholds written by an update: measured values plus the documented margin."""
+    grow = 1.0 + REL_MARGIN
+    return {
+        "max_mean_kld": float(f"{headline.mean_kld * grow + ABS_MARGIN_KLD:.6g}"),
+        "max_ci_high": float(f"{headline.ci_high * grow + ABS_MARGIN_KLD:.6g}"),
+        "max_p99": float(f"{headline.p99 * grow + ABS_MARGIN_KLD:.6g}"),
+        "min_top1": float(f"{max(0.0, headline.top1 - TOP1_MARGIN):.6g}"),
+    }
+
+
+def write_baseline(directory: Path, candidate: str, measured: dict[int, Headline]) -> Path:
+    """Write (or merge into) the candidate's baseline file with per-shard entries; atomic."""
+    path = baseline_path(directory, candidate)
+    shards: dict[str, dict[str, float]] = {}
+    default: dict[str, float] = {}
+    if path.exists():
+        old = Baseline.load(path, candidate)
+        shards, default = dict(old.shards), dict(old.default)
+    for shard, head in measured.items():
+        shards[shard_key(shard)] = thresholds_from(head)
+    doc = {
+        "schema": SCHEMA,
+        "candidate": candidate,
+        "margin": {"relative": REL_MARGIN, "absolute_kld": ABS_MARGIN_KLD, "top1": TOP1_MARGIN},
+        "default": default,
+        "shards": dict(sorted(shards.items())),
+    }
+    atomic_write_text(path, dumps_json(doc))
+    return path
+
+
+def load_baseline_or_none(directory: Path, candidate: str) -> Baseline | None:
+    """The candidate's baseline, or None when it has none or it does not load (callers that only
+    *consult* a baseline -- tails, adaptive -- leave the refusal to the gate, which names the error)."""
+    path = baseline_path(Path(directory), candidate)
+    if not path.is_file():
+        return None
+    try:
+        return Baseline.load(path, candidate)
+    except BaselineError:
+        return None
+
+
+def unused_baselines(directory: Path, candidates: Iterable[str]) -> list[Path]:
+    """Baseline files whose candidate is not in the configuration."""
+    if not directory.is_dir():
+        return []
+    names = set(candidates)
+    return sorted(p for p in directory.glob("*.json") if p.stem not in names)
+
+
+def headline_of(metrics: dict[str, Any]) -> Headline:
+    """The numbers baselines gate on, taken from a metrics dict."""
+    kld = metrics["kld"]
+    return Headline(
+        mean_kld=float(kld["mean"]),
+        ci_low=float(kld["ci95"][0]),
+        ci_high=float(kld["ci95"][1]),
+        p99=float(kld["p99"]),
+        top1=float(metrics["top1"]["agreement"]),
+    )

@@ -1,0 +1,142 @@
+"""Bridges between the harness's files and llama.cpp's ``.kld`` file.
+
+* :func:`export_kld` — a reference capture (logits store, or hidden states x the shared head,
+  fp32 logits) over a suite -> a ``.kld`` file (one chunk per context, ``n_ctx`` = the suite's),
+  so ``llama-perplexity --kl-divergence --kl-divergence-base ref.kld -m cand.gguf -c n_ctx``
+  scores a GGUF candidate against *our* reference.
+* :func:`import_kld` — a ``.kld`` file -> a suite (one context per chunk) and a logits-mode
+  reference store holding the decoded base log-probs. Only rows ``n_ctx/2 .. n_ctx-2`` exist in
+  the file: the earlier rows are stored as zeros (a uniform distribution) and must be dropped
+  with the window ``score_from = n_ctx/2`` (``--window``); the store's model identity records
+  ``scored_from_row``.
+* :func:`llamacpp_block` — the llama.cpp statistics block from a ``.kld`` file and candidate logits.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from harness.errors import FidelityError, VerificationError
+from harness.llamacpp.kld_file import KldFile, first_scored, read_kld, write_kld
+
+KLD_ENGINE = {"name": "llama.cpp-kld", "version": "1"}
+
+
+def store_logits(store: Any, index: int, head: Any = None, rows: slice | None = None) -> np.ndarray:
+    """float32 logits ``[rows, vocab]`` of context ``index`` of a capture store: a logits store as
+    stored, a hidden-state store through ``head`` (fp32 logits from bf16 operands, like the scorer)."""
+    import torch
+
+    t = store.load(index)
+    if rows is not None:
+        t = t[rows]
+    if store.kind == "logits":
+        return t.to(torch.float32).numpy()
+    if head is None:
+        raise FidelityError(f"{store.root}: a hidden-state store needs the shared head (--head) to give logits")
+    from harness.scoring.scorer import gemm_operand, logits_gemm
+
+    with torch.inference_mode():
+        w = gemm_operand(head.weight, torch.device("cpu"))
+        out = torch.empty(t.shape[0], w.shape[0], dtype=torch.float32)
+        return logits_gemm(t, w, out).numpy().copy()
+
+
+def export_kld(suite: Any, store: Any, out: str | Path, head: Any = None, indices: Sequence[int] | None = None) -> Path:
+    """Write ``store``'s logits over ``suite`` (all contexts, or ``indices``) as a ``.kld`` file."""
+    idx = list(range(suite.n_contexts)) if indices is None else list(indices)
+    missing = store.missing(idx)
+    if missing:
+        raise FidelityError(f"{store.root}: {len(missing)} context(s) not captured (first: {missing[0]})")
+    vocab = store.width if store.kind == "logits" else int(head.weight.shape[0]) if head is not None else None
+    if vocab is None:
+        raise FidelityError(f"{store.root}: a hidden-state store needs the shared head (--head)")
+    first = first_scored(suite.n_ctx)
+    tokens = suite.tokens[idx].astype(np.int64)
+    return write_kld(out, tokens, vocab, lambda i: store_logits(store, idx[i], head, slice(first, None)))
+
+
+def import_kld(path: str | Path, out: str | Path, n_shards: int = 1) -> tuple[Any, Any]:
+    """A ``.kld`` file -> ``out/suite`` and ``out/reference`` (logits store). Returns (suite, store)."""
+    import torch
+
+    from harness.io.hashing import sha256_file
+    from harness.inputs.identity import runtime_identity
+    from harness.capture.store import CaptureStore, StoreWriter
+
+    kf = read_kld(path)
+    out = Path(out)
+    suite = suite_from_tokens(kf.tokens, kf.n_vocab, out / "suite", n_shards=n_shards, source=Path(path).name,
+                              tokenizer_sha256=f"unknown (from {Path(path).name})")
+    ident = {"name": Path(path).name, "format": "llama.cpp .kld", "sha256": sha256_file(path),
+             "scored_from_row": kf.first, "n_vocab": kf.n_vocab}
+    writer = StoreWriter(out / "reference", suite, "logits", kf.n_vocab, "float32", ident, dict(KLD_ENGINE),
+                         runtime_identity(), "cpu")
+    with writer:
+        for i in range(kf.n_chunk):
+            if writer.done(i):
+                continue
+            full = np.zeros((kf.n_ctx - 1, kf.n_vocab), dtype=np.float32)
+            full[kf.first :] = kf.log_probs(i)
+            writer.write(i, torch.from_numpy(full))
+    return suite, CaptureStore.open(out / "reference", suite)
+
+
+def suite_from_tokens(tokens: np.ndarray, vocab: int, out: str | Path, n_shards: int = 1, source: str = "tokens",
+                      tokenizer_sha256: str = "unknown") -> Any:
+    """A suite whose contexts are the rows of ``tokens`` (each its own source cluster, stratum ``kld``)."""
+    import io
+    from dataclasses import asdict
+
+    from harness import PROTOCOL_VERSION
+    from harness.io.atomic import atomic_write_bytes, atomic_write_json
+    from harness.io.hashing import tokens_sha256
+    from harness.inputs.suite import SCHEMA, SUITE_JSON, TOKENS_FILE, ContextInfo, manifest_sha256, load_suite, split_shards
+
+    toks = np.ascontiguousarray(tokens, dtype="<u4")
+    n, n_ctx = toks.shape
+    if not 1 <= n_shards <= n:
+        raise FidelityError(f"n_shards must lie in [1, {n}], found {n_shards}")
+    contexts = [ContextInfo(i, f"{source}#chunk{i}", "kld", source, i * n_ctx) for i in range(n)]
+    shards = split_shards(toks, n_shards)
+    doc: dict[str, Any] = {
+        "schema": SCHEMA, "protocol_version": PROTOCOL_VERSION, "n_ctx": int(n_ctx), "n_contexts": int(n),
+        "n_shards": n_shards, "seed": 0, "tokenizer": {"sha256": tokenizer_sha256, "vocab_size": int(vocab)},
+        "tokens_file": TOKENS_FILE, "tokens_dtype": "<u4", "suite_token_sha256": tokens_sha256(toks),
+        "contexts": [asdict(c) for c in contexts], "shards": [asdict(s) for s in shards],
+    }
+    doc["manifest_sha256"] = manifest_sha256(doc)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    buf = io.BytesIO()
+    np.save(buf, toks, allow_pickle=False)
+    atomic_write_bytes(out / TOKENS_FILE, buf.getvalue())
+    atomic_write_json(out / SUITE_JSON, doc)
+    return load_suite(out, verify=True)
+
+
+def check_tokens(kf: KldFile, suite: Any) -> None:
+    """The ``.kld`` file's chunks must be exactly the suite's contexts."""
+    if (kf.n_chunk, kf.n_ctx) != (suite.n_contexts, suite.n_ctx) or not np.array_equal(kf.tokens, suite.tokens.astype(np.int64)):
+        raise VerificationError(kf.path, "tokens", f"the {suite.n_contexts} x {suite.n_ctx} contexts of {suite.root}",
+                                f"{kf.n_chunk} chunks x {kf.n_ctx} tokens that differ",
+                                "the .kld file was written for other tokens")
+
+
+def llamacpp_positions(kf: KldFile, suite: Any, candidate: Any, head: Any = None, indices: Sequence[int] | None = None) -> Any:
+    """llama.cpp's per-position values of ``candidate`` (capture store) against the ``.kld`` base."""
+    from harness.llamacpp.stats import LlamaPositions, positions_from_kld
+
+    check_tokens(kf, suite)
+    idx = list(range(kf.n_chunk)) if indices is None else list(indices)
+    parts = []
+    for i in idx:
+        x = store_logits(candidate, i, head, slice(kf.first, None))
+        if x.shape[1] != kf.n_vocab:
+            raise VerificationError(candidate.root, "candidate logit width", kf.n_vocab, x.shape[1])
+        parts.append(positions_from_kld(np.asarray(kf.rows[i]), x, kf.targets(i), kf.n_vocab))
+    return LlamaPositions.concat(parts)

@@ -1,0 +1,67 @@
+"""The ladder: per-shard reports collected during a run, their artifacts, and the summary table.
+
+Only the controller process owns a :class:`LadderCollector`; under pytest-xdist the
+workers' reports arrive through the pytest reports and are written here, so a
+parallel run writes exactly what a serial one does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+@dataclass
+class LadderCollector:
+    """Collects shard reports (JSON dicts), writes each as it arrives, summarises at the end."""
+
+    report_dir: Path
+    reports: list[dict[str, Any]] = field(default_factory=list)
+    verdicts: dict[tuple[str, int], bool] = field(default_factory=dict)
+    written_baselines: list[Path] = field(default_factory=list)
+    unused_baselines: list[Path] = field(default_factory=list)
+    ladder_rows: list[dict[str, Any]] = field(default_factory=list)
+
+    def add(self, payload: dict[str, Any], *, passed: bool) -> None:
+        """Record one case's report and write ``<report-dir>/<candidate>/shard-<NN>.json`` and ``.md``."""
+        from harness.reports.shard import ShardReport
+
+        from harness.reports.shard import report_shard
+
+        report = ShardReport.from_json_dict(payload, path="<pytest worker payload>")
+        shard = report_shard(report)
+        report.write(self.report_dir / report.candidate / f"shard-{shard:02d}.json")
+        self.reports.append(payload)
+        self.verdicts[(report.candidate, shard)] = passed
+
+    def finish(self, *, update_baselines: bool, config: Any) -> None:
+        """Write the ladder artifacts; on update, the baseline files; find unused baselines."""
+        from harness.reports.aggregate import ladder_rows, write_ladder
+        from harness.gate.baselines import unused_baselines, write_baseline
+        from harness.reports.shard import ShardReport
+        from harness.gate.baselines import headline_of
+        from harness.reports.shard import report_shard
+
+        reports = [ShardReport.from_json_dict(p, path="<collected>") for p in self.reports]
+        self.ladder_rows = ladder_rows(reports, self.verdicts)
+        write_ladder(self.report_dir, self.ladder_rows)
+        if update_baselines:
+            by_cand: dict[str, dict[int, Any]] = {}
+            for r in reports:
+                by_cand.setdefault(r.candidate, {})[report_shard(r)] = headline_of(r.metrics)
+            for name, measured in sorted(by_cand.items()):
+                self.written_baselines.append(write_baseline(config.baselines, name, measured))
+        self.unused_baselines = unused_baselines(config.baselines, [c.name for c in config.candidates])
+
+    def summary_lines(self) -> list[str]:
+        """The ladder as terminal lines, sorted by mean KLD, plus baseline notes."""
+        from harness.reports.aggregate import format_ladder
+
+        lines = format_ladder(self.ladder_rows)
+        lines.append(f"reports: {self.report_dir}/")
+        for p in self.written_baselines:
+            lines.append(f"baseline written: {p}")
+        for p in self.unused_baselines:
+            lines.append(f"unused baseline (no such candidate in the config): {p}")
+        return lines

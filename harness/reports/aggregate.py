@@ -1,0 +1,260 @@
+"""Aggregation of one candidate's shard reports into a ladder entry (fail closed).
+
+Rules (docs/design.md, section 4), each a :class:`~harness.errors.VerificationError` naming the report:
+
+* all reports are of one candidate and agree on every comparability field except the shard
+  (schema, protocol, harness version, suite hash, window, reference, candidate, heads, engine, scorer);
+* no shard appears twice and no context appears in two reports (overlap);
+* when a complete set is asked for, every shard of the suite is present (missing shards named);
+* every report's per-context rows agree with its own summary (positions, KLD sum, top-1 count);
+* histogram specs are identical (counts only add when the edges are the same).
+
+What is combined, and how:
+
+* position-weighted means (KLD, top-1, EAR, JSD, NLL) are exact sums over all positions;
+* the 95% interval is the source-cluster bootstrap over the union of the per-context rows
+  (clusters merged by name across shards; same seed and replicate count as the shards);
+* tail quantiles (p50 ... p99.99) come from the summed fixed-edge histograms and are therefore
+  *bin-bounded*: ``[lo, hi]`` brackets that must contain the exact quantile;
+* exceedance counts add exactly, the max is the max.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from harness.io.atomic import atomic_write_json, atomic_write_text
+from harness.errors import VerificationError
+
+SCHEMA = "fidelity.aggregate/1"
+QUANTILES = (0.5, 0.9, 0.99, 0.999, 0.9999)
+_REL_TOL = 1e-9
+
+
+def _name(report: Any) -> str:
+    return str(getattr(report, "source", None) or f"{report.candidate} shard {_shard(report):02d}")
+
+
+def _shard(report: Any) -> int:
+    return int(report.comparability["shard"]["index"])
+
+
+def _first_difference(a: dict[str, Any], b: dict[str, Any], prefix: str = "") -> tuple[str, Any, Any] | None:
+    for key in sorted(set(a) | set(b)):
+        va, vb = a.get(key), b.get(key)
+        if isinstance(va, dict) and isinstance(vb, dict):
+            d = _first_difference(va, vb, f"{prefix}{key}.")
+            if d:
+                return d
+        elif va != vb:
+            return (f"{prefix}{key}", va, vb)
+    return None
+
+
+def check_comparable(reports: Sequence[Any]) -> None:
+    """Refuse reports that may not be combined (see the module docstring)."""
+    if not reports:
+        raise VerificationError("<aggregate>", "reports", "at least one shard report", "none")
+    from harness.reports.shard import check_finite
+
+    for r in reports:
+        check_finite(r.to_json_dict(), _name(r))
+    first = reports[0]
+    base = {k: v for k, v in first.comparability.items() if k != "shard"}
+    for r in reports[1:]:
+        if r.schema != first.schema:
+            raise VerificationError(_name(r), "schema", first.schema, r.schema, f"differs from {_name(first)}")
+        if r.candidate != first.candidate:
+            raise VerificationError(_name(r), "candidate", first.candidate, r.candidate, "one candidate per aggregate")
+        other = {k: v for k, v in r.comparability.items() if k != "shard"}
+        diff = _first_difference(base, other)
+        if diff:
+            key, va, vb = diff
+            raise VerificationError(_name(r), f"comparability.{key}", va, vb, f"differs from {_name(first)}; reports that differ may not be combined")
+        if r.metrics["histogram"]["spec"] != first.metrics["histogram"]["spec"]:
+            raise VerificationError(_name(r), "histogram spec", first.metrics["histogram"]["spec"], r.metrics["histogram"]["spec"])
+    seen_shards: dict[int, str] = {}
+    seen_ctx: dict[int, str] = {}
+    for r in reports:
+        s = _shard(r)
+        if s in seen_shards:
+            raise VerificationError(_name(r), f"shard {s:02d}", "each shard once", f"also in {seen_shards[s]}")
+        seen_shards[s] = _name(r)
+        for row in r.metrics["contexts"]:
+            i = int(row["index"])
+            if i in seen_ctx:
+                raise VerificationError(_name(r), f"context {i}", "each context in one report", f"overlaps {seen_ctx[i]}")
+            seen_ctx[i] = _name(r)
+        check_rows_match_summary(r)
+
+
+def check_rows_match_summary(report: Any) -> None:
+    """A report's per-context rows must add up to its own summary."""
+    m = report.metrics
+    rows = m["contexts"]
+    checks = [
+        ("positions", sum(int(r["positions"]) for r in rows), int(m["n_positions"])),
+        ("top1 count", sum(int(r["top1"]) for r in rows), int(m["top1"]["count"])),
+        ("contexts", len(rows), int(m["n_contexts"])),
+    ]
+    for what, got, want in checks:
+        if got != want:
+            raise VerificationError(_name(report), f"per-context rows: sum of {what}", want, got, "rows disagree with the summary")
+    kld_sum = math.fsum(float(r["sum_kld"]) for r in rows)
+    want_sum = float(m["kld"]["mean"]) * int(m["n_positions"])
+    if not math.isclose(kld_sum, want_sum, rel_tol=1e-7, abs_tol=1e-12):
+        raise VerificationError(_name(report), "per-context rows: sum of KLD", want_sum, kld_sum, "rows disagree with the summary")
+
+
+def _cluster_bootstrap(rows: list[dict[str, Any]], n_boot: int, seed: int) -> dict[str, list[float]]:
+    from harness.metrics.bootstrap import draw_cluster_weights, percentile_interval, ratio_replicates
+
+    clusters = sorted({str(r["cluster"]) for r in rows})
+    pos = {c: i for i, c in enumerate(clusters)}
+    idx = np.array([pos[str(r["cluster"])] for r in rows], dtype=np.int64)
+    C = len(clusters)
+
+    def per_cluster(key: str) -> np.ndarray:
+        return np.bincount(idx, weights=np.array([float(r[key]) for r in rows]), minlength=C)
+
+    W = draw_cluster_weights(C, n_boot, seed)
+    counts = per_cluster("positions")
+    return {
+        "kld": percentile_interval(ratio_replicates(W, per_cluster("sum_kld"), counts)),
+        "top1": percentile_interval(ratio_replicates(W, per_cluster("top1"), counts)),
+        "ear": percentile_interval(ratio_replicates(W, per_cluster("sum_ear"), counts)),
+    }
+
+
+def aggregate(reports: Sequence[Any], *, n_shards: int | None = None) -> dict[str, Any]:
+    """Combine one candidate's shard reports; ``n_shards`` asks for a complete set."""
+    from harness.metrics.histogram import LogHistogram
+    from harness.metrics.summary import merge_totals
+
+    check_comparable(reports)
+    reports = sorted(reports, key=_shard)
+    shards = [_shard(r) for r in reports]
+    if n_shards is not None:
+        missing = sorted(set(range(n_shards)) - set(shards))
+        if missing:
+            raise VerificationError(
+                reports[0].candidate, "shards", f"all {n_shards} shards", f"missing {', '.join(f'{s:02d}' for s in missing)}"
+            )
+    t = merge_totals([r.metrics["totals"] for r in reports])
+    n = int(t["n_positions"])
+    rows = [row for r in reports for row in r.metrics["contexts"]]
+    boot = reports[0].metrics["bootstrap"]
+    ci = _cluster_bootstrap(rows, int(boot["n_boot"]), int(boot["seed"]))
+    hist = LogHistogram.from_json(t["histogram"])
+    strata: dict[str, dict[str, Any]] = {}
+    for row in rows:
+        d = strata.setdefault(row["stratum"], {"contexts": 0, "positions": 0, "sum_kld": 0.0, "top1_count": 0})
+        d["contexts"] += 1
+        d["positions"] += int(row["positions"])
+        d["sum_kld"] += float(row["sum_kld"])
+        d["top1_count"] += int(row["top1"])
+    for d in strata.values():
+        d["mean_kld"] = d["sum_kld"] / d["positions"]
+        d["top1"] = d["top1_count"] / d["positions"]
+    comp = {k: v for k, v in reports[0].comparability.items() if k != "shard"}
+    return {
+        "schema": SCHEMA,
+        "candidate": reports[0].candidate,
+        "comparability": comp,
+        "shards": [{"index": _shard(r), "sha256": r.comparability["shard"]["sha256"]} for r in reports],
+        "complete": n_shards is not None,
+        "n_positions": n,
+        "n_contexts": len(rows),
+        "n_clusters": len({str(r["cluster"]) for r in rows}),
+        "score_from": int(comp["score_from"]),
+        "kld": {
+            "mean": t["sum_kld"] / n,
+            "ci95": ci["kld"],
+            "max": t["max_kld"],
+            "quantile_bounds": {f"p{q * 100:g}": list(hist.quantile_bounds(q)) for q in QUANTILES},
+        },
+        "top1": {"agreement": t["top1_count"] / n, "count": int(t["top1_count"]), "ci95": ci["top1"]},
+        "ear": {"mean": t["sum_ear"] / n, "ci95": ci["ear"]},
+        "jsd_bits": {"mean": t["sum_jsd_bits"] / n},
+        "ppl": {
+            "ref": math.exp(t["sum_nll_ref"] / n),
+            "cand": math.exp(t["sum_nll_cand"] / n),
+            "mean_ln_ratio": (t["sum_nll_cand"] - t["sum_nll_ref"]) / n,
+        },
+        "delta_p": {"mean": t["sum_delta_p"] / n, "rms": math.sqrt(t["sum_delta_p_sq"] / n)},
+        "exceedance": t["exceedance"],
+        "histogram": t["histogram"],
+        "per_stratum": dict(sorted(strata.items())),
+        "bootstrap": {"method": "source-cluster bootstrap over per-context rows", "n_boot": int(boot["n_boot"]), "seed": int(boot["seed"])},
+    }
+
+
+# ------------------------------------------------------------------ ladder (one row per candidate)
+def ladder_rows(reports: Sequence[Any], verdicts: dict[tuple[str, int], bool] | None = None) -> list[dict[str, Any]]:
+    """One aggregated row per candidate, sorted by mean KLD (best first)."""
+    by_cand: dict[str, list[Any]] = {}
+    for r in reports:
+        by_cand.setdefault(r.candidate, []).append(r)
+    rows = []
+    for name, group in by_cand.items():
+        agg = aggregate(group)
+        shards = [s["index"] for s in agg["shards"]]
+        passed = [(verdicts or {}).get((name, s)) for s in shards]
+        verdict = "—" if any(p is None for p in passed) else ("pass" if all(passed) else f"FAIL ({passed.count(False)}/{len(passed)})")
+        rows.append(
+            {
+                "candidate": name,
+                "size_bytes": agg["comparability"]["candidate"].get("size_bytes"),
+                "shards": shards,
+                "n_positions": agg["n_positions"],
+                "mean_kld": agg["kld"]["mean"],
+                "ci95": agg["kld"]["ci95"],
+                "p99_bounds": agg["kld"]["quantile_bounds"]["p99"],
+                "max_kld": agg["kld"]["max"],
+                "top1": agg["top1"]["agreement"],
+                "verdict": verdict,
+                "aggregate": agg,
+            }
+        )
+    return sorted(rows, key=lambda r: (r["mean_kld"], r["candidate"]))
+
+
+def _fmt(x: float) -> str:
+    return f"{x:.3e}" if (x != 0 and (abs(x) < 1e-2 or abs(x) >= 1e4)) else f"{x:.4f}"
+
+
+def _size(b: int | None) -> str:
+    return "—" if not b else f"{b / 2**20:.2f} MiB"
+
+
+def format_ladder(rows: Sequence[dict[str, Any]]) -> list[str]:
+    """The ladder as aligned text lines (terminal) — also valid Markdown table rows."""
+    head = ["candidate", "size", "shards", "mean KLD [95% CI]", "p99 (bin)", "top-1", "baseline"]
+    body = []
+    for r in rows:
+        lo, hi = r["ci95"]
+        body.append(
+            [
+                r["candidate"],
+                _size(r["size_bytes"]),
+                str(len(r["shards"])),
+                f"{_fmt(r['mean_kld'])} [{_fmt(lo)}, {_fmt(hi)}]",
+                f"≤ {_fmt(r['p99_bounds'][1])}",
+                f"{r['top1']:.4f}",
+                r["verdict"],
+            ]
+        )
+    widths = [max(len(x) for x in col) for col in zip(head, *body)]
+    fmt = lambda cells: "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths)) + " |"  # noqa: E731
+    return [fmt(head), "|" + "|".join("-" * (w + 2) for w in widths) + "|"] + [fmt(b) for b in body]
+
+
+def write_ladder(out_dir: Path, rows: Sequence[dict[str, Any]]) -> None:
+    """Write ``ladder.md`` and ``ladder.json`` (the aggregates) atomically."""
+    out_dir = Path(out_dir)
+    atomic_write_text(out_dir / "ladder.md", "# Fidelity ladder\n\n" + "\n".join(format_ladder(rows)) + "\n")
+    atomic_write_json(out_dir / "ladder.json", {"schema": "fidelity.ladder/1", "rows": [dict(r) for r in rows]})

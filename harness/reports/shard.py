@@ -1,0 +1,338 @@
+"""Shard report (docs/design.md, sections 2-4): one candidate on one shard, as JSON plus a Markdown rendering.
+
+Fields
+------
+* ``schema`` — ``"fidelity.shard-report/1"``; readers refuse any other.
+* ``comparability`` — everything that must match before two reports may be combined or compared:
+  ``protocol_version``, ``harness_version``, ``suite_token_sha256``, ``shard`` (``index``,
+  ``sha256``), ``score_from`` (the window), ``reference`` and ``candidate`` identity, ``head_sha256``,
+  ``cand_head_sha256`` (null when the candidate goes through the shared head), ``engine`` (engine and
+  runtime identity) and ``scorer`` (settings such as GEMM dtype and tile rows). See
+  :meth:`ShardReport.comparable_key` for which of these must be equal to *aggregate* shards.
+* ``candidate`` — the candidate's name (also the file stem).
+* ``metrics`` — the :func:`harness.metrics.summarize` dict.
+* ``timing`` and ``created`` — wall-clock facts; never part of equality or comparability.
+
+Files are written atomically (temporary file + rename) and NaN/Inf are refused on write and on read.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from harness.io.atomic import atomic_write_text, dumps_json
+from harness.errors import VerificationError
+
+SCHEMA = "fidelity.shard-report/1"
+
+COMPARABILITY_KEYS = (
+    "protocol_version",
+    "harness_version",
+    "suite_token_sha256",
+    "shard",
+    "score_from",
+    "reference",
+    "candidate",
+    "head_sha256",
+    "cand_head_sha256",
+    "engine",
+    "scorer",
+)
+#: Keys that must be equal across the shards of one aggregate (the shard itself differs).
+AGGREGATE_KEYS = tuple(k for k in COMPARABILITY_KEYS if k != "shard")
+REQUIRED_METRICS = ("n_positions", "n_contexts", "n_clusters", "score_from", "kld", "top1", "ear", "contexts", "totals")
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
+
+
+def make_comparability(
+    *,
+    suite_token_sha256: str,
+    shard_index: int,
+    shard_sha256: str,
+    score_from: int,
+    reference: dict[str, Any],
+    candidate: dict[str, Any],
+    head_sha256: str | None,
+    engine: dict[str, Any],
+    scorer: dict[str, Any],
+    cand_head_sha256: str | None = None,
+) -> dict[str, Any]:
+    """The ``comparability`` block, with this harness's protocol and version filled in."""
+    from harness import PROTOCOL_VERSION, __version__
+
+    return {
+        "protocol_version": PROTOCOL_VERSION,
+        "harness_version": __version__,
+        "suite_token_sha256": suite_token_sha256,
+        "shard": {"index": int(shard_index), "sha256": shard_sha256},
+        "score_from": int(score_from),
+        "reference": reference,
+        "candidate": candidate,
+        "head_sha256": head_sha256,
+        "cand_head_sha256": cand_head_sha256,
+        "engine": engine,
+        "scorer": scorer,
+    }
+
+
+def _now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat()
+
+
+def _freeze(v: Any) -> Any:
+    if isinstance(v, dict):
+        return tuple(sorted((k, _freeze(x)) for k, x in v.items()))
+    if isinstance(v, (list, tuple)):
+        return tuple(_freeze(x) for x in v)
+    return v
+
+
+@dataclass
+class ShardReport:
+    candidate: str
+    comparability: dict[str, Any]
+    metrics: dict[str, Any]
+    timing: dict[str, Any] = field(default_factory=dict, compare=False)
+    created: str = field(default_factory=_now, compare=False)
+    schema: str = SCHEMA
+
+    def __post_init__(self) -> None:
+        if not _NAME_RE.match(self.candidate):
+            raise ValueError(f"candidate name: expected [A-Za-z0-9._+-] starting alphanumeric, found {self.candidate!r}")
+
+    # ---- identity -------------------------------------------------------------------------
+    def comparable_key(self) -> tuple[Any, ...]:
+        """Hashable key of the fields that must match to aggregate this report with other shards
+        (everything in ``comparability`` except the shard's own index and hash)."""
+        return (self.schema,) + tuple((k, _freeze(self.comparability.get(k))) for k in AGGREGATE_KEYS)
+
+    @property
+    def stem(self) -> str:
+        shard = self.comparability.get("shard") or {}
+        idx = shard.get("index")
+        return f"{self.candidate}.shard{int(idx):03d}" if isinstance(idx, int) else self.candidate
+
+    # ---- JSON -----------------------------------------------------------------------------
+    def to_json_dict(self) -> dict[str, Any]:
+        return {
+            "schema": self.schema,
+            "candidate": self.candidate,
+            "comparability": self.comparability,
+            "metrics": self.metrics,
+            "timing": self.timing,
+            "created": self.created,
+        }
+
+    @classmethod
+    def from_json_dict(cls, d: Any, path: str | Path = "<memory>") -> "ShardReport":
+        if not isinstance(d, dict):
+            raise VerificationError(path, "report", "a JSON object", type(d).__name__)
+        check_finite(d, path)
+        if d.get("schema") != SCHEMA:
+            raise VerificationError(path, "schema", SCHEMA, d.get("schema"), "re-run the scorer with this harness version")
+        for k in ("candidate", "comparability", "metrics"):
+            if k not in d:
+                raise VerificationError(path, f"required key {k!r}", "present", "missing")
+        comp = d["comparability"]
+        if not isinstance(comp, dict):
+            raise VerificationError(path, "comparability", "an object", type(comp).__name__)
+        for k in COMPARABILITY_KEYS:
+            if k not in comp:
+                raise VerificationError(path, f"required key 'comparability.{k}'", "present", "missing")
+        m = d["metrics"]
+        if not isinstance(m, dict):
+            raise VerificationError(path, "metrics", "an object", type(m).__name__)
+        for k in REQUIRED_METRICS:
+            if k not in m:
+                raise VerificationError(path, f"required key 'metrics.{k}'", "present", "missing")
+        if m["score_from"] != comp["score_from"]:
+            raise VerificationError(path, "metrics.score_from", comp["score_from"], m["score_from"], "window mismatch")
+        _check_types(d, path)
+        try:
+            return cls(
+                candidate=d["candidate"],
+                comparability=comp,
+                metrics=m,
+                timing=d.get("timing", {}),
+                created=d.get("created", ""),
+            )
+        except ValueError as e:
+            raise VerificationError(path, "candidate", "a valid name", d["candidate"], str(e)) from None
+
+    # ---- files ----------------------------------------------------------------------------
+    def write(self, dir_or_path: str | Path) -> tuple[Path, Path]:
+        """Atomically write ``<stem>.json`` and ``<stem>.md`` into a folder (or next to a given ``.json`` path)."""
+        p = Path(dir_or_path)
+        json_path = p if p.suffix == ".json" else p / f"{self.stem}.json"
+        md_path = json_path.with_suffix(".md")
+        atomic_write_text(json_path, dumps_json(self.to_json_dict()))
+        atomic_write_text(md_path, render_markdown(self))
+        return json_path, md_path
+
+    @classmethod
+    def load(cls, path: str | Path) -> "ShardReport":
+        path = Path(path)
+        try:
+            text = path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            raise VerificationError(path, "report file", "present", "missing") from None
+        except UnicodeDecodeError as e:
+            raise VerificationError(path, "encoding", "UTF-8 JSON", f"byte {e.start}: {e.reason}") from None
+
+        def _bad_constant(name: str) -> Any:
+            raise VerificationError(path, "number", "finite JSON numbers", name)
+
+        try:
+            d = json.loads(text, parse_constant=_bad_constant)
+        except json.JSONDecodeError as e:
+            raise VerificationError(path, "JSON", "valid JSON", f"error at line {e.lineno} column {e.colno}: {e.msg}") from None
+        except RecursionError:
+            raise VerificationError(path, "JSON", "valid JSON", "nesting too deep") from None
+        return cls.from_json_dict(d, path)
+
+
+def check_finite(obj: Any, path: str | Path, where: str = "$") -> None:
+    """Refuse NaN/Inf anywhere in a report (``1e999`` parses to inf without ``parse_constant``)."""
+    stack = [(obj, where)]
+    while stack:
+        v, w = stack.pop()
+        if isinstance(v, float) and not math.isfinite(v):
+            raise VerificationError(path, f"number at {w}", "finite", repr(v))
+        if isinstance(v, dict):
+            stack.extend((x, f"{w}.{k}") for k, x in v.items())
+        elif isinstance(v, (list, tuple)):
+            stack.extend((x, f"{w}[{i}]") for i, x in enumerate(v))
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _check_types(d: dict[str, Any], path: str | Path) -> None:
+    """Types of the fields that consumers (aggregate, ladder, gate) read, so they never crash on a bad file."""
+    comp, m = d["comparability"], d["metrics"]
+    if not isinstance(d["candidate"], str):
+        raise VerificationError(path, "candidate", "a string", type(d["candidate"]).__name__)
+    shard = comp["shard"]
+    if not (isinstance(shard, dict) and _is_int(shard.get("index")) and shard["index"] >= 0 and isinstance(shard.get("sha256"), str)):
+        raise VerificationError(path, "comparability.shard", "{index: int >= 0, sha256: str}", shard)
+    if not _is_int(comp["score_from"]) or comp["score_from"] < 0:
+        raise VerificationError(path, "comparability.score_from", "an integer >= 0", comp["score_from"])
+    for k in ("n_positions", "n_contexts", "n_clusters"):
+        if not _is_int(m[k]) or m[k] < 0:
+            raise VerificationError(path, f"metrics.{k}", "an integer >= 0", m[k])
+    for k, sub in (("kld", "mean"), ("top1", "agreement"), ("ear", "mean")):
+        if not isinstance(m[k], dict) or isinstance(m[k].get(sub), bool) or not isinstance(m[k].get(sub), (int, float)):
+            raise VerificationError(path, f"metrics.{k}.{sub}", "a number", m[k].get(sub) if isinstance(m[k], dict) else m[k])
+    if not isinstance(m["totals"], dict):
+        raise VerificationError(path, "metrics.totals", "an object", type(m["totals"]).__name__)
+    rows = m["contexts"]
+    if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
+        raise VerificationError(path, "metrics.contexts", "a list of per-context objects", type(rows).__name__)
+
+
+# ---- Markdown ---------------------------------------------------------------------------------
+
+
+def _g(x: Any, digits: int = 4) -> str:
+    if x is None:
+        return "—"
+    if isinstance(x, float):
+        if x == 0.0:
+            return "0"
+        return f"{x:.{digits}g}" if (abs(x) >= 1e-3 and abs(x) < 1e5) else f"{x:.{digits - 1}e}"
+    return str(x)
+
+
+def _interval(ci: Any) -> str:
+    return f"[{_g(ci[0])}, {_g(ci[1])}]" if ci else "—"
+
+
+def render_markdown(r: ShardReport) -> str:
+    m = r.metrics
+    k = m["kld"]
+    bs = m.get("bootstrap", {})
+    lines = [f"# {r.candidate} — shard report", ""]
+    lines += [
+        f"{m['n_positions']} positions in {m['n_contexts']} contexts from {m['n_clusters']} source clusters; "
+        f"window score_from={m['score_from']}.",
+        "",
+        "## Headline",
+        "",
+        "| metric | value | 95% interval |",
+        "|---|---|---|",
+        f"| mean KLD (nats, token mean) | {_g(k['mean'])} | {_interval(k.get('ci95'))} |",
+        f"| mean KLD (context macro) | {_g(k.get('mean_context_macro'))} | |",
+        f"| top-1 agreement | {_g(m['top1']['agreement'])} | {_interval(m['top1'].get('ci95'))} |",
+        f"| EAR | {_g(m['ear']['mean'])} | {_interval(m['ear'].get('ci95'))} |",
+    ]
+    if "jsd_bits" in m:
+        lines.append(f"| mean JSD (bits) | {_g(m['jsd_bits']['mean'])} | {_interval(m['jsd_bits'].get('ci95'))} |")
+    if "ppl" in m:
+        p = m["ppl"]
+        lines.append(f"| PPL ref / cand | {_g(p['ref'], 6)} / {_g(p['cand'], 6)} | |")
+        lines.append(f"| mean ln(PPL(cand)/PPL(ref)) | {_g(p['mean_ln_ratio'])} | |")
+    lines += [
+        "",
+        f"Interval: {bs.get('method', 'source-cluster bootstrap')}, {bs.get('n_boot', '?')} replicates "
+        f"({bs.get('n_boot_tails', '?')} for tails), seed {bs.get('seed', '?')}. "
+        f"Naive i.i.d. SE of the mean (for comparison only): {_g(k.get('se_iid'))}.",
+        "",
+        "## Tails",
+        "",
+        "| median | p95 | p99 | p99.9 | CVaR1% | max |",
+        "|---|---|---|---|---|---|",
+        f"| {_g(k.get('median'))} | {_g(k.get('p95'))} | {_g(k.get('p99'))} | {_g(k.get('p999'))} | "
+        f"{_g(k.get('cvar1'))} | {_g(k.get('max'))} |",
+        "",
+        f"p99 interval {_interval(k.get('p99_ci95'))}; CVaR1% interval {_interval(k.get('cvar1_ci95'))}.",
+        "",
+    ]
+    if "exceedance" in m:
+        lines += ["| KLD > | " + " | ".join(m["exceedance"]) + " |", "|---" * (len(m["exceedance"]) + 1) + "|"]
+        lines += ["| positions | " + " | ".join(str(v) for v in m["exceedance"].values()) + " |", ""]
+    if "histogram" in m:
+        counts = m["histogram"]["counts"]
+        spec = m["histogram"]["spec"]
+        per = spec["bins_per_decade"]
+        lo_exp = round(math.log10(spec["lo"]))
+        lines += ["## Histogram (per decade)", "", "| range (nats) | positions |", "|---|---|"]
+        lines.append(f"| < {spec['lo']:g} | {counts[0]} |")
+        inner = counts[1:-1]
+        for d in range(len(inner) // per):
+            c = sum(inner[d * per : (d + 1) * per])
+            if c:
+                lines.append(f"| [1e{lo_exp + d}, 1e{lo_exp + d + 1}) | {c} |")
+        lines += [f"| >= {spec['hi']:g} | {counts[-1]} |", ""]
+    if m.get("per_stratum"):
+        lines += ["## Per stratum", "", "| stratum | contexts | positions | mean KLD | top-1 |", "|---|---|---|---|---|"]
+        for name, s in m["per_stratum"].items():
+            lines.append(f"| {name} | {s['contexts']} | {s['positions']} | {_g(s['mean_kld'])} | {_g(s['top1'])} |")
+        lines.append("")
+    if m.get("worst_contexts"):
+        lines += ["## Worst contexts", "", "| context | cluster | stratum | mean KLD | max KLD |", "|---|---|---|---|---|"]
+        for c in m["worst_contexts"]:
+            lines.append(f"| {c['index']} | {c['cluster']} | {c['stratum']} | {_g(c['mean_kld'])} | {_g(c.get('max_kld'))} |")
+        lines.append("")
+    lines += ["## Identity", "", "| field | value |", "|---|---|"]
+    for key in COMPARABILITY_KEYS:
+        v = r.comparability.get(key)
+        lines.append(f"| {key} | `{json.dumps(v, sort_keys=True)}` |")
+    lines += ["", f"Schema {r.schema}; created {r.created}."]
+    if r.timing:
+        lines.append("Timing: " + ", ".join(f"{k} {_g(v)}" for k, v in sorted(r.timing.items())) + ".")
+    return "\n".join(lines) + "\n"
+
+
+__all__ = ["SCHEMA", "ShardReport", "make_comparability", "COMPARABILITY_KEYS", "AGGREGATE_KEYS", "render_markdown"]
+
+
+def report_shard(report: "ShardReport") -> int:
+    """The shard number of a :class:`~harness.reports.shard.ShardReport`."""
+    return int(report.comparability["shard"]["index"])

@@ -1,0 +1,161 @@
+"""Tail reports (``pytest -m tails``): per shard and cumulative tail statistics of one candidate.
+
+Per shard (exact, from the shard's own positions): numpy "linear" percentiles p50, p90, p99,
+p99.9, CVaR1% (mean of the worst 1 %, fractional boundary weight), the exact max and exact
+exceedance counts (``KLD > t`` for t in 1e-4 ... 1 nats).
+
+Cumulative (all selected shards of the candidate together):
+
+* ``quantile_bounds`` — brackets ``[lo, hi]`` from the summed fixed-edge histograms: this is all a
+  consumer holding only shard *reports* can know (percentiles do not add, counts do);
+* ``exact`` — the exact pooled percentiles and CVaR1%, computed here because the positions are at
+  hand; each must lie inside its bracket (checked: :func:`check_tails`);
+* ``exceedance`` — exact counts over all positions; they must equal the sum over the shards;
+* ``ccdf`` — fraction of positions with KLD >= each histogram edge (from the summed histogram,
+  exact at the edges): what the tail plot draws.
+
+:func:`check_tails` returns the list of violated invariants (empty = consistent), plus a gate
+against the candidate's committed ``max_p99`` when its baseline has one: the cumulative p99's
+*lower* bin bound above the largest applicable ``max_p99`` means the pooled p99 certainly exceeds
+every shard's limit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from harness.reports.numbers import fmt_g
+from harness.metrics.histogram import EDGES, LogHistogram, exceedance_counts
+from harness.metrics.positions import layout
+from harness.metrics.tails import cvar, quantile
+
+SCHEMA = "fidelity.tails/1"
+PERCENTILES = (("p50", 0.5), ("p90", 0.9), ("p99", 0.99), ("p99.9", 0.999))
+
+
+def _stats(kld: np.ndarray) -> dict[str, Any]:
+    return {
+        "n_positions": int(kld.shape[0]),
+        "percentiles": {name: quantile(kld, q) for name, q in PERCENTILES},
+        "cvar1": cvar(kld, 0.01),
+        "max": float(kld.max()),
+        "exceedance": exceedance_counts(kld),
+    }
+
+
+def ccdf_points(hist: LogHistogram) -> dict[str, list[float]]:
+    """``x`` = histogram edges, ``y`` = fraction of positions with KLD >= x (zero tails dropped)."""
+    n = hist.total
+    at_least = np.cumsum(hist.counts[::-1])[::-1]  # at_least[i] = count in bins >= i
+    ys = at_least[1 : len(EDGES) + 1] / max(n, 1)  # edge k starts count index k + 1
+    keep = ys > 0
+    return {"x": [float(x) for x in EDGES[keep]], "y": [float(y) for y in ys[keep]]}
+
+
+def tail_report(candidate: str, shards: Sequence[tuple[int, Any]], score_from: int) -> dict[str, Any]:
+    """Tail statistics of ``candidate`` from ``(shard number, ShardPositions)`` pairs."""
+    per_shard = []
+    values = []
+    hist = LogHistogram()
+    for shard, pos in sorted(shards, key=lambda t: t[0]):
+        kld = layout(pos.scores, pos.context_index, pos.row, pos.labels, score_from).scores.kld
+        values.append(kld)
+        h = LogHistogram.from_values(kld)
+        hist = hist + h
+        per_shard.append({"shard": int(shard), **_stats(kld)})
+    allv = np.concatenate(values)
+    cum = _stats(allv)
+    cum["quantile_bounds"] = {name: list(hist.quantile_bounds(q)) for name, q in PERCENTILES}
+    cum["exceedance_sum_of_shards"] = {
+        t: int(sum(s["exceedance"][t] for s in per_shard)) for t in per_shard[0]["exceedance"]
+    }
+    return {
+        "schema": SCHEMA,
+        "candidate": candidate,
+        "score_from": int(score_from),
+        "shards": per_shard,
+        "cumulative": cum,
+        "ccdf": ccdf_points(hist),
+    }
+
+
+def check_tails(rep: dict[str, Any], max_p99: float | None = None) -> list[str]:
+    """Violated invariants of a tail report (empty list: consistent and within the limit)."""
+    out = []
+    cum = rep["cumulative"]
+    name = rep["candidate"]
+    if cum["exceedance"] != cum["exceedance_sum_of_shards"]:
+        out.append(f"{name}: cumulative exceedance {cum['exceedance']} != sum of shards {cum['exceedance_sum_of_shards']}")
+    if cum["n_positions"] != sum(s["n_positions"] for s in rep["shards"]):
+        out.append(f"{name}: cumulative positions differ from the sum over shards")
+    shard_max = max(s["max"] for s in rep["shards"])
+    if cum["max"] != shard_max:
+        out.append(f"{name}: cumulative max {cum['max']:.6g} != max over shards {shard_max:.6g}")
+    for pname, exact in cum["percentiles"].items():
+        lo, hi = cum["quantile_bounds"][pname]
+        if not lo <= exact <= hi:
+            out.append(f"{name}: exact cumulative {pname} {exact:.6g} outside its histogram bracket [{lo:.6g}, {hi:.6g}]")
+    if max_p99 is not None and cum["quantile_bounds"]["p99"][0] > max_p99:
+        lo = cum["quantile_bounds"]["p99"][0]
+        out.append(f"{name}: p99 >= {lo:.6g} (bin-bounded, all shards) > max {max_p99:.6g} (max_p99 of its baseline)")
+    return out
+
+
+def baseline_max_p99(baselines_dir: Any, candidate: str, shards: Sequence[int]) -> float | None:
+    """The largest ``max_p99`` that applies to any of ``shards`` in the candidate's baseline (None: none)."""
+    from harness.gate.baselines import load_baseline_or_none
+
+    b = load_baseline_or_none(baselines_dir, candidate)
+    if b is None:
+        return None
+    limits = [b.thresholds(s).get("max_p99") for s in shards]
+    vals = [v for v in limits if v is not None]
+    return max(vals) if vals else None
+
+
+def render_tails(reports: Sequence[dict[str, Any]]) -> str:
+    """``tails.md``: one section per candidate, per shard rows and the cumulative row."""
+    lines = ["# Tail report", "", "KLD in nats. Per-shard percentiles are exact; cumulative ones are exact "
+             "(pooled positions) with the histogram bracket a report-only consumer would get. "
+             "Exceedance counts are exact (KLD > t).", ""]
+    for rep in sorted(reports, key=lambda r: r["candidate"]):
+        cum = rep["cumulative"]
+        thr = list(cum["exceedance"])
+        lines += [f"## {rep['candidate']} (score_from={rep['score_from']})", ""]
+        head = ["shard", "positions"] + [n for n, _ in PERCENTILES] + ["CVaR1%", "max"] + [f">{t}" for t in thr]
+        lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        for s in rep["shards"]:
+            cells = [f"{s['shard']:02d}", str(s["n_positions"])] + [fmt_g(s["percentiles"][n]) for n, _ in PERCENTILES]
+            cells += [fmt_g(s["cvar1"]), fmt_g(s["max"])] + [str(s["exceedance"][t]) for t in thr]
+            lines.append("| " + " | ".join(cells) + " |")
+        cells = ["**all**", str(cum["n_positions"])]
+        for n, _ in PERCENTILES:
+            lo, hi = cum["quantile_bounds"][n]
+            cells.append(f"{fmt_g(cum['percentiles'][n])} [{fmt_g(lo)}, {fmt_g(hi)}]")
+        cells += [fmt_g(cum["cvar1"]), fmt_g(cum["max"])] + [str(cum["exceedance"][t]) for t in thr]
+        lines += ["| " + " | ".join(cells) + " |", ""]
+        if rep.get("problems"):
+            lines += ["Problems:", ""] + [f"- {p}" for p in rep["problems"]] + [""]
+    lines += ["Plot: `tails.png` (KLD complementary CDF, log-log, all candidates).", ""]
+    return "\n".join(lines)
+
+
+def write_tails(out_dir: Any, reports: Sequence[dict[str, Any]]) -> list[Any]:
+    """Write ``tails.json``, ``tails.md`` and ``tails.png`` into ``out_dir``; returns the paths."""
+    from pathlib import Path
+
+    from harness.io.atomic import atomic_write_json, atomic_write_text
+    from harness.reports.plot import plot_ccdf
+
+    out = Path(out_dir)
+    reps = sorted(reports, key=lambda r: r["candidate"])
+    atomic_write_json(out / "tails.json", {"schema": SCHEMA, "candidates": reps})
+    atomic_write_text(out / "tails.md", render_tails(reps))
+    plot_ccdf({r["candidate"]: r["ccdf"] for r in reps}, out / "tails.png")
+    return [out / "tails.json", out / "tails.md", out / "tails.png"]
+
+
+__all__ = ["tail_report", "check_tails", "render_tails", "write_tails", "ccdf_points", "baseline_max_p99"]

@@ -1,0 +1,239 @@
+"""A fidelity session: everything one pytest run (or one ``fidelity replay``) needs.
+
+It loads the suite, the shared head and the reference store once, obtains each
+candidate's capture (a stored capture replayed as it is, or a live model captured
+into a cache keyed by the candidate's identity), scores one shard at a time and
+turns the result into a :class:`~harness.reports.shard.ShardReport`. It imports no pytest;
+the plugin keeps one in ``config.stash``.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+from harness.gate.baselines import Headline, headline_of
+from harness.inputs.config import CandidateConfig, FidelityConfig
+from harness.errors import FidelityError
+from harness.run.shard import ShardPositions, score_shard, shard_positions
+
+
+def resolve_device(spec: str, worker_index: int | None = None) -> str:
+    """``auto`` -> ``cuda`` when available (one device per xdist worker), else ``cpu``."""
+    if spec != "auto":
+        return spec
+    import torch
+
+    if torch.cuda.is_available():
+        n = torch.cuda.device_count()
+        return f"cuda:{(worker_index or 0) % n}"
+    return "cpu"
+
+
+def candidate_size_bytes(cand: CandidateConfig) -> int | None:
+    """On-disk size: the configured value, else the quantized checkpoint's record, else its weight files."""
+    if cand.size_bytes is not None:
+        return cand.size_bytes
+    if cand.model is None:
+        return None
+    if cand.model.is_file():  # a single-file model (GGUF)
+        return cand.model.stat().st_size
+    qfile = cand.model / "quantization.json"
+    if qfile.is_file():
+        import json
+
+        try:
+            value = json.loads(qfile.read_text()).get("on_disk_bytes")
+        except ValueError:
+            value = None
+        if isinstance(value, int):
+            return value
+    files = sorted(cand.model.glob("*.safetensors"))
+    return sum(f.stat().st_size for f in files) or None
+
+
+@dataclass
+class ScoredShard:
+    """The outcome of one candidate x shard case."""
+
+    candidate: str
+    shard: int
+    report: Any  # harness.reports.shard.ShardReport
+    headline: Headline
+    size_bytes: int | None
+
+    def __repr__(self) -> str:
+        h = self.headline
+        return f"ScoredShard({self.candidate!r}, shard {self.shard:02d}, mean_kld={h.mean_kld:.6g}, top1={h.top1:.4f})"
+
+
+@dataclass
+class FidelitySession:
+    """Lazily loaded inputs shared by every case of a run."""
+
+    config: FidelityConfig
+    device: str = "cpu"
+    score_from: int = 0
+    progress: bool = False
+    _suite: Any = None
+    _head: Any = None
+    _reference: Any = None
+    _cand_heads: dict[str, Any] = field(default_factory=dict)
+    _stores: dict[str, Any] = field(default_factory=dict)
+    _planned: dict[str, set[int]] = field(default_factory=dict)
+    _positions: dict[tuple[str, int], "ShardPositions"] = field(default_factory=dict)
+
+    # ------------------------------------------------------------------ inputs
+    @property
+    def suite(self) -> Any:
+        if self._suite is None:
+            from harness.inputs.suite import Suite
+
+            self._suite = Suite.load(self.config.suite, verify=True)
+        return self._suite
+
+    @property
+    def head(self) -> Any:
+        if self._head is None:
+            from harness.inputs.head import load_head
+
+            self._head = load_head(self.config.reference.head)
+            self._check_head_vocab(self._head, self.config.reference.head)
+        return self._head
+
+    def _check_head_vocab(self, head: Any, path: Path) -> None:
+        vocab = int(head.weight.shape[0])
+        if vocab < self.suite.vocab_size:
+            from harness.errors import VerificationError
+
+            raise VerificationError(path, "head vocab smaller than the suite's tokenizer vocab", self.suite.vocab_size, vocab)
+
+    def candidate_head(self, cand: CandidateConfig) -> Any:
+        if cand.head is None:
+            return None
+        if cand.name not in self._cand_heads:
+            from harness.inputs.head import load_head
+
+            head = load_head(cand.head)
+            self._check_head_vocab(head, cand.head)
+            self._cand_heads[cand.name] = head
+        return self._cand_heads[cand.name]
+
+    @property
+    def reference(self) -> Any:
+        """The verified reference store; captured from the reference model when missing."""
+        if self._reference is None:
+            from harness.capture.store import CaptureStore
+
+            ref = self.config.reference
+            if not (ref.store / "capture.json").exists():
+                if ref.model is None:
+                    raise FidelityError(
+                        f"{ref.store}: reference capture store is missing and no reference.model is "
+                        f"configured in {self.config.path} to capture it from"
+                    )
+                from harness.engines.transformers import capture
+
+                capture(ref.model, self.suite, ref.store, device=self.device, progress=self.progress)
+            self._reference = CaptureStore.open(ref.store, self.suite, verify=True)
+        return self._reference
+
+    def shard_indices(self, shard: int) -> list[int]:
+        return list(self.suite.shard_indices(shard))
+
+    def candidate_store(self, cand: CandidateConfig, shard: int) -> Any:
+        """The candidate's capture covering ``shard``: replayed, or captured live into the cache."""
+        from harness.capture.store import CaptureStore
+
+        if cand.store is not None:
+            if cand.name not in self._stores:
+                self._stores[cand.name] = CaptureStore.open(cand.store, self.suite, verify=True)
+            store = self._stores[cand.name]
+            missing = set(self.shard_indices(shard)) - set(store.indices)
+            if missing:
+                raise FidelityError(
+                    f"{cand.store}: capture store lacks {len(missing)} context(s) of shard {shard:02d} "
+                    f"(first missing: {min(missing)})"
+                )
+            return store
+        return self._capture_live(cand, shard)
+
+    def plan(self, cases: list[tuple[str, int]]) -> None:
+        """Declare the cases this process will run, so a live model captures all of its shards at once."""
+        for name, shard in cases:
+            self._planned.setdefault(name, set()).add(shard)
+
+    def live_store_path(self, cand: CandidateConfig) -> Path:
+        """Cache folder of a live candidate's capture, keyed by its identity (by content)."""
+        from harness.inputs.identity import identity_key, model_identity
+
+        assert cand.model is not None
+        if cand.engine == "llamacpp":
+            from harness.engines.llamacpp import gguf_identity
+
+            ident = gguf_identity(cand.model)
+        else:
+            ident = model_identity(cand.model)
+        key = identity_key({"model": ident, "engine": cand.engine, "device": self.device})
+        return self.config.cache_dir / "captures" / f"{cand.name}-{key[:16]}"
+
+    def _capture_live(self, cand: CandidateConfig, shard: int) -> Any:
+        """Capture a live candidate into its cache store; the model is loaded once for all planned shards."""
+        from harness.capture.store import CaptureStore
+
+        assert cand.model is not None
+        if cand.engine not in ("transformers", "llamacpp"):
+            raise FidelityError(
+                f"{self.config.path}: engine {cand.engine!r} of candidate {cand.name!r} is not available in this build"
+            )
+        out = self.live_store_path(cand)
+        if (out / "capture.json").exists():
+            store = CaptureStore.open(out, self.suite, verify=True)
+            if not store.missing(self.shard_indices(shard)):
+                return store
+        shards = sorted(self._planned.get(cand.name, set()) | {shard})
+        if cand.engine == "llamacpp":
+            from harness.engines.llamacpp import capture as capture_gguf
+
+            return capture_gguf(cand.model, self.suite, out, shards=shards, progress=self.progress)
+        from harness.engines.transformers import capture
+
+        return capture(cand.model, self.suite, out, shards=shards, device=self.device, progress=self.progress)
+
+    # ------------------------------------------------------------------ scoring
+    def positions(self, cand: CandidateConfig, shard: int) -> "ShardPositions":
+        """The scored positions of a candidate x shard, scored once per process and then cached
+        (windows, tails and paired comparisons re-use them; no recapture, no rescoring)."""
+        key = (cand.name, shard)
+        if key not in self._positions:
+            self._positions[key] = shard_positions(
+                suite=self.suite, shard=shard, reference=self.reference, candidate=self.candidate_store(cand, shard),
+                head=self.head, cand_head=self.candidate_head(cand), device=self.device,
+            )
+        return self._positions[key]
+
+    def score(self, cand: CandidateConfig, shard: int, *, n_boot: int | None = None) -> ScoredShard:
+        """Score one candidate x shard and build its report."""
+        t0 = time.perf_counter()
+        ref_store = self.reference
+        cand_store = self.candidate_store(cand, shard)
+        report = score_shard(
+            positions=self.positions(cand, shard),
+            suite=self.suite,
+            shard=shard,
+            reference=ref_store,
+            candidate=cand_store,
+            head=self.head,
+            cand_head=self.candidate_head(cand),
+            reference_name=self.config.reference.name,
+            candidate_name=cand.name,
+            candidate_meta={"size_bytes": candidate_size_bytes(cand), "tags": list(cand.tags)},
+            score_from=self.score_from,
+            n_boot=n_boot or self.config.n_boot,
+            device=self.device,
+        )
+        report.timing["total_s"] = time.perf_counter() - t0
+        return ScoredShard(cand.name, shard, report, headline_of(report.metrics), candidate_size_bytes(cand))

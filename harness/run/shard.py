@@ -1,0 +1,160 @@
+"""One shard, scored: load both captures, score every position, summarize into a shard report.
+
+:func:`shard_positions` produces the per-position scores of a candidate x shard (no window, no
+statistics); :func:`score_shard` turns them into a :class:`~harness.reports.shard.ShardReport`.
+The pytest session and ``fidelity replay`` both go through here.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from harness.errors import FidelityError
+
+
+def score_shard(
+    *,
+    suite: Any,
+    shard: int,
+    reference: Any,
+    candidate: Any,
+    head: Any,
+    cand_head: Any = None,
+    reference_name: str = "reference",
+    candidate_name: str,
+    candidate_meta: dict[str, Any] | None = None,
+    score_from: int = 0,
+    n_boot: int = 10_000,
+    device: str = "cpu",
+    positions: "ShardPositions | None" = None,
+) -> Any:
+    """Score one shard of verified inputs and build its :class:`~harness.reports.shard.ShardReport`.
+
+    ``positions`` (from :func:`shard_positions`) reuses already scored positions: the same
+    capture summarized under another window needs no rescoring.
+
+    ``reference`` and ``candidate`` are opened :class:`~harness.capture.store.CaptureStore` objects of
+    the same kind: hidden-state stores go through ``head`` (and ``cand_head`` for the
+    candidate when given); logits stores are scored in logits mode (no head).
+    """
+    from harness.metrics import summarize
+    from harness.reports.shard import ShardReport, make_comparability
+
+    pos = positions if positions is not None else shard_positions(
+        suite=suite, shard=shard, reference=reference, candidate=candidate, head=head, cand_head=cand_head, device=device
+    )
+    mode, head_sha, cand_head_sha = pos.mode, pos.head_sha256, pos.cand_head_sha256
+    t2 = time.perf_counter()
+    metrics = summarize(pos.scores, pos.context_index, pos.row, pos.labels, score_from=score_from, n_boot=n_boot)
+    t3 = time.perf_counter()
+    comparability = make_comparability(
+        suite_token_sha256=suite.suite_token_sha256,
+        shard_index=shard,
+        shard_sha256=suite.shard(shard).sha256,
+        score_from=score_from,
+        reference={"name": reference_name, "identity": reference.identity},
+        candidate={"name": candidate_name, "identity": candidate.identity, **(candidate_meta or {})},
+        head_sha256=head_sha,
+        cand_head_sha256=cand_head_sha,
+        engine={
+            "reference": reference.manifest.get("engine"),
+            "candidate": candidate.manifest.get("engine"),
+            "candidate_runtime": candidate.manifest.get("runtime"),
+        },
+        scorer={**SCORER_SETTINGS, "mode": mode},
+    )
+    return ShardReport(
+        candidate=candidate_name,
+        comparability=comparability,
+        metrics=metrics,
+        timing={"load_s": pos.load_s, "score_s": pos.score_s, "metrics_s": t3 - t2, "device": device},
+    )
+
+
+@dataclass
+class ShardPositions:
+    """The scored positions of one candidate x shard, before any window or statistic."""
+
+    scores: Any  # harness.scoring.scorer.PositionScores
+    context_index: np.ndarray
+    row: np.ndarray
+    labels: list[Any]  # harness.metrics.ContextLabel per context of the shard
+    mode: str
+    head_sha256: str | None
+    cand_head_sha256: str | None
+    load_s: float = 0.0
+    score_s: float = 0.0
+
+
+def shard_positions(
+    *, suite: Any, shard: int, reference: Any, candidate: Any, head: Any, cand_head: Any = None, device: str = "cpu"
+) -> ShardPositions:
+    """Load one shard of both captures and score every position (no window, no statistics)."""
+    import torch
+
+    from harness.metrics import ContextLabel
+    from harness.scoring.scorer import score_hidden, score_logits
+
+    # a logits-only candidate (e.g. llama.cpp) against a hidden-state reference: the reference's
+    # logits are formed through the shared head (fp32, like the scorer) and both are scored in logits mode
+    mixed = reference.kind == "hidden_states" and candidate.kind == "logits"
+    if reference.kind != candidate.kind and not mixed:
+        raise FidelityError(
+            f"{candidate.root}: store kind {candidate.kind!r} cannot be scored against a {reference.kind!r} "
+            f"reference ({reference.root})"
+        )
+    t0 = time.perf_counter()
+    indices = list(suite.shard_indices(shard))
+    rows_per = suite.n_ctx - 1
+    targets = torch.from_numpy(suite.tokens[indices, 1:].astype(np.int64).reshape(-1))
+    from harness.scoring.streaming import STREAM_MIN_BYTES, score_hidden_streaming
+
+    if reference.kind != "logits" and not mixed and 2 * len(indices) * rows_per * reference.width * 2 > STREAM_MIN_BYTES:
+        # large shard: prefetch the next contexts while the current ones are scored (bounded memory)
+        scores, wait_s, score_s = score_hidden_streaming(
+            reference, candidate, indices, targets, head.weight,
+            None if cand_head is None else cand_head.weight, device=device,
+        )
+        mode, head_sha = "hidden_states", head.sha256
+        cand_head_sha = None if cand_head is None else cand_head.sha256
+        context_index = np.repeat(np.asarray(indices, dtype=np.int64), rows_per)
+        row = np.tile(np.arange(rows_per, dtype=np.int64), len(indices))
+        labels = [ContextLabel(index=c.index, source_cluster=c.source_cluster, stratum=c.stratum)
+                  for c in (suite.contexts[i] for i in indices)]
+        return ShardPositions(scores, context_index, row, labels, mode, head_sha, cand_head_sha, wait_s, score_s)
+    ref = reference.load_rows(indices)
+    cnd = candidate.load_rows(indices)
+    t1 = time.perf_counter()
+    if mixed:
+        from harness.scoring.scorer import gemm_operand, logits_gemm
+
+        with torch.inference_mode():
+            w = gemm_operand(head.weight, torch.device("cpu"))
+            ref = logits_gemm(ref, w, torch.empty(ref.shape[0], w.shape[0], dtype=torch.float32))
+        scores = score_logits(ref, cnd, targets)
+        mode, head_sha, cand_head_sha = "logits (reference through head)", head.sha256, None
+    elif reference.kind == "logits":
+        scores = score_logits(ref, cnd, targets)
+        mode, head_sha, cand_head_sha = "logits", None, None
+    else:
+        scores = score_hidden(
+            ref, cnd, head.weight, targets,
+            cand_head=None if cand_head is None else cand_head.weight,
+            device=device,
+        )
+        mode, head_sha = "hidden_states", head.sha256
+        cand_head_sha = None if cand_head is None else cand_head.sha256
+    t2 = time.perf_counter()
+    context_index = np.repeat(np.asarray(indices, dtype=np.int64), rows_per)
+    row = np.tile(np.arange(rows_per, dtype=np.int64), len(indices))
+    labels = [ContextLabel(index=c.index, source_cluster=c.source_cluster, stratum=c.stratum)
+              for c in (suite.contexts[i] for i in indices)]
+    return ShardPositions(scores, context_index, row, labels, mode, head_sha, cand_head_sha, t1 - t0, t2 - t1)
+
+
+#: Scorer settings that decide the numbers (tiling does not, so it is not recorded here).
+SCORER_SETTINGS = {"method": "single-pass-tiled", "gemm": "head dtype, fp32 accumulate", "softmax_dtype": "float32"}

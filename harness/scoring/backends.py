@@ -1,0 +1,37 @@
+"""GPU kernels for the scorer (optional: need ``triton``; see :mod:`harness.scoring.fused_kl`)."""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+
+
+def triton_available() -> bool:
+    """Whether ``triton`` imports (the fused kernel can then run on CUDA, or on a CPU under
+    ``TRITON_INTERPRET=1``)."""
+    try:
+        import triton  # noqa: F401
+        import triton.language  # noqa: F401
+    except Exception:  # ImportError, or a broken install
+        return False
+    return True
+
+
+def interpreting() -> bool:
+    """Whether Triton runs in its CPU interpreter (``TRITON_INTERPRET=1``, read at triton import)."""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def choose_backend(backend: str | None, dev: "torch.device") -> str:
+    """``torch`` or ``triton`` for :func:`harness.scoring.scorer.score_hidden` (see its docstring)."""
+    choice = (backend or os.environ.get("FIDELITY_SCORER_BACKEND") or "auto").lower()
+    if choice not in ("auto", "torch", "triton"):
+        raise ValueError(f"scorer backend: expected auto, torch or triton, found {choice!r}")
+    if choice == "auto":
+        if dev.type != "cuda":
+            return "torch"
+        return "triton" if triton_available() else "torch"
+    return choice

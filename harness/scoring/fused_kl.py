@@ -1,0 +1,382 @@
+"""Fused full-vocabulary KL scorer in Triton: logits never leave the chip (docs/design.md, section 6).
+
+One program owns ``BLOCK_M`` rows (positions). It walks the vocabulary in ``BLOCK_N`` columns;
+for each column block it computes the reference and candidate logits with ``tl.dot`` (bf16
+operands, fp32 accumulation: every bf16 x bf16 product is exact in fp32, so these are the same
+"fp32 logits from bf16 operands" as :func:`harness.scoring.scorer.logits_gemm`) and folds them into
+per-row running statistics. Logits are never written to global memory. When both operands go
+through one shared head, each head tile is loaded once and used by both dots.
+
+Phase 1 (always; one pass over the head): normalizers, KL, top-1, NLLs
+-----------------------------------------------------------------------
+Notation per row: l_j reference logits, m_j candidate logits, p = softmax(l), q = softmax(m),
+d_j = l_j - m_j. Running maxes ``a = max l``, ``b = max m`` and
+
+    S = sum_j e^(l_j - a)          R = sum_j e^(m_j - b)
+
+(rescaled by e^(a_old - a_new) when the max grows: the usual online softmax). Then
+ln p_j - ln q_j = d_j - (a + ln S) + (b + ln R), so
+
+    KL = sum p_j (ln p_j - ln q_j) = T/S + (b - a) + ln(R/S),   T = sum_j e^(l_j - a) d_j.
+
+That textbook form subtracts O(10) quantities to get a KL that is often 1e-6 or smaller: in fp32
+ln(R/S) alone carries ~1e-7 relative error of ln S (~1e-6 nats absolute) -- the same
+ulp(lse) floor the torch scorer removes. The kernel therefore accumulates a form without the
+cancellation. For any per-row constant c, with x_j = d_j - c and phi(x) = e^(-x) - 1 + x >= 0:
+
+    ln E_p[e^(-x)] = ln sum e^(m_j) - ln sum e^(l_j) + c = (b + ln R) - (a + ln S) + c =: Z
+    KL = E_p[x] + Z   (since E_p[d] - KL = ln sum e^l - ln sum e^m)
+       = E_p[phi(x)] - (e^Z - 1) + Z
+       = F/S + (Z - expm1(Z)),          F = sum_j e^(l_j - a) phi(x_j)    (rescaled like S).
+
+F is a sum of non-negative terms (no cancellation; phi is evaluated by its series for
+|x| < 1/8), and Z - expm1(Z) ~ -Z^2/2 is second order in Z, so the fp32 error of ln S, ln R
+(~1e-7) enters KL only as ~|Z| * 1e-7. The kernel takes c = a_0 - b_0 (the two maxes over the
+first column block) so that x is centred and Z is small; identical operands give x == 0, F == 0,
+Z == 0 and KL == 0 exactly. The weighted term e^(l-a) phi(x) is formed as
+e^((l-a) - x) - e^(l-a) + e^(l-a) x for x < -1 (= e^(m - a + c) - ...), which overflows only if
+the candidate's logits rise more than ~88 above their first-block maximum relative to the
+reference's; rows whose result is not finite are rescored by the torch path.
+
+Top-1: per block ``tl.argmax(..., tie_break_left=True)``; the running index is replaced only
+when a block's maximum is *strictly* greater, so ties go to the lowest token id, as in torch.
+NLL: the target's logit is picked out of its block (exact), then nll = a + ln S - l_y (float64
+on the host).
+
+Phase 2 (optional; a second pass over the head): JSD and EAR
+------------------------------------------------------------
+min(p, q) and the JSD terms depend on the *final* normalizers, which no single pass has while it
+walks the vocabulary. Phase 2 recomputes each block's logits with the final a, b, ln S - ln R
+and accumulates, exactly as :func:`harness.scoring.scorer._metrics_chunk` does on a logits tile
+(P = e^(l-a), Q = e^(m-b) S/R, d = (l-a) - (m-b) - (ln S - ln R)):
+
+    sum min(P, Q),  sum min(P, Q) |d|,  sum (P + Q) log1p(tanh(|d|/2))
+
+so EAR = sum min / sum P and 2 JSD_nats = (sum (P+Q) log1p(s) - sum min |d|) / sum P (sum P is
+re-accumulated in phase 2's own order, so identical operands give EAR == 1 exactly). Cost: it redoes
+both GEMMs, so scoring with JSD/EAR costs about 2x the phase-1 GEMM time (the same GEMM count as
+the two-pass method, but KL, top-1 and the NLLs never need it). ``jsd_ear=False`` skips it and
+returns NaN for ``jsd_bits`` and ``ear``.
+
+Numerics vs the torch path: the GEMMs accumulate in a different order (tl.dot tiles vs
+cuBLAS/MKL), so logits differ by fp32 rounding (~1e-6 relative); per position the two paths
+agree to |delta KL| <= 1e-6 + 1e-4 KL (and likewise JSD, EAR; NLLs to 1e-4 absolute), checked by
+``tests/test_fused_kl.py`` under ``TRITON_INTERPRET=1`` against a float64 reference.
+
+Under the interpreter (``TRITON_INTERPRET=1``, CPU) Triton 3.9's ``tl.dot`` on bf16 operands
+returns wrong values, so there the operands are widened to fp32 before the dot (exact) and the
+dot runs in IEEE fp32 -- the same numbers. On CUDA the dot takes bf16 operands (tensor cores).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import torch
+
+from harness.scoring.backends import interpreting
+from harness.scoring.scores import PositionScores
+from harness.scoring.torch_path import score_hidden_tiled
+
+import triton
+import triton.language as tl
+
+__all__ = ["fused_score", "phase1", "phase2", "DEFAULT_BLOCKS"]
+
+#: (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages) on CUDA; benchmarks/gpu_check.py sweeps others.
+DEFAULT_BLOCKS: dict[str, tuple[int, int, int, int, int]] = {
+    "cuda": (128, 128, 64, 8, 3),
+    "interpret": (16, 64, 32, 1, 1),
+}
+_LN2 = math.log(2.0)
+
+
+@triton.jit
+def _expm1(x):
+    # Kahan's accurate expm1 from exp and log: (u - 1) * x / ln u, u = e^x.
+    u = tl.exp(x)
+    um1 = u - 1.0
+    one = u == 1.0
+    r = um1 * x / tl.log(tl.where(one, 2.0, u))
+    r = tl.where(one, x, r)
+    r = tl.where(um1 == -1.0, -1.0, r)
+    return r
+
+
+@triton.jit
+def _log1p(s):
+    # Kahan: log(u) * s / (u - 1), u = 1 + s; exact for small s.
+    u = 1.0 + s
+    one = u == 1.0
+    r = tl.log(u) * s / tl.where(one, 1.0, u - 1.0)
+    return tl.where(one, s, r)
+
+
+@triton.jit
+def _phi(x):
+    # phi(x) = e^(-x) - 1 + x >= 0: series for |x| < 1/8, Kahan expm1 otherwise.
+    ser = x * x * (0.5 - x * (1.0 / 6.0 - x * (1.0 / 24.0 - x * (1.0 / 120.0 - x * (1.0 / 720.0 - x * (1.0 / 5040.0))))))
+    return tl.where(tl.abs(x) < 0.125, ser, _expm1(-x) + x)
+
+
+@triton.jit
+def _tile_logits(HA, HB, W, WB, rows, cols, rmask, cmask, K, s_ha, s_hb, s_w, s_wb,
+                 SHARED_W: tl.constexpr, UPCAST: tl.constexpr, EVEN_K: tl.constexpr,
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """fp32 logits of both operands for one [BLOCK_M, BLOCK_N] block."""
+    ks = tl.arange(0, BLOCK_K)
+    acc_l = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc_m = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        kk = k0 + ks
+        if EVEN_K:
+            am = rmask[:, None]
+            wm = cmask[None, :]
+        else:
+            am = rmask[:, None] & (kk[None, :] < K)
+            wm = cmask[None, :] & (kk[:, None] < K)
+        ha = tl.load(HA + rows[:, None] * s_ha + kk[None, :], mask=am, other=0.0)
+        hb = tl.load(HB + rows[:, None] * s_hb + kk[None, :], mask=am, other=0.0)
+        w = tl.load(W + cols[None, :] * s_w + kk[:, None], mask=wm, other=0.0)  # [BLOCK_K, BLOCK_N]
+        if SHARED_W:
+            wb = w
+        else:
+            wb = tl.load(WB + cols[None, :] * s_wb + kk[:, None], mask=wm, other=0.0)
+        if UPCAST:
+            acc_l += tl.dot(ha.to(tl.float32), w.to(tl.float32), input_precision="ieee")
+            acc_m += tl.dot(hb.to(tl.float32), wb.to(tl.float32), input_precision="ieee")
+        else:
+            acc_l = tl.dot(ha, w, acc_l)
+            acc_m = tl.dot(hb, wb, acc_m)
+    return acc_l, acc_m
+
+
+@triton.jit
+def _phase1_kernel(HA, HB, W, WB, Y, OUT_F, OUT_I, N, V, K, s_ha, s_hb, s_w, s_wb,
+                   SHARED_W: tl.constexpr, UPCAST: tl.constexpr, EVEN_K: tl.constexpr,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    pid = tl.program_id(0)
+    rows = pid * BLOCK_M + tl.arange(0, BLOCK_M)
+    rmask = rows < N
+    y = tl.load(Y + rows, mask=rmask, other=0)
+    a = tl.full((BLOCK_M,), float("-inf"), tl.float32)
+    b = tl.full((BLOCK_M,), float("-inf"), tl.float32)
+    S = tl.zeros((BLOCK_M,), tl.float32)
+    R = tl.zeros((BLOCK_M,), tl.float32)
+    F = tl.zeros((BLOCK_M,), tl.float32)
+    ly = tl.zeros((BLOCK_M,), tl.float32)
+    my = tl.zeros((BLOCK_M,), tl.float32)
+    c = tl.zeros((BLOCK_M,), tl.float32)
+    ia = tl.zeros((BLOCK_M,), tl.int32)
+    ib = tl.zeros((BLOCK_M,), tl.int32)
+    for v0 in range(0, V, BLOCK_N):
+        cols = v0 + tl.arange(0, BLOCK_N)
+        cmask = cols < V
+        l, m = _tile_logits(HA, HB, W, WB, rows, cols, rmask, cmask, K, s_ha, s_hb, s_w, s_wb,
+                            SHARED_W, UPCAST, EVEN_K, BLOCK_M, BLOCK_N, BLOCK_K)
+        dlm = tl.where(cmask[None, :], l - m, 0.0)  # before masking: no inf - inf
+        l = tl.where(cmask[None, :], l, float("-inf"))
+        m = tl.where(cmask[None, :], m, float("-inf"))
+        tl_max = tl.max(l, 1)
+        tm_max = tl.max(m, 1)
+        if v0 == 0:
+            c = tl_max - tm_max  # centring constant for x = d - c (any constant is exact)
+        t_ia = tl.argmax(l, 1, tie_break_left=True).to(tl.int32) + v0
+        t_ib = tl.argmax(m, 1, tie_break_left=True).to(tl.int32) + v0
+        ia = tl.where(tl_max > a, t_ia, ia)  # strictly greater: ties keep the lower id
+        ib = tl.where(tm_max > b, t_ib, ib)
+        a_new = tl.maximum(a, tl_max)
+        b_new = tl.maximum(b, tm_max)
+        alpha = tl.exp(a - a_new)
+        beta = tl.exp(b - b_new)
+        la = l - a_new[:, None]  # -inf on masked columns
+        wl = tl.exp(la)
+        wm = tl.exp(m - b_new[:, None])
+        x = tl.where(cmask[None, :], dlm - c[:, None], 0.0)
+        term = tl.where(x < -1.0, tl.exp(la - x) - wl + wl * x, wl * _phi(x))
+        S = S * alpha + tl.sum(wl, 1)
+        F = F * alpha + tl.sum(term, 1)
+        R = R * beta + tl.sum(wm, 1)
+        a = a_new
+        b = b_new
+        hit = cols[None, :] == y[:, None]
+        ly += tl.sum(tl.where(hit, l, 0.0), 1)
+        my += tl.sum(tl.where(hit, m, 0.0), 1)
+    base = OUT_F + rows * 8
+    tl.store(base + 0, a, mask=rmask)
+    tl.store(base + 1, S, mask=rmask)
+    tl.store(base + 2, b, mask=rmask)
+    tl.store(base + 3, R, mask=rmask)
+    tl.store(base + 4, F, mask=rmask)
+    tl.store(base + 5, ly, mask=rmask)
+    tl.store(base + 6, my, mask=rmask)
+    tl.store(base + 7, c, mask=rmask)
+    tl.store(OUT_I + rows * 2 + 0, ia, mask=rmask)
+    tl.store(OUT_I + rows * 2 + 1, ib, mask=rmask)
+
+
+@triton.jit
+def _phase2_kernel(HA, HB, W, WB, ROWP, OUT, N, V, K, s_ha, s_hb, s_w, s_wb,
+                   SHARED_W: tl.constexpr, UPCAST: tl.constexpr, EVEN_K: tl.constexpr,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    pid = tl.program_id(0)
+    rows = pid * BLOCK_M + tl.arange(0, BLOCK_M)
+    rmask = rows < N
+    a = tl.load(ROWP + rows * 4 + 0, mask=rmask, other=0.0)
+    b = tl.load(ROWP + rows * 4 + 1, mask=rmask, other=0.0)
+    kk = tl.load(ROWP + rows * 4 + 2, mask=rmask, other=0.0)  # ln S - ln R (rounded from float64)
+    ratio = tl.load(ROWP + rows * 4 + 3, mask=rmask, other=1.0)  # S / R
+    sp = tl.zeros((BLOCK_M,), tl.float32)
+    smin = tl.zeros((BLOCK_M,), tl.float32)
+    jmin = tl.zeros((BLOCK_M,), tl.float32)
+    jsum = tl.zeros((BLOCK_M,), tl.float32)
+    for v0 in range(0, V, BLOCK_N):
+        cols = v0 + tl.arange(0, BLOCK_N)
+        cmask = cols < V
+        l, m = _tile_logits(HA, HB, W, WB, rows, cols, rmask, cmask, K, s_ha, s_hb, s_w, s_wb,
+                            SHARED_W, UPCAST, EVEN_K, BLOCK_M, BLOCK_N, BLOCK_K)
+        X = l - a[:, None]
+        Yc = m - b[:, None]
+        P = tl.where(cmask[None, :], tl.exp(X), 0.0)
+        Q = tl.where(cmask[None, :], tl.exp(Yc) * ratio[:, None], 0.0)
+        d = tl.where(cmask[None, :], (X - Yc) - kk[:, None], 0.0)
+        ad = tl.abs(d)
+        mn = tl.minimum(P, Q)
+        em = _expm1(-ad)
+        s = -em / (2.0 + em)  # tanh(|d| / 2)
+        sp += tl.sum(P, 1)
+        smin += tl.sum(mn, 1)
+        jmin += tl.sum(mn * ad, 1)
+        jsum += tl.sum((P + Q) * _log1p(s), 1)
+    base = OUT + rows * 4
+    tl.store(base + 0, smin, mask=rmask)
+    tl.store(base + 1, jmin, mask=rmask)
+    tl.store(base + 2, jsum, mask=rmask)
+    tl.store(base + 3, sp, mask=rmask)
+
+
+def _prep(ref_hidden: torch.Tensor, cand_hidden: torch.Tensor, head: torch.Tensor, cand_head: torch.Tensor | None,
+          dev: torch.device) -> tuple[torch.Tensor, ...]:
+    w = head.to(dev).contiguous()
+    wb = cand_head.to(dev, w.dtype).contiguous() if cand_head is not None else w
+    ha = ref_hidden.to(dev, w.dtype).contiguous()
+    hb = cand_hidden.to(dev, w.dtype).contiguous()
+    return ha, hb, w, wb
+
+
+def _env_blocks() -> tuple[int, int, int, int, int] | None:
+    """``FIDELITY_FUSED_BLOCKS="BM,BN,BK,warps,stages"`` overrides the CUDA default (tuning without a code change)."""
+    import os
+
+    spec = os.environ.get("FIDELITY_FUSED_BLOCKS")
+    if not spec:
+        return None
+    parts = tuple(int(x) for x in spec.split(","))
+    if len(parts) != 5:
+        raise ValueError(f"FIDELITY_FUSED_BLOCKS: expected BM,BN,BK,warps,stages, found {spec!r}")
+    return parts  # type: ignore[return-value]
+
+
+def _launch_args(blocks: tuple[int, int, int, int, int] | None, dev: torch.device, w: torch.Tensor, K: int) -> dict[str, Any]:
+    interp = interpreting()
+    if blocks is None and not interp and dev.type == "cuda":
+        blocks = _env_blocks()
+    bm, bn, bk, nw, ns = blocks or DEFAULT_BLOCKS["interpret" if interp or dev.type != "cuda" else "cuda"]
+    upcast = interp or w.dtype == torch.float32
+    kw: dict[str, Any] = dict(UPCAST=upcast, EVEN_K=(K % bk == 0), BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk)
+    if not interp:
+        kw.update(num_warps=nw, num_stages=ns)
+    return kw
+
+
+def phase1(ha: torch.Tensor, hb: torch.Tensor, w: torch.Tensor, wb: torch.Tensor, targets: torch.Tensor,
+           blocks: tuple[int, int, int, int, int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Run phase 1; returns per-row fp32 ``[N, 8]`` (a, S, b, R, F, l_y, m_y, c) and int32 ``[N, 2]`` argmaxes."""
+    n, k = ha.shape
+    v = w.shape[0]
+    dev = ha.device
+    out_f = torch.empty(n, 8, dtype=torch.float32, device=dev)
+    out_i = torch.empty(n, 2, dtype=torch.int32, device=dev)
+    kw = _launch_args(blocks, dev, w, k)
+    y = targets.to(dev, torch.int32).contiguous()
+    grid = (triton.cdiv(n, kw["BLOCK_M"]),)
+    _phase1_kernel[grid](ha, hb, w, wb, y, out_f, out_i, n, v, k, ha.stride(0), hb.stride(0), w.stride(0), wb.stride(0),
+                         SHARED_W=wb is w, **kw)
+    return out_f, out_i
+
+
+def phase2(ha: torch.Tensor, hb: torch.Tensor, w: torch.Tensor, wb: torch.Tensor, rowp: torch.Tensor,
+           blocks: tuple[int, int, int, int, int] | None = None) -> torch.Tensor:
+    """Run phase 2 with per-row fp32 ``[N, 4]`` (a, b, ln S - ln R, S / R); returns fp32 ``[N, 4]``
+    (sum min, sum min |d|, sum (P+Q) log1p(s), sum P)."""
+    n, k = ha.shape
+    v = w.shape[0]
+    dev = ha.device
+    out = torch.empty(n, 4, dtype=torch.float32, device=dev)
+    kw = _launch_args(blocks, dev, w, k)
+    grid = (triton.cdiv(n, kw["BLOCK_M"]),)
+    _phase2_kernel[grid](ha, hb, w, wb, rowp.contiguous(), out, n, v, k, ha.stride(0), hb.stride(0), w.stride(0),
+                         wb.stride(0), SHARED_W=wb is w, **kw)
+    return out
+
+
+def fused_score(
+    ref_hidden: torch.Tensor,
+    cand_hidden: torch.Tensor,
+    head: torch.Tensor,
+    targets: torch.Tensor,
+    cand_head: torch.Tensor | None = None,
+    *,
+    device: str | torch.device | None = None,
+    jsd_ear: bool = True,
+    blocks: tuple[int, int, int, int, int] | None = None,
+    fallback: bool = True,
+) -> Any:
+    """Score ``[N, H]`` hidden states through ``[V, H]`` head(s) with the fused kernel.
+
+    Returns :class:`harness.scoring.scorer.PositionScores`. Inputs are assumed checked by the caller
+    (:func:`harness.scoring.scorer.score_hidden`). ``jsd_ear=False`` skips phase 2 (JSD, EAR are NaN).
+    """
+    dev = torch.device(device) if device is not None else head.device
+    if dev.type != "cuda" and not interpreting():
+        raise ValueError(f"fused Triton scorer: device {dev} needs CUDA (or TRITON_INTERPRET=1 set before triton is "
+                         "imported, for tests); use backend='torch' here")
+    n = ref_hidden.shape[0]
+    if n == 0:
+        return PositionScores.empty(0)
+    with torch.inference_mode():
+        ha, hb, w, wb = _prep(ref_hidden, cand_hidden, head, cand_head, dev)
+        st, am = phase1(ha, hb, w, wb, targets, blocks)
+        s64 = st.double()
+        a, S, b, R, F, ly, my, c = s64.unbind(1)
+        lnS, lnR = S.log(), R.log()
+        lse_l, lse_m = a + lnS, b + lnR
+        Z = (b - a + c) + (lnR - lnS)
+        kld = (F / S + (Z - torch.expm1(Z))).clamp_min(0.0)
+        out = PositionScores.empty(n)
+        if jsd_ear:
+            rowp = torch.stack([a, b, lnS - lnR, S / R], 1).float()
+            j = phase2(ha, hb, w, wb, rowp, blocks).double()
+            smin, jmin, jsum, sp = j.unbind(1)  # sp: sum P in phase 2's order (identical inputs: EAR == 1)
+            out.jsd_bits[:] = (0.5 * (jsum - jmin) / sp / _LN2).cpu().numpy()
+            out.ear[:] = (smin / sp).clamp(0.0, 1.0).cpu().numpy()
+        else:
+            out.jsd_bits[:] = np.nan
+            out.ear[:] = np.nan
+        out.kld[:] = kld.cpu().numpy()
+        out.nll_ref[:] = (lse_l - ly).cpu().numpy()
+        out.nll_cand[:] = (lse_m - my).cpu().numpy()
+        ami = am.long().cpu().numpy()
+        out.argmax_ref[:] = ami[:, 0]
+        out.argmax_cand[:] = ami[:, 1]
+    bad = ~np.isfinite(out.kld) | ~np.isfinite(out.nll_ref) | ~np.isfinite(out.nll_cand)
+    if jsd_ear:
+        bad |= ~np.isfinite(out.jsd_bits) | ~np.isfinite(out.ear)
+    if fallback and bad.any():  # pathological logit ranges (module docstring): rescore those rows exactly
+        idx = torch.from_numpy(np.nonzero(bad)[0])
+        sub = score_hidden_tiled(ref_hidden[idx], cand_hidden[idx], head, targets[idx], cand_head, device=dev)
+        for name, arr in sub.to_dict().items():
+            getattr(out, name)[bad] = arr
+    return out

@@ -1,0 +1,159 @@
+"""Streaming capture reads: load the next contexts while the current ones are scored.
+
+A shard of a Qwen-class capture is large (a 512-context shard at hidden 5120 is ~2.7 GB per
+store in bf16), and loading it whole before scoring serializes disk I/O and compute and holds
+the whole shard in memory. :class:`Prefetcher` runs the loads on one background thread into a
+bounded queue (``depth`` chunks), so at most ``depth + 2`` chunks (queued, being loaded, being
+scored) are resident at once and the I/O of chunk k+1 overlaps the scoring of chunk k. Store
+reads go through safetensors (``safe_open`` memory-maps the file; each context is copied once
+into its rows of the chunk, see :meth:`harness.capture.store.CaptureStore.load_rows`).
+
+:func:`score_hidden_streaming` is the scorer over a shard read this way; the per-position
+numbers equal those of one :func:`harness.scoring.scorer.score_hidden` call on the whole shard (the
+scorer is row-wise; only the GEMM's row blocking can move the last fp32 bit).
+:func:`harness.run.shard.shard_positions` uses it for shards larger than
+:data:`STREAM_MIN_BYTES`.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+__all__ = ["Prefetcher", "chunk_indices", "score_hidden_streaming", "STREAM_MIN_BYTES", "CHUNK_BYTES"]
+
+#: Shards whose two captures together exceed this are streamed by ``shard_positions``.
+STREAM_MIN_BYTES = 256 * 1024 * 1024
+#: Target bytes per chunk and store (bf16 hidden states): ~12 contexts of 511 rows at hidden 5120.
+CHUNK_BYTES = 64 * 1024 * 1024
+
+_END = object()
+
+
+class Prefetcher:
+    """Iterate ``load(item)`` for ``items`` in order, computed ``depth`` items ahead on a thread.
+
+    Yields ``(item, value)``. An exception in ``load`` is re-raised in the consumer at that
+    item. ``wait_s`` accumulates the time the consumer spent blocked waiting for a value (the
+    part of loading not hidden behind the consumer's work). Use as a context manager (or exhaust
+    it) so the thread is stopped and joined.
+    """
+
+    def __init__(self, load: Callable[[Any], Any], items: Sequence[Any], depth: int = 2) -> None:
+        if depth < 1:
+            raise ValueError(f"depth: expected >= 1, found {depth}")
+        self._load = load
+        self._items = list(items)
+        self._q: queue.Queue[Any] = queue.Queue(maxsize=depth)
+        self._stop = threading.Event()
+        self.wait_s = 0.0
+        self.load_s = 0.0
+        self._thread = threading.Thread(target=self._run, name="fidelity-prefetch", daemon=True)
+        self._thread.start()
+
+    def _put(self, obj: Any) -> bool:
+        while not self._stop.is_set():
+            try:
+                self._q.put(obj, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def _run(self) -> None:
+        try:
+            for it in self._items:
+                if self._stop.is_set():
+                    return
+                t0 = time.perf_counter()
+                value = self._load(it)
+                self.load_s += time.perf_counter() - t0
+                if not self._put((it, value, None)):
+                    return
+        except BaseException as e:  # noqa: BLE001  (re-raised in the consumer)
+            self._put((None, None, e))
+            return
+        self._put(_END)
+
+    def __iter__(self) -> Iterator[tuple[Any, Any]]:
+        try:
+            while True:
+                t0 = time.perf_counter()
+                got = self._q.get()
+                self.wait_s += time.perf_counter() - t0
+                if got is _END:
+                    return
+                it, value, err = got
+                if err is not None:
+                    raise err
+                yield it, value
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def __enter__(self) -> "Prefetcher":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def chunk_indices(indices: Sequence[int], rows_per_context: int, row_bytes: int, chunk_bytes: int = CHUNK_BYTES) -> list[list[int]]:
+    """Split context ``indices`` into consecutive chunks of about ``chunk_bytes`` per store (>= 1 context)."""
+    per = max(1, chunk_bytes // max(1, rows_per_context * row_bytes))
+    idx = list(indices)
+    return [idx[i : i + per] for i in range(0, len(idx), per)]
+
+
+def score_hidden_streaming(
+    reference: Any,
+    candidate: Any,
+    indices: Sequence[int],
+    targets: Any,
+    head: Any,
+    cand_head: Any = None,
+    *,
+    device: str = "cpu",
+    chunk_bytes: int | None = None,
+    depth: int = 2,
+    **score_kw: Any,
+) -> tuple[Any, float, float]:
+    """Score contexts ``indices`` of two hidden-state stores chunk by chunk with prefetching.
+
+    ``targets`` is the ``[len(indices) * rows]`` tensor of next-token ids (rows in context
+    order). Returns ``(PositionScores, load_wait_s, score_s)``: ``load_wait_s`` is the loading
+    time *not* hidden behind scoring.
+    """
+    import torch
+
+    from harness.scoring.scorer import PositionScores, score_hidden
+
+    rows = reference.shape[0]
+    width = reference.shape[1]
+    itemsize = torch.empty(0, dtype=head.dtype).element_size()
+    chunks = chunk_indices(indices, rows, width * itemsize, chunk_bytes or CHUNK_BYTES)
+    out = PositionScores.empty(len(indices) * rows)
+    score_s = 0.0
+    pos = 0
+
+    def load(chunk: list[int]) -> tuple[Any, Any]:
+        return reference.load_rows(chunk), candidate.load_rows(chunk)
+
+    pf = Prefetcher(load, chunks, depth)
+    with pf:
+        for chunk, (ref, cnd) in pf:
+            t0 = time.perf_counter()
+            n = len(chunk) * rows
+            s = score_hidden(ref, cnd, head, targets[pos : pos + n], cand_head=cand_head, device=device, **score_kw)
+            for name, arr in s.to_dict().items():
+                getattr(out, name)[pos : pos + n] = arr
+            pos += n
+            score_s += time.perf_counter() - t0
+    assert pos == out.kld.shape[0], (pos, out.kld.shape)
+    return out, pf.wait_s, score_s

@@ -1,0 +1,458 @@
+"""Exact full-vocabulary scorer (DESIGN.md sections 2 and 6).
+
+Per position, with p = softmax(reference logits) and q = softmax(candidate logits) over the
+*whole* vocabulary (never top-k), the scorer returns KL(p||q) in nats, the Jensen-Shannon
+divergence in bits, EAR = sum min(p, q), the negative log-likelihoods of the true next token
+under both, and both argmaxes (ties to the lowest token id).
+
+How it is computed
+------------------
+* **One GEMM per hidden state.** Rows are processed in tiles of ``tile_rows``: the reference
+  and candidate logits of a tile are computed once each (``tile @ head.T``) and every metric
+  is derived from those two tiles while they are in memory.
+* **fp32 logits from bf16 operands.** The operands keep their values (bf16 hidden states and
+  head); products accumulate in fp32 and the logits stay fp32 (:func:`logits_gemm`). On CUDA
+  that is ``torch.mm(..., out_dtype=float32)`` where torch has it; elsewhere the operands are
+  widened to fp32 first (exact: every bf16 value is an fp32 value) and multiplied in fp32.
+  Rounding the logits to bf16 instead -- what a bf16 GEMM returns on a CPU -- adds an error of
+  up to ulp/2 (1/32 for logits in [8, 16)) to every logit independently on the two sides, a
+  noise floor of about 0.5 Var(delta) ~ 1e-4 nats of KLD between *different* hidden states:
+  as large as the drift of an int8 candidate. ``tests/test_scorer.py`` checks the floor is gone.
+* **Cache-sized metric chunks.** The metric math runs over ``chunk_rows`` rows of a tile at a
+  time in six pre-allocated fp32 buffers, so on a CPU the ~30 elementwise passes stay in cache.
+  With T torch threads, T worker threads each take whole chunks with single-threaded ops (see
+  ``_MetricRunner``). Peak extra memory is ``2 * tile_rows * vocab`` logits plus
+  ``T * 6 * chunk_rows * vocab`` fp32 values, independent of the number of positions N
+  (``tile_rows`` defaults to what fits :data:`MEMORY_BUDGET_BYTES`); outputs are numpy arrays
+  of length N.
+* **Numerics.** Softmax in fp32, max-shifted; row sums accumulate in float64
+  (``sum(dtype=float64)``) and their logarithms are taken in float64.
+  d = ln p - ln q is formed as ``(x - max x) - (y - max y) - (ln s_x - ln s_y)``: the two
+  normalizers cancel in float64 first, so d keeps full fp32 relative accuracy even for tiny
+  divergences (an fp32 log_softmax would leave an ulp(lse) ~ 1e-6 offset in d, and therefore
+  in KLD). Identical
+  inputs give d == 0 and KLD == 0 exactly, by construction, without any clamping.
+  JSD uses a cancellation-free form: with a = |d|, s = tanh(a/2) = -expm1(-a) / (2 + expm1(-a)),
+
+      2 * JSD_nats = sum (p + q) * log1p(s) - sum min(p, q) * a
+
+  (ln(2 max / (p+q)) = log1p(s) and ln(2 min / (p+q)) = log1p(s) - a), which is exact for
+  any finite d and never forms log(0).
+  EAR = sum min(p, q) (identical inputs give exactly 1), clipped to [0, 1] against rounding.
+* Inputs must be finite (captures and heads are verified upstream, DESIGN.md section 4).
+
+The module is device-agnostic: the same code runs on CUDA (there ``chunk_rows`` defaults to
+the whole tile).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import numpy as np
+import torch
+
+from harness.scoring.scores import PositionScores
+
+__all__ = [
+    "PositionScores",
+    "check_hidden_inputs",
+    "score_hidden_tiled",
+    "score_logits",
+    "score_two_pass",
+    "bare_gemms",
+    "default_tile_rows",
+    "scorer_settings",
+    "MEMORY_BUDGET_BYTES",
+]
+
+#: Memory budget for the two logits tiles of one GEMM tile (the dominant buffers).
+MEMORY_BUDGET_BYTES = 256 * 1024 * 1024
+#: Budget for the six fp32 metric buffers on a CPU (about an L2/L3 slice).
+CPU_CHUNK_BYTES = 6 * 1024 * 1024
+_LN2 = math.log(2.0)
+
+
+def default_tile_rows(vocab: int, logits_itemsize: int = 2, budget: int = MEMORY_BUDGET_BYTES) -> int:
+    """Rows per GEMM tile so that the two logits tiles fit in ``budget`` bytes (16..1024, multiple of 16)."""
+    rows = budget // max(1, 2 * vocab * logits_itemsize)
+    rows = max(16, min(1024, rows))
+    return int(rows // 16 * 16)
+
+
+def _default_chunk_rows(vocab: int, device: torch.device, tile_rows: int) -> int:
+    if device.type != "cpu":
+        return tile_rows
+    return int(max(1, min(tile_rows, CPU_CHUNK_BYTES // (6 * 4 * vocab))))
+
+
+def scorer_settings(tile_rows: int, chunk_rows: int, head_dtype: torch.dtype) -> dict[str, Any]:
+    """Scorer settings recorded in a report's comparability block (results do not depend on tiling)."""
+    return {
+        "method": "single-pass-tiled",
+        "gemm_dtype": str(head_dtype).replace("torch.", ""),
+        "softmax_dtype": "float32",
+        "tile_rows": int(tile_rows),
+        "chunk_rows": int(chunk_rows),
+    }
+
+
+@contextmanager
+def _threads(n: int | None) -> Iterator[None]:
+    if n is None:
+        yield
+        return
+    old = torch.get_num_threads()
+    torch.set_num_threads(int(n))
+    try:
+        yield
+    finally:
+        torch.set_num_threads(old)
+
+
+class _Workspace:
+    """Six fp32 buffers of ``chunk_rows x vocab``, allocated once per call."""
+
+    def __init__(self, chunk_rows: int, vocab: int, device: torch.device) -> None:
+        self.bufs = [torch.empty(chunk_rows, vocab, dtype=torch.float32, device=device) for _ in range(6)]
+
+    def view(self, rows: int) -> list[torch.Tensor]:
+        return [b[:rows] for b in self.bufs]
+
+
+def _metrics_chunk(
+    ref: torch.Tensor,
+    cand: torch.Tensor,
+    targets: torch.Tensor,
+    ws: _Workspace,
+    out: PositionScores,
+    start: int,
+) -> None:
+    """All metrics for one chunk of rows of logits (any float dtype), written to ``out[start:]``.
+
+    Notation: x, y = reference and candidate logits; X = x - max x, Y = y - max y (fp32, exact
+    for bf16/fp16 logits); P = exp(X), Q = exp(Y) (unnormalized); s_a, s_b their row sums
+    (float64). Then d = ln p - ln q = (X - Y) - (ln s_a - ln s_b): the normalizers cancel in
+    float64 before anything is rounded to fp32, so d is accurate even when the divergence is tiny.
+    """
+    rows = ref.shape[0]
+    X, Y, P, Q, A, B = ws.view(rows)
+    mx_a, am_a = torch.max(ref, dim=1)  # first maximal index: ties go to the lowest token id
+    mx_b, am_b = torch.max(cand, dim=1)
+    torch.sub(ref, mx_a[:, None].float(), out=X)  # x - max x, fp32 (exact for bf16/fp16 logits)
+    torch.exp(X, out=P)
+    torch.sub(cand, mx_b[:, None].float(), out=Y)
+    torch.exp(Y, out=Q)
+    s_a = P.sum(1, dtype=torch.float64)
+    s_b = Q.sum(1, dtype=torch.float64)
+    ln_a = s_a.log()
+    ln_b = s_b.log()
+    yi = targets.view(-1, 1)
+    nll_a = ln_a - X.gather(1, yi).view(-1).double()
+    nll_b = ln_b - Y.gather(1, yi).view(-1).double()
+    X.sub_(Y).sub_((ln_a - ln_b).float()[:, None])  # X := d = ln p - ln q (exactly 0 where inputs agree)
+    Q.mul_((s_a / s_b).float()[:, None])  # Q := q * s_a, on the same scale as P = p * s_a
+    kld = torch.mul(P, X, out=Y).sum(1, dtype=torch.float64)
+    torch.minimum(P, Q, out=A)
+    s_min = A.sum(1, dtype=torch.float64)
+    torch.abs(X, out=B)  # a = |d|
+    j_min = torch.mul(A, B, out=Y).sum(1, dtype=torch.float64)  # sum min * a
+    torch.neg(B, out=X)
+    X.expm1_()  # em = expm1(-a) in [-1, 0]
+    torch.add(X, 2.0, out=Y)
+    X.div_(Y).neg_()  # s = tanh(a / 2) in [0, 1]
+    X.log1p_()
+    P.add_(Q)
+    j_sum = torch.mul(P, X, out=Y).sum(1, dtype=torch.float64)  # sum (p + q) * log1p(s)
+
+    sl = slice(start, start + rows)
+    stats = torch.stack([kld, s_a, s_min, j_min, j_sum, nll_a, nll_b]).cpu().numpy()
+    kld_n, sa_n, smin_n, jmin_n, jsum_n, nlla_n, nllb_n = stats
+    out.kld[sl] = kld_n / sa_n
+    out.jsd_bits[sl] = 0.5 * (jsum_n - jmin_n) / sa_n / _LN2
+    out.ear[sl] = np.clip(smin_n / sa_n, 0.0, 1.0)
+    out.nll_ref[sl] = nlla_n
+    out.nll_cand[sl] = nllb_n
+    out.argmax_ref[sl] = am_a.cpu().numpy()
+    out.argmax_cand[sl] = am_b.cpu().numpy()
+
+
+class _MetricRunner:
+    """Runs :func:`_metrics_chunk` over the chunks of a logits tile.
+
+    On a CPU with T > 1 torch threads, T Python worker threads each run whole chunks with
+    single-threaded torch ops (torch releases the GIL), instead of splitting every small
+    elementwise op across T OpenMP threads: ~20 synchronizations per chunk otherwise, which
+    cost a scheduler time slice each when the cores are shared. The GEMMs keep all T threads.
+    """
+
+    def __init__(self, chunk_rows: int, vocab: int, device: torch.device) -> None:
+        self.chunk = chunk_rows
+        threads = torch.get_num_threads() if device.type == "cpu" else 1
+        self.workers = max(1, threads)
+        self.spaces = [_Workspace(chunk_rows, vocab, device) for _ in range(self.workers)]
+        self.pool: Any = None
+        if self.workers > 1:
+            from concurrent.futures import ThreadPoolExecutor
+
+            self.pool = ThreadPoolExecutor(self.workers, initializer=torch.set_num_threads, initargs=(1,))
+
+    def __enter__(self) -> "_MetricRunner":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(wait=True)
+
+    def _work(self, k: int, la: torch.Tensor, lb: torch.Tensor, t: torch.Tensor, out: PositionScores, start: int) -> None:
+        with torch.inference_mode():
+            ws = self.spaces[k]
+            m = la.shape[0]
+            for c0 in range(k * self.chunk, m, self.chunk * self.workers):
+                c1 = min(m, c0 + self.chunk)
+                _metrics_chunk(la[c0:c1], lb[c0:c1], t[c0:c1], ws, out, start + c0)
+
+    def run(self, la: torch.Tensor, lb: torch.Tensor, t: torch.Tensor, out: PositionScores, start: int) -> None:
+        if self.pool is None:
+            self._work(0, la, lb, t, out, start)
+            return
+        futs = [self.pool.submit(self._work, k, la, lb, t, out, start) for k in range(self.workers)]
+        for f in futs:
+            f.result()
+
+
+
+def _mm_out_dtype_works(dev: torch.device) -> bool:
+    """Whether ``torch.mm(bf16, bf16, out_dtype=float32)`` runs on ``dev`` (CUDA in recent torch)."""
+    key = str(dev)
+    if key not in _OUT_DTYPE_CACHE:
+        try:
+            a = torch.ones(2, 2, dtype=torch.bfloat16, device=dev)
+            ok = torch.mm(a, a, out_dtype=torch.float32).dtype == torch.float32
+        except (RuntimeError, TypeError, NotImplementedError):
+            ok = False
+        _OUT_DTYPE_CACHE[key] = ok
+    return _OUT_DTYPE_CACHE[key]
+
+
+_OUT_DTYPE_CACHE: dict[str, bool] = {}
+
+
+def gemm_operand(head: torch.Tensor, dev: torch.device) -> torch.Tensor:
+    """The head as the GEMM will use it on ``dev``: kept in bf16/fp16 where the device returns fp32
+    results from them (CUDA ``out_dtype``), else widened once to fp32 (exact)."""
+    w = head.to(dev)
+    if w.dtype in (torch.bfloat16, torch.float16) and _mm_out_dtype_works(dev):
+        return w
+    return w.float()
+
+
+def logits_gemm(hidden: torch.Tensor, w: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """fp32 logits ``hidden @ w.T`` into ``out`` (fp32): products of the operands' exact values,
+    accumulated in fp32, never rounded to bf16 (see the module docstring)."""
+    h = hidden.to(out.device, w.dtype)
+    if w.dtype == torch.float32:
+        return torch.mm(h, w.t(), out=out)
+    out.copy_(torch.mm(h, w.t(), out_dtype=torch.float32))
+    return out
+
+
+def _check_targets(targets: torch.Tensor, n: int, vocab: int) -> torch.Tensor:
+    if targets.ndim != 1 or targets.shape[0] != n:
+        raise ValueError(f"targets: expected shape [{n}], found {list(targets.shape)}")
+    t = targets.to(torch.int64)
+    if n and (int(t.min()) < 0 or int(t.max()) >= vocab):
+        raise ValueError(f"targets: expected token ids in [0, {vocab}), found range [{int(t.min())}, {int(t.max())}]")
+    return t
+
+
+def _resolve_device(device: str | torch.device | None, like: torch.Tensor) -> torch.device:
+    return torch.device(device) if device is not None else like.device
+
+
+def check_hidden_inputs(
+    ref_hidden: torch.Tensor,
+    cand_hidden: torch.Tensor,
+    head: torch.Tensor,
+    targets: torch.Tensor,
+    cand_head: torch.Tensor | None,
+    device: str | torch.device | None,
+) -> tuple[int, int, torch.device, torch.Tensor]:
+    """Check shapes and token ids; returns ``(N, vocab, device, int64 targets)``."""
+    if ref_hidden.ndim != 2 or ref_hidden.shape != cand_hidden.shape:
+        raise ValueError(
+            f"hidden states: expected two [N, H] tensors of equal shape, found {list(ref_hidden.shape)} "
+            f"and {list(cand_hidden.shape)}"
+        )
+    n, hdim = ref_hidden.shape
+    if head.ndim != 2 or head.shape[1] != hdim:
+        raise ValueError(f"head: expected [V, {hdim}], found {list(head.shape)}")
+    if cand_head is not None and cand_head.shape != head.shape:
+        raise ValueError(f"cand_head: expected {list(head.shape)}, found {list(cand_head.shape)}")
+    vocab = head.shape[0]
+    dev = _resolve_device(device, head)
+    t_all = _check_targets(targets, n, vocab)
+    return n, vocab, dev, t_all
+
+
+def score_hidden_tiled(
+    ref_hidden: torch.Tensor,
+    cand_hidden: torch.Tensor,
+    head: torch.Tensor,
+    targets: torch.Tensor,
+    cand_head: torch.Tensor | None = None,
+    *,
+    tile_rows: int | None = None,
+    chunk_rows: int | None = None,
+    device: str | torch.device | None = None,
+    threads: int | None = None,
+) -> PositionScores:
+    """The tiled torch path of :func:`harness.scoring.scorer.score_hidden` (same arguments, no backend choice).
+
+    Each hidden state is multiplied by the head exactly once; see the module docstring.
+    """
+    n, vocab, dev, t_all = check_hidden_inputs(ref_hidden, cand_hidden, head, targets, cand_head, device)
+    out = PositionScores.empty(n)
+    if n == 0:
+        return out
+    with _threads(threads), torch.inference_mode():
+        w = gemm_operand(head, dev)
+        w_c = gemm_operand(cand_head, dev) if cand_head is not None else w
+        tile = int(tile_rows or default_tile_rows(vocab, 4))
+        chunk = int(chunk_rows or _default_chunk_rows(vocab, dev, tile))
+        tile = min(tile, n)
+        chunk = min(chunk, tile)
+        buf_a = torch.empty(tile, vocab, dtype=torch.float32, device=dev)
+        buf_b = torch.empty(tile, vocab, dtype=torch.float32, device=dev)
+        t_dev = t_all.to(dev)
+        with _MetricRunner(chunk, vocab, dev) as runner:
+            for r0 in range(0, n, tile):
+                r1 = min(n, r0 + tile)
+                m = r1 - r0
+                la = logits_gemm(ref_hidden[r0:r1], w, buf_a[:m])
+                lb = logits_gemm(cand_hidden[r0:r1], w_c, buf_b[:m])
+                runner.run(la, lb, t_dev[r0:r1], out, r0)
+    return out
+
+
+def score_logits(
+    ref_logits: torch.Tensor,
+    cand_logits: torch.Tensor,
+    targets: torch.Tensor,
+    *,
+    tile_rows: int | None = None,
+    device: str | torch.device | None = None,
+    threads: int | None = None,
+) -> PositionScores:
+    """Logits mode: score ``[N, V]`` logits or log-probs (softmax is shift-invariant) with the same metric code."""
+    if ref_logits.ndim != 2 or ref_logits.shape != cand_logits.shape:
+        raise ValueError(
+            f"logits: expected two [N, V] tensors of equal shape, found {list(ref_logits.shape)} "
+            f"and {list(cand_logits.shape)}"
+        )
+    n, vocab = ref_logits.shape
+    dev = _resolve_device(device, ref_logits)
+    t_all = _check_targets(targets, n, vocab)
+    out = PositionScores.empty(n)
+    if n == 0:
+        return out
+    with _threads(threads), torch.inference_mode():
+        chunk = int(tile_rows or _default_chunk_rows(vocab, dev, 1024))
+        chunk = min(chunk, n)
+        t_dev = t_all.to(dev)
+        with _MetricRunner(chunk, vocab, dev) as runner:
+            for r0 in range(0, n, chunk * runner.workers):
+                r1 = min(n, r0 + chunk * runner.workers)
+                runner.run(ref_logits[r0:r1].to(dev), cand_logits[r0:r1].to(dev), t_dev[r0:r1], out, r0)
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# Reference methods for the benchmark only (DESIGN.md section 6).
+
+
+def score_two_pass(
+    ref_hidden: torch.Tensor,
+    cand_hidden: torch.Tensor,
+    head: torch.Tensor,
+    targets: torch.Tensor,
+    *,
+    tile_rows: int | None = None,
+    vocab_chunk: int = 16384,
+    threads: int | None = None,
+) -> np.ndarray:
+    """Two-pass KLD (benchmark comparison only): pass 1 computes both normalizers by a running
+    logsumexp over vocabulary chunks; pass 2 recomputes each chunk's logits and accumulates
+    sum p (ln p - ln q). Memory is ``tile_rows x vocab_chunk``; the GEMMs run twice. Returns KLD
+    per position (float64)."""
+    n, _ = ref_hidden.shape
+    vocab = head.shape[0]
+    tile = int(tile_rows or default_tile_rows(vocab, 4))
+    kld = np.zeros(n, dtype=np.float64)
+    with _threads(threads), torch.inference_mode():
+        w_all = gemm_operand(head, head.device)  # same fp32-logits GEMM as the scorer
+        for r0 in range(0, n, tile):
+            a = ref_hidden[r0 : r0 + tile]
+            b = cand_hidden[r0 : r0 + tile]
+            m = a.shape[0]
+            dv = w_all.device  # (device-aware so the benchmark can run it on CUDA too)
+            buf_a = torch.empty(m, min(vocab_chunk, vocab), device=dv)
+            buf_b = torch.empty(m, min(vocab_chunk, vocab), device=dv)
+            lse_a = torch.full((m,), -math.inf, device=dv)
+            lse_b = torch.full((m,), -math.inf, device=dv)
+            for v0 in range(0, vocab, vocab_chunk):
+                w = w_all[v0 : v0 + vocab_chunk]
+                k = w.shape[0]
+                lse_a = torch.logaddexp(lse_a, torch.logsumexp(logits_gemm(a, w, buf_a[:, :k]), 1))
+                lse_b = torch.logaddexp(lse_b, torch.logsumexp(logits_gemm(b, w, buf_b[:, :k]), 1))
+            acc = torch.zeros(m, dtype=torch.float64, device=dv)
+            for v0 in range(0, vocab, vocab_chunk):
+                w = w_all[v0 : v0 + vocab_chunk]
+                k = w.shape[0]
+                lp = logits_gemm(a, w, buf_a[:, :k]).sub_(lse_a[:, None])
+                lq = logits_gemm(b, w, buf_b[:, :k]).sub_(lse_b[:, None])
+                acc += (lp.exp() * (lp - lq)).sum(1).double()
+            kld[r0 : r0 + a.shape[0]] = acc.cpu().numpy()
+    _ = targets
+    return kld
+
+
+def bare_gemms(
+    ref_hidden: torch.Tensor,
+    cand_hidden: torch.Tensor,
+    head: torch.Tensor,
+    *,
+    tile_rows: int | None = None,
+    threads: int | None = None,
+    fp32_logits: bool = True,
+) -> float:
+    """Seconds for the two bare GEMMs (reference and candidate logits), tiled like the scorer: the floor.
+
+    ``fp32_logits=True`` times the GEMM the scorer needs (fp32 logits, :func:`logits_gemm`);
+    ``False`` times the head-dtype GEMM (bf16 logits), the device's fastest but inexact product.
+    """
+    n = ref_hidden.shape[0]
+    vocab = head.shape[0]
+    dev = head.device
+    tile = min(n, int(tile_rows or default_tile_rows(vocab, 4)))
+    with _threads(threads), torch.inference_mode():
+        w = gemm_operand(head, dev) if fp32_logits else head
+        dtype = torch.float32 if fp32_logits else head.dtype
+        buf_a = torch.empty(tile, vocab, dtype=dtype, device=dev)
+        buf_b = torch.empty(tile, vocab, dtype=dtype, device=dev)
+        t0 = time.perf_counter()
+        for r0 in range(0, n, tile):
+            m = min(n, r0 + tile) - r0
+            if fp32_logits:
+                logits_gemm(ref_hidden[r0 : r0 + m], w, buf_a[:m])
+                logits_gemm(cand_hidden[r0 : r0 + m], w, buf_b[:m])
+            else:
+                torch.mm(ref_hidden[r0 : r0 + m].to(dev, head.dtype), head.t(), out=buf_a[:m])
+                torch.mm(cand_hidden[r0 : r0 + m].to(dev, head.dtype), head.t(), out=buf_b[:m])
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+        return time.perf_counter() - t0
