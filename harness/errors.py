@@ -35,3 +35,17 @@ class VerificationError(FidelityError):
         if hint:
             msg += f" ({hint})"
         super().__init__(msg)
+
+
+class OutputError(FidelityError):
+    """An output could not be written (disk full, read-only folder, permission denied), or would
+    overwrite something it must not (an input of the same command, an existing store).
+
+    Nothing partial is left behind: the message names the file and the operating system's reason.
+    """
+
+    def __init__(self, path: str | Path, what: str, reason: str) -> None:
+        self.path = str(path)
+        self.what = what
+        self.reason = reason
+        super().__init__(f"{self.path}: {what}: {reason}")

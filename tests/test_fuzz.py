@@ -188,7 +188,7 @@ def test_baseline_infinite_and_huge_thresholds_refused(scratch: Path) -> None:
     for raw in ('{"schema": "fidelity.baseline/1", "candidate": "good", "default": {"max_mean_kld": 1e999}}',
                 '{"schema": "fidelity.baseline/1", "candidate": "good", "default": {"max_p99": 1' + "0" * 400 + "}}"):
         (scratch / "good.json").write_text(raw)
-        with pytest.raises(BaselineError, match="max_.* must be a finite number"):
+        with pytest.raises(BaselineError, match="finite"):
             Baseline.load(scratch / "good.json", "good")
 
 

@@ -81,7 +81,7 @@ def test_identity_key_is_stable() -> None:
 
 def test_manifest_missing_or_invalid(store: Path, suite: Suite) -> None:
     (store / "capture.json").write_text("{not json")
-    with pytest.raises(VerificationError, match=r"capture.json: not valid JSON"):
+    with pytest.raises(VerificationError, match=r"capture.json: JSON: expected valid JSON"):
         CaptureStore.open(store, suite)
     (store / "capture.json").unlink()
     with pytest.raises(VerificationError, match=r"capture.json: capture manifest missing"):

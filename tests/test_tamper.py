@@ -542,7 +542,7 @@ def _doc(p: Path) -> dict[str, Any]:
 REPORT_FILE_CASES = [
     ("nan", lambda t: t.replace('"mean": ', '"mean": NaN, "x": ', 1), "number: expected finite JSON numbers, found NaN"),
     ("infinity", lambda t: t.replace('"max": ', '"max": -Infinity, "y": ', 1), "number: expected finite JSON numbers, found -Infinity"),
-    ("overflow-1e999", lambda t: t.replace('"mean": ', '"mean": 1e999, "x": ', 1), ": expected finite, found inf"),
+    ("overflow-1e999", lambda t: t.replace('"mean": ', '"mean": 1e999, "x": ', 1), "number: expected finite JSON numbers, found 1e999 (overflows a float)"),
     ("truncated-half-json", lambda t: t[: len(t) // 2], "JSON: expected valid JSON, found error at line"),
 ]
 

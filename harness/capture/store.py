@@ -91,15 +91,12 @@ def _check_tensor(path: Path, tensors: dict[str, torch.Tensor], kind: str, dtype
 
 
 def _read_manifest(path: Path) -> dict[str, Any]:
+    from harness.io.jsonio import read_json
+
     mf = path / MANIFEST
     if not mf.is_file():
         raise VerificationError(mf, "capture manifest missing", hint="capture with `fidelity capture`")
-    try:
-        doc = json.loads(mf.read_text("utf-8"), object_pairs_hook=_unique_keys(mf), parse_constant=_no_constant(mf))
-    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
-        raise VerificationError(mf, f"not valid JSON ({type(e).__name__}: {e})") from None
-    if not isinstance(doc, dict):
-        raise VerificationError(mf, "top level", "a JSON object", type(doc).__name__)
+    doc: dict[str, Any] = read_json(mf)
     if doc.get("schema") != SCHEMA:
         raise VerificationError(mf, "schema", SCHEMA, doc.get("schema"))
     if doc.get("kind") not in KINDS:
@@ -108,28 +105,9 @@ def _read_manifest(path: Path) -> dict[str, Any]:
         raise VerificationError(mf, f"dtype of a {doc['kind']} store", " or ".join(DTYPES[doc["kind"]]), doc.get("dtype"))
     if not isinstance(doc.get("files"), dict):
         raise VerificationError(mf, "files", "an object {name: {index, sha256}}", type(doc.get("files")).__name__)
+    if not isinstance(doc.get("model"), dict):
+        raise VerificationError(mf, "model", "an object (the captured model's identity)", type(doc.get("model")).__name__)
     return doc
-
-
-def _unique_keys(path: Path) -> Any:
-    """``json.loads`` hook: a key given twice (e.g. one context file listed twice) is refused, not collapsed."""
-
-    def hook(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        for k, v in pairs:
-            if k in out:
-                raise VerificationError(path, f"JSON key {k!r}", "each key once", "listed twice")
-            out[k] = v
-        return out
-
-    return hook
-
-
-def _no_constant(path: Path) -> Any:
-    def reject(name: str) -> Any:
-        raise VerificationError(path, "number", "finite JSON numbers", name)
-
-    return reject
 
 
 def _check_embedded(path: Path, data: bytes, index: int, suite_sha: str) -> None:
@@ -357,8 +335,13 @@ class StoreWriter:
         self._lock_fd: int | None = None
 
     def __enter__(self) -> StoreWriter:
-        self.root.mkdir(parents=True, exist_ok=True)
-        self._lock_fd = os.open(self.root / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+        from harness.errors import OutputError
+
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+            self._lock_fd = os.open(self.root / LOCK, os.O_RDWR | os.O_CREAT, 0o666)
+        except OSError as e:
+            raise OutputError(self.root, "cannot create the capture store", f"{type(e).__name__}: {e.strerror or e}") from None
         with self._locked():
             mf = self.root / MANIFEST
             if mf.exists():
@@ -397,7 +380,10 @@ class StoreWriter:
             fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
 
     def _manifest(self) -> dict[str, Any]:
-        return json.loads((self.root / MANIFEST).read_text("utf-8"))
+        from harness.io.jsonio import read_json
+
+        doc: dict[str, Any] = read_json(self.root / MANIFEST)
+        return doc
 
     def done(self, index: int) -> bool:
         """True if context ``index`` is listed and its file's sha256 matches; a listed but missing

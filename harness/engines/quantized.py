@@ -22,7 +22,6 @@ Nothing here ever unpickles: safetensors only.
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any
@@ -88,10 +87,10 @@ def packed_size(count: int, bits: int) -> int:
 def _read_json(path: Path) -> dict[str, Any]:
     if not path.is_file():
         raise VerificationError(path, "missing file", "a file", "nothing")
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise VerificationError(path, "unreadable JSON", "valid JSON", repr(exc)) from exc
+    from harness.io.jsonio import read_json
+
+    doc: dict[str, Any] = read_json(path)
+    return doc
 
 
 def _read_quant(model_dir: Path) -> dict[str, Any]:

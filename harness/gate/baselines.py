@@ -29,14 +29,13 @@ grows by more than 10% fails.
 from __future__ import annotations
 
 import difflib
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
 from harness.io.atomic import dumps_json, atomic_write_text
-from harness.errors import FidelityError
+from harness.errors import VerificationError
 
 SCHEMA = "fidelity.baseline/1"
 
@@ -56,8 +55,8 @@ FIELDS: dict[str, tuple[str, str]] = {
 }
 
 
-class BaselineError(FidelityError):
-    """A baseline file is malformed: the message names the file and the field."""
+class BaselineError(VerificationError):
+    """A baseline file is malformed: the message names the file, the field, the expected and the found value."""
 
 
 @dataclass(frozen=True)
@@ -86,7 +85,7 @@ class Violation:
 
 
 def shard_key(shard: int) -> str:
-    """The key of a shard's entry: two digits, ``"03"``."""
+    """The key of a shard's entry: at least two digits, ``"03"``, ``"100"`` (any shard count)."""
     return f"{shard:02d}"
 
 
@@ -97,17 +96,35 @@ def _as_float(value: int | float) -> float:
         return math.inf
 
 
+def _valid_shard_key(key: str) -> bool:
+    """A key :func:`shard_key` writes: decimal digits, at least two, no other spelling of the same shard."""
+    return key.isascii() and key.isdigit() and shard_key(int(key)) == key
+
+
+#: The range each threshold must lie in (the gate could never fail outside it).
+RANGES: dict[str, tuple[float, float]] = {
+    "max_mean_kld": (0.0, math.inf),
+    "max_ci_high": (0.0, math.inf),
+    "max_p99": (0.0, math.inf),
+    "min_top1": (0.0, 1.0),
+}
+
+
 def _validate_entry(path: Path, where: str, entry: Any) -> dict[str, float]:
     if not isinstance(entry, dict):
-        raise BaselineError(f"{path}: {where} must be an object of thresholds, found {type(entry).__name__}")
+        raise BaselineError(path, where, "an object of thresholds", type(entry).__name__)
     out: dict[str, float] = {}
     for key, value in entry.items():
         if key not in FIELDS:
             close = difflib.get_close_matches(key, list(FIELDS), n=1)
-            hint = f"; did you mean {close[0]!r}?" if close else f"; allowed: {', '.join(FIELDS)}"
-            raise BaselineError(f"{path}: unknown field {where}.{key}{hint}")
+            hint = f"did you mean {close[0]!r}?" if close else f"allowed: {', '.join(FIELDS)}"
+            raise BaselineError(path, f"{where}.{key}", "a known threshold field", f"unknown field {key!r}", hint)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(_as_float(value)):
-            raise BaselineError(f"{path}: {where}.{key} must be a finite number, found {value!r}")
+            raise BaselineError(path, f"{where}.{key}", "a finite number", repr(value))
+        lo, hi = RANGES[key]
+        if not lo <= float(value) <= hi:
+            want = f"a number in [{lo:g}, {hi:g}]" if math.isfinite(hi) else f"a number >= {lo:g}"
+            raise BaselineError(path, f"{where}.{key}", want, repr(value), "a threshold outside it can never fail or never pass")
         out[key] = float(value)
     return out
 
@@ -124,30 +141,30 @@ class Baseline:
     @classmethod
     def load(cls, path: Path, candidate: str) -> "Baseline":
         """Read and validate ``path``; refuses unknown fields, wrong schema or candidate."""
+        from harness.io.jsonio import read_json
+
         try:
-            raw = json.loads(path.read_text(encoding="utf-8"), parse_constant=_no_constant(path))
-        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
-            raise BaselineError(f"{path}: not valid JSON: {type(exc).__name__}: {exc}") from None
-        if not isinstance(raw, dict):
-            raise BaselineError(f"{path}: expected a JSON object, found {type(raw).__name__}")
+            raw = read_json(path)
+        except VerificationError as e:  # one error type for a bad baseline, whatever broke
+            raise BaselineError(e.path, e.what, e.expected, e.found, e.hint) from None
         allowed = {"schema", "candidate", "default", "shards", "margin"}
         for key in raw:
             if key not in allowed:
                 close = difflib.get_close_matches(key, sorted(allowed), n=1)
-                hint = f"; did you mean {close[0]!r}?" if close else ""
-                raise BaselineError(f"{path}: unknown top-level field {key!r}{hint}")
+                hint = f"did you mean {close[0]!r}?" if close else f"allowed: {', '.join(sorted(allowed))}"
+                raise BaselineError(path, "top-level field", "a known field", repr(key), hint)
         if raw.get("schema") != SCHEMA:
-            raise BaselineError(f"{path}: schema: expected {SCHEMA!r}, found {raw.get('schema')!r}")
+            raise BaselineError(path, "schema", repr(SCHEMA), repr(raw.get("schema")))
         if raw.get("candidate") != candidate:
-            raise BaselineError(f"{path}: candidate: expected {candidate!r}, found {raw.get('candidate')!r}")
+            raise BaselineError(path, "candidate", repr(candidate), repr(raw.get("candidate")))
         default = _validate_entry(path, "default", raw.get("default", {}))
         shards_raw = raw.get("shards", {})
         if not isinstance(shards_raw, dict):
-            raise BaselineError(f"{path}: shards must be an object keyed by two-digit shard number")
+            raise BaselineError(path, "shards", "an object keyed by shard number ('03', '100')", type(shards_raw).__name__)
         shards: dict[str, dict[str, float]] = {}
         for key, entry in shards_raw.items():
-            if not (isinstance(key, str) and len(key) == 2 and key.isdigit()):
-                raise BaselineError(f"{path}: shard key: expected two digits like '03', found {key!r}")
+            if not _valid_shard_key(key):
+                raise BaselineError(path, "shard key", "a shard number of at least two digits, like '03' or '100'", repr(key))
             shards[key] = _validate_entry(path, f"shards.{key}", entry)
         return cls(path=path, candidate=candidate, default=default, shards=shards)
 
@@ -165,13 +182,6 @@ class Baseline:
             if bad:
                 out.append(Violation(name, value, limit))
         return out
-
-
-def _no_constant(path: Path) -> Any:
-    def reject(name: str) -> Any:
-        raise BaselineError(f"{path}: {name} is not allowed in a baseline file")
-
-    return reject
 
 
 def baseline_path(directory: Path, candidate: str) -> Path:

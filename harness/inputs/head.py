@@ -12,7 +12,6 @@ source_model: ``harness.inputs.identity.model_identity`` of the model it was exp
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -34,6 +33,8 @@ class HeadTensor:
     weight: torch.Tensor
     sha256: str
     path: Path
+    #: The sidecar's ``source_model`` (identity of the model the head was exported from), if recorded.
+    source_model: dict[str, Any] | None = None
 
     @property
     def vocab_size(self) -> int:
@@ -53,7 +54,9 @@ def _find_head_weight(model_dir: Path) -> tuple[str, Any]:
     """Read the LM head (or, for tied embeddings, the input embedding) straight from safetensors."""
     from safetensors import safe_open
 
-    cfg = json.loads((model_dir / "config.json").read_text("utf-8"))
+    from harness.io.jsonio import read_json
+
+    cfg = read_json(model_dir / "config.json")
     text_cfg = cfg.get("text_config", cfg)
     tied = bool(cfg.get("tie_word_embeddings", text_cfg.get("tie_word_embeddings", False)))
     files = sorted(model_dir.glob("*.safetensors"))
@@ -119,12 +122,9 @@ def load_head(path: str | Path, expected_sha256: str | None = None) -> HeadTenso
     side = sidecar_path(path)
     meta: dict[str, Any] = {}
     if side.is_file():
-        try:
-            meta = json.loads(side.read_text("utf-8"))
-        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
-            raise VerificationError(side, f"not valid JSON ({e})") from None
-        if not isinstance(meta, dict):
-            raise VerificationError(side, "top level", "a JSON object", type(meta).__name__)
+        from harness.io.jsonio import read_json
+
+        meta = read_json(side)
         if meta.get("sha256") != digest:
             raise VerificationError(path, "sha256 (vs sidecar lm_head.json)", meta.get("sha256"), digest)
     if expected_sha256 is not None and expected_sha256 != digest:
@@ -146,4 +146,7 @@ def load_head(path: str | Path, expected_sha256: str | None = None) -> HeadTenso
     for i, key in enumerate(("vocab_size", "hidden_size")):
         if key in meta and meta[key] != int(w.shape[i]):
             raise VerificationError(path, f"weight {key} (vs sidecar {side.name})", meta[key], int(w.shape[i]))
-    return HeadTensor(w, digest, path)
+    source = meta.get("source_model")
+    if source is not None and not isinstance(source, dict):
+        raise VerificationError(side, "source_model", "an object (the exporting model's identity)", type(source).__name__)
+    return HeadTensor(w, digest, path, source)

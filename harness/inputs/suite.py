@@ -30,7 +30,6 @@ Selection rules (``build_suite``):
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import random
@@ -199,15 +198,9 @@ def load_suite(path: str | Path, verify: bool = True) -> Suite:
     tf = root / TOKENS_FILE
     if not sj.is_file():
         raise VerificationError(sj, "suite manifest missing", hint="build one with `fidelity suite build`")
-    def _bad_constant(name: str) -> Any:
-        raise VerificationError(sj, "number", "finite JSON numbers", name)
+    from harness.io.jsonio import read_json
 
-    try:
-        doc = json.loads(sj.read_text("utf-8"), parse_constant=_bad_constant)
-    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
-        raise VerificationError(sj, f"not valid JSON ({type(e).__name__}: {e})") from None
-    if not isinstance(doc, dict):
-        raise VerificationError(sj, "top level", "a JSON object", type(doc).__name__)
+    doc = read_json(sj)
     if doc.get("schema") != SCHEMA:
         raise VerificationError(sj, "schema", SCHEMA, doc.get("schema"))
     if verify:
@@ -396,10 +389,9 @@ def build_suite(
     grouping: dict[str, str] = {}
     if grouping_file is not None:
         gp = Path(grouping_file)
-        try:
-            grouping = json.loads(gp.read_text("utf-8"))
-        except (OSError, json.JSONDecodeError) as e:
-            raise FidelityError(f"{gp}: grouping file unreadable ({e})") from None
+        from harness.io.jsonio import read_json
+
+        grouping = read_json(gp)
         if not isinstance(grouping, dict) or not all(isinstance(v, str) for v in grouping.values()):
             raise FidelityError(f"{gp}: grouping file must be a JSON object {{\"relative/doc/path\": \"cluster-name\"}}")
 

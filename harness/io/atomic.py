@@ -1,6 +1,18 @@
-"""Atomic file writes: a temporary file in the same folder, fsync, then ``os.replace``.
+"""Writes that cannot half-happen (docs/design.md, section 4).
 
-An interrupted run therefore never leaves a half-written file under the final name.
+* :func:`atomic_write_bytes` — one file: a temporary file in the same folder, fsync, then
+  ``os.replace``. An interrupted run never leaves a half-written file under the final name.
+* :func:`atomic_write_files` — several files that belong together (a shard report's ``.json`` and
+  ``.md``, ``ladder.md`` and ``ladder.json``, aggregates): every file is staged (written and
+  fsynced under a temporary name) before the first one is renamed into place. A failure while
+  staging (disk full, read-only folder, permission denied) leaves none of them; a failure while
+  renaming removes the files this call created and restores nothing else.
+* :func:`staged_directory` — a whole folder (a published set) is built under a temporary sibling
+  name and renamed into place in one step.
+
+Every operating-system error becomes an :class:`~harness.errors.OutputError` naming the file and
+the reason. Files get the permissions ordinary files get (``0o666`` less the process umask), not
+the ``0o600`` of a temporary file.
 """
 
 from __future__ import annotations
@@ -8,33 +20,144 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import tempfile
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+from harness.errors import OutputError
+
+
+def _umask() -> int:
+    """The process umask (read without changing it where /proc allows; else set and restore)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    old = os.umask(0o022)
+    os.umask(old)
+    return old
+
+
+def file_mode() -> int:
+    """Mode of a newly written file: ``0o666`` less the umask (what ``open(path, "w")`` gives)."""
+    return 0o666 & ~_umask()
+
+
+def _reason(e: OSError) -> str:
+    return f"{type(e).__name__}: {e.strerror or e}"
+
+
+def _mkdir(folder: Path) -> None:
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise OutputError(folder, "cannot create the folder", _reason(e)) from None
+
+
+def _stage(path: Path, data: bytes) -> str:
+    """Write ``data`` to a temporary file next to ``path`` (fsynced, final mode); return its name."""
+    _mkdir(path.parent)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as e:
+        raise OutputError(path, "cannot write", _reason(e)) from None
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            os.fchmod(fh.fileno(), file_mode())
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+    except OSError as e:
+        _unlink(tmp)
+        raise OutputError(path, "cannot write", _reason(e)) from None
+    except BaseException:
+        _unlink(tmp)
+        raise
+    return tmp
+
+
+def _unlink(p: str | Path) -> None:
+    try:
+        os.unlink(p)
+    except OSError:
+        pass
 
 
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:
     """Write ``data`` to ``path`` atomically (same-folder temp file + rename)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
+    atomic_write_files({Path(path): data})
 
 
 def atomic_write_text(path: str | Path, text: str) -> None:
     """Write UTF-8 text atomically."""
     atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def atomic_write_files(files: Mapping[str | Path, bytes | str]) -> list[Path]:
+    """Write several files as one unit: all staged first, then all renamed (module docstring)."""
+    items = [(Path(p), d.encode("utf-8") if isinstance(d, str) else d) for p, d in files.items()]
+    staged: list[tuple[Path, str]] = []
+    try:
+        for path, data in items:
+            staged.append((path, _stage(path, data)))
+    except BaseException:
+        for _p, tmp in staged:
+            _unlink(tmp)
+        raise
+    created: list[Path] = []
+    try:
+        for i, (path, tmp) in enumerate(staged):
+            existed = path.exists()
+            try:
+                os.replace(tmp, path)
+            except OSError as e:
+                for _p, t in staged[i:]:
+                    _unlink(t)
+                for c in created:
+                    _unlink(c)
+                raise OutputError(path, "cannot write", _reason(e)) from None
+            if not existed:
+                created.append(path)
+    except BaseException:
+        for _p, t in staged:
+            _unlink(t)
+        raise
+    return [p for p, _d in items]
+
+
+@contextmanager
+def staged_directory(final: str | Path) -> Iterator[Path]:
+    """Build a folder under a temporary sibling name; on success rename it to ``final`` in one step.
+
+    ``final`` must not exist, or be an empty folder. On any error the staging folder is removed
+    and ``final`` is left as it was.
+    """
+    final = Path(final)
+    if final.exists() and (not final.is_dir() or any(final.iterdir())):
+        raise OutputError(final, "output folder", "exists and is not empty (a published set is written whole)")
+    _mkdir(final.parent)
+    try:
+        tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".staging", dir=final.parent))
+    except OSError as e:
+        raise OutputError(final, "cannot create the folder", _reason(e)) from None
+    try:
+        os.chmod(tmp, 0o777 & ~_umask())
+        yield tmp
+        try:
+            if final.is_dir():
+                final.rmdir()
+            os.replace(tmp, final)
+        except OSError as e:
+            raise OutputError(final, "cannot move the staged folder into place", _reason(e)) from None
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _reject_non_finite(obj: Any, where: str = "$") -> None:

@@ -98,12 +98,11 @@ def write_aggregates(out_dir: str | Path, groups: dict[str, list[Any]], aggs: di
 
 
 def _read_json(path: Path) -> Any:
+    from harness.io.jsonio import read_json
+
     if not path.is_file():
         return None
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except ValueError as exc:
-        raise VerificationError(path, "JSON", "valid JSON", str(exc)) from None
+    return read_json(path)
 
 
 # ------------------------------------------------------------------ the publishable set

@@ -177,23 +177,10 @@ class ShardReport:
 
     @classmethod
     def load(cls, path: str | Path) -> "ShardReport":
+        from harness.io.jsonio import read_json
+
         path = Path(path)
-        try:
-            text = path.read_text(encoding="utf-8")
-        except FileNotFoundError:
-            raise VerificationError(path, "report file", "present", "missing") from None
-        except UnicodeDecodeError as e:
-            raise VerificationError(path, "encoding", "UTF-8 JSON", f"byte {e.start}: {e.reason}") from None
-
-        def _bad_constant(name: str) -> Any:
-            raise VerificationError(path, "number", "finite JSON numbers", name)
-
-        try:
-            d = json.loads(text, parse_constant=_bad_constant)
-        except json.JSONDecodeError as e:
-            raise VerificationError(path, "JSON", "valid JSON", f"error at line {e.lineno} column {e.colno}: {e.msg}") from None
-        except RecursionError:
-            raise VerificationError(path, "JSON", "valid JSON", "nesting too deep") from None
+        d = read_json(path)
         return cls.from_json_dict(d, path)
 
 

@@ -43,12 +43,9 @@ def candidate_size_bytes(cand: CandidateConfig) -> int | None:
         return cand.model.stat().st_size
     qfile = cand.model / "quantization.json"
     if qfile.is_file():
-        import json
+        from harness.io.jsonio import get_int, read_json
 
-        try:
-            value = json.loads(qfile.read_text()).get("on_disk_bytes")
-        except ValueError:
-            value = None
+        value = get_int(read_json(qfile), "on_disk_bytes", qfile, minimum=0, default=None)
         if isinstance(value, int):
             return value
     files = sorted(cand.model.glob("*.safetensors"))
