@@ -510,7 +510,7 @@ def test_head_tamper(fx: Path, capsys: pytest.CaptureFixture[str], name: str, br
 def test_candidate_head_other_hidden(fx: Path, capsys: pytest.CaptureFixture[str]) -> None:
     (fx / "own").mkdir()
     write_head(fx / "own" / "lm_head.safetensors", head_weight(fx)[:, :16])
-    assert_refused(fx, capsys, "own/lm_head.safetensors: head hidden_size", "expected 32, found 16",
+    assert_refused(fx, capsys, "own/lm_head.safetensors: candidate head hidden_size", "expected 32, found 16",
                    extra=("--candidate-head", str(fx / "own" / "lm_head.safetensors")))
 
 

@@ -181,7 +181,8 @@ def _replay(a: argparse.Namespace) -> int:
     from harness.run.replay import replay
 
     paths = replay(a.suite, a.reference, a.candidate, a.head, a.out, cand_head_path=a.candidate_head, shards=a.shards,
-                   score_from=a.window, n_boot=a.n_boot, device=a.device, candidate_name=a.name, reference_name=a.reference_name)
+                   score_from=a.window, n_boot=a.n_boot, device=a.device, candidate_name=a.name, reference_name=a.reference_name,
+                   reference_model=a.reference_model)
     for p in paths:
         print(f"{p}: written (+ {p.with_suffix('.md').name})")
     return 0
@@ -207,6 +208,8 @@ def add_replay(sub: SubParsers) -> None:
     p.add_argument("--candidate", required=True, type=Path, help="candidate capture store")
     p.add_argument("--head", required=True, type=Path, help="shared lm_head.safetensors")
     p.add_argument("--candidate-head", type=Path, default=None, dest="candidate_head", help="the candidate's own head (head attribution)")
+    p.add_argument("--reference-model", type=Path, default=None, dest="reference_model",
+                   help="the reference model folder: its identity must be the one the reference store recorded")
     p.add_argument("--shards", default=None, help="shards to score, e.g. 0,2-3 (default: all)")
     p.add_argument("--window", type=nonneg_int, default=0, help="score_from: drop the first N rows of every context")
     p.add_argument("--n-boot", type=positive_int, default=10_000, dest="n_boot", help="bootstrap replicates (default 10000)")

@@ -22,7 +22,7 @@ import math
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -158,6 +158,17 @@ def staged_directory(final: str | Path) -> Iterator[Path]:
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+def refuse_overwriting_inputs(outputs: Iterable[str | Path], inputs: Iterable[str | Path], command: str) -> None:
+    """Refuse an output that is one of the command's inputs or lies inside an input folder
+    (a store, a suite): ``fidelity replay --out`` may never replace a ``capture.json``."""
+    ins = [(Path(p).resolve(), Path(p).is_dir()) for p in inputs]
+    for out in outputs:
+        o = Path(out).resolve()
+        for i, is_dir in ins:
+            if o == i or (is_dir and o.is_relative_to(i)):
+                raise OutputError(out, f"{command} output", f"it would overwrite or write inside its own input {i}")
 
 
 def _reject_non_finite(obj: Any, where: str = "$") -> None:

@@ -52,56 +52,33 @@ def _default_name(path: Path) -> str:
     return name or "candidate"
 
 
-def _check_head(head: Any, suite: Any, width: int | None, store_root: Path) -> None:
-    if head.vocab_size < suite.vocab_size:
-        raise VerificationError(head.path, "head vocab_size (>= the suite's tokenizer vocab)", f">= {suite.vocab_size}", head.vocab_size)
-    if width is not None and head.hidden_size != width:
-        raise VerificationError(head.path, f"head hidden_size (the width of {store_root / 'capture.json'})", width, head.hidden_size)
-
-
 def verify_inputs(
     suite_path: str | Path,
     reference_path: str | Path,
     candidate_path: str | Path,
-    head_path: str | Path,
+    head_path: str | Path | None,
     *,
     cand_head_path: str | Path | None = None,
     shards: str | None = None,
     score_from: int = 0,
+    reference_model: str | Path | None = None,
 ) -> ReplayInputs:
-    """Load and verify every input of a replay (module docstring, steps 1-4)."""
+    """Load and verify every input of a replay (module docstring, steps 1-4); the joins between
+    them are checked by :func:`harness.inputs.verify.verify_joins`, as in a pytest run."""
     from harness.inputs.head import load_head
-    from harness.capture.store import MANIFEST, CaptureStore
+    from harness.capture.store import CaptureStore
     from harness.inputs.suite import Suite
+    from harness.inputs.verify import verify_joins
 
     suite = Suite.load(suite_path, verify=True)
-    if not 0 <= score_from < suite.n_ctx - 1:
-        raise VerificationError(suite.root / "suite.json", "--window (score_from)", f"0..{suite.n_ctx - 2} (n_ctx {suite.n_ctx})", score_from)
     shard_list = suite.parse_shards(shards)
     reference = CaptureStore.open(reference_path, suite, verify=True)
     candidate = CaptureStore.open(candidate_path, suite, verify=True)
-    if reference.kind != candidate.kind:
-        raise VerificationError(candidate.root / MANIFEST, "kind (same as the reference store)", reference.kind, candidate.kind)
-    if candidate.width != reference.width:
-        field = "hidden_size" if reference.kind == "hidden_states" else "vocab_size"
-        raise VerificationError(candidate.root / MANIFEST, f"{field} (same as the reference store)", reference.width, candidate.width)
-    wanted = [i for k in shard_list for i in suite.shard_indices(k)]
-    for store in (reference, candidate):
-        missing = store.missing(wanted)
-        if missing:
-            raise VerificationError(
-                store.root / MANIFEST, f"contexts of shard(s) {','.join(map(str, shard_list))}", "all captured",
-                f"{len(missing)} missing (first: {missing[0]})", "capture them with `fidelity capture --shards ...`",
-            )
-    head = load_head(head_path)
-    hidden = reference.width if reference.kind == "hidden_states" else None
-    _check_head(head, suite, hidden, reference.root)
-    cand_head = None
-    if cand_head_path is not None:
-        cand_head = load_head(cand_head_path)
-        _check_head(cand_head, suite, hidden, candidate.root)
-    if reference.kind == "logits" and reference.width < suite.vocab_size:
-        raise VerificationError(reference.root / MANIFEST, "vocab_size (>= the suite's tokenizer vocab)", f">= {suite.vocab_size}", reference.width)
+    head = load_head(head_path) if head_path is not None else None
+    cand_head = load_head(cand_head_path) if cand_head_path is not None else None
+    verify_joins(suite=suite, reference=reference, candidate=candidate, head=head, cand_head=cand_head,
+                 score_from=score_from, shards=shard_list,
+                 reference_model=None if reference_model is None else Path(reference_model))
     reference.verify_all()
     candidate.verify_all()
     return ReplayInputs(suite, reference, candidate, head, cand_head, shard_list)
@@ -136,9 +113,11 @@ def replay(
     device: str = "cpu",
     candidate_name: str | None = None,
     reference_name: str = "reference",
+    reference_model: str | Path | None = None,
 ) -> list[Path]:
     """Verify, score every selected shard, then write the reports; returns the JSON paths."""
-    from harness.io.atomic import atomic_write_text, dumps_json
+    from harness.inputs.head import sidecar_path
+    from harness.io.atomic import atomic_write_files, dumps_json, refuse_overwriting_inputs
     from harness.reports.shard import render_markdown
     from harness.run.shard import score_shard
 
@@ -146,10 +125,17 @@ def replay(
     for what, value in (("--name", name), ("--reference-name", reference_name)):
         if not _NAME_RE.match(value):
             raise FidelityError(f"{what}: expected letters, digits, '.', '_', '+', '-' starting alphanumeric, found {value!r}")
+    own_inputs = [Path(suite_path), Path(reference_path), Path(candidate_path)]
+    for h in (head_path, cand_head_path):
+        if h is not None:
+            own_inputs += [Path(h), sidecar_path(h)]
+    out_p = Path(out)
+    refuse_overwriting_inputs([out_p, out_p.with_suffix(".md")] if out_p.suffix == ".json" else [out_p], own_inputs, "replay --out")
     inputs = verify_inputs(suite_path, reference_path, candidate_path, head_path, cand_head_path=cand_head_path,
-                           shards=shards, score_from=score_from)
+                           shards=shards, score_from=score_from, reference_model=reference_model)
     paths = output_paths(out, name, inputs.shards)
-    rendered: list[tuple[Path, str, str]] = []
+    refuse_overwriting_inputs([q for p in paths for q in (p, p.with_suffix(".md"))], own_inputs, "replay --out")
+    files: dict[Path, str] = {}
     for shard, path in zip(inputs.shards, paths):
         report = score_shard(
             suite=inputs.suite, shard=shard, reference=inputs.reference, candidate=inputs.candidate,
@@ -160,8 +146,7 @@ def replay(
             text = dumps_json(report.to_json_dict())
         except ValueError as e:  # NaN/Inf in a metric: never write it
             raise VerificationError(path, f"report values ({e})", "finite numbers", "NaN/Inf") from None
-        rendered.append((path, text, render_markdown(report)))
-    for path, text, md in rendered:
-        atomic_write_text(path, text)
-        atomic_write_text(path.with_suffix(".md"), md)
-    return [p for p, _t, _m in rendered]
+        files[path] = text
+        files[path.with_suffix(".md")] = render_markdown(report)
+    atomic_write_files(files)  # every report of the run, or none of them
+    return list(paths)

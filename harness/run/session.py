@@ -135,7 +135,12 @@ class FidelitySession:
                 from harness.engines.transformers import capture
 
                 capture(ref.model, self.suite, ref.store, device=self.device, progress=self.progress)
-            self._reference = CaptureStore.open(ref.store, self.suite, verify=True)
+            store = CaptureStore.open(ref.store, self.suite, verify=True)
+            from harness.inputs.verify import check_reference_identity
+
+            # the configured reference model and the head's source model must be the store's model
+            check_reference_identity(store, reference_model=ref.model, head=self.head)
+            self._reference = store
         return self._reference
 
     def shard_indices(self, shard: int) -> list[int]:
@@ -206,11 +211,21 @@ class FidelitySession:
         (windows, tails and paired comparisons re-use them; no recapture, no rescoring)."""
         key = (cand.name, shard)
         if key not in self._positions:
+            self.verify_joins(cand, shard)
             self._positions[key] = shard_positions(
                 suite=self.suite, shard=shard, reference=self.reference, candidate=self.candidate_store(cand, shard),
                 head=self.head, cand_head=self.candidate_head(cand), device=self.device,
             )
         return self._positions[key]
+
+    def verify_joins(self, cand: CandidateConfig, shard: int) -> None:
+        """The identity checks ``fidelity replay`` runs (:func:`harness.inputs.verify.verify_joins`),
+        before any position of ``cand`` x ``shard`` is scored."""
+        from harness.inputs.verify import verify_joins
+
+        verify_joins(suite=self.suite, reference=self.reference, candidate=self.candidate_store(cand, shard),
+                     head=self.head if self.reference.kind == "hidden_states" else None,
+                     cand_head=self.candidate_head(cand), score_from=self.score_from, shards=[shard])
 
     def score(self, cand: CandidateConfig, shard: int, *, n_boot: int | None = None) -> ScoredShard:
         """Score one candidate x shard and build its report."""

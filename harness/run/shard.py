@@ -96,6 +96,7 @@ def shard_positions(
     """Load one shard of both captures and score every position (no window, no statistics)."""
     import torch
 
+    from harness.inputs.verify import check_scores_finite
     from harness.metrics import ContextLabel
     from harness.scoring.scorer import score_hidden, score_logits
 
@@ -125,6 +126,7 @@ def shard_positions(
         row = np.tile(np.arange(rows_per, dtype=np.int64), len(indices))
         labels = [ContextLabel(index=c.index, source_cluster=c.source_cluster, stratum=c.stratum)
                   for c in (suite.contexts[i] for i in indices)]
+        check_scores_finite(scores.kld, context_index, row, reference, candidate, head, cand_head)
         return ShardPositions(scores, context_index, row, labels, mode, head_sha, cand_head_sha, wait_s, score_s)
     ref = reference.load_rows(indices)
     cnd = candidate.load_rows(indices)
@@ -153,6 +155,7 @@ def shard_positions(
     row = np.tile(np.arange(rows_per, dtype=np.int64), len(indices))
     labels = [ContextLabel(index=c.index, source_cluster=c.source_cluster, stratum=c.stratum)
               for c in (suite.contexts[i] for i in indices)]
+    check_scores_finite(scores.kld, context_index, row, reference, candidate, head, cand_head)
     return ShardPositions(scores, context_index, row, labels, mode, head_sha, cand_head_sha, t1 - t0, t2 - t1)
 
 
