@@ -99,8 +99,8 @@ def _schema(docs: list[dict[str, Any]]) -> None:
         (_schema, "comparability.protocol_version: expected 1, found 99"),
         (_dup_shard, "shard 00: expected each shard once"),
         (_overlap_context, "context 0: expected each context in one report"),
-        (_rows_disagree, "per-context rows: sum of KLD"),
-        (_rows_positions, "per-context rows: sum of positions"),
+        (_rows_disagree, "metrics.totals.sum_kld: expected"),
+        (_rows_positions, "against the per-context rows"),
         (_hist_spec, "histogram spec"),
     ],
     ids=["window", "head", "identity", "protocol", "duplicate-shard", "overlapping-contexts", "rows-kld",
@@ -130,10 +130,11 @@ def _write(dir_: Path, docs: list[dict[str, Any]]) -> None:
 
 
 def test_cli_groups_candidates_and_fails_closed(tmp_path: Path, shard_reports: dict[str, list[dict[str, Any]]],
-                                                 capsys: pytest.CaptureFixture[str]) -> None:
+                                                 capsys: pytest.CaptureFixture[str], fidelity_project: Path) -> None:
+    suite = ["--suite", str(fidelity_project / "suite")]
     _write(tmp_path / "m1", shard_reports["good"][:2] + shard_reports["bad"][:2])
     _write(tmp_path / "m2", shard_reports["good"][2:] + shard_reports["bad"][2:])
-    assert main(["aggregate", str(tmp_path / "m1"), str(tmp_path / "m2"), "--complete", "4", "--out", str(tmp_path / "out")]) == 0
+    assert main(["aggregate", str(tmp_path / "m1"), str(tmp_path / "m2"), *suite, "--out", str(tmp_path / "out")]) == 0
     out = capsys.readouterr().out
     assert "| good" in out and "| bad" in out
     for c in ("good", "bad"):
@@ -144,11 +145,11 @@ def test_cli_groups_candidates_and_fails_closed(tmp_path: Path, shard_reports: d
     bad = copy.deepcopy(shard_reports["good"][3])
     bad["comparability"]["score_from"] = bad["metrics"]["score_from"] = 16
     (tmp_path / "m2" / "good" / "shard-03.json").write_text(json.dumps(bad))
-    assert main(["aggregate", str(tmp_path / "m1"), str(tmp_path / "m2"), "--out", str(tmp_path / "out2")]) == 1
+    assert main(["aggregate", str(tmp_path / "m1"), str(tmp_path / "m2"), *suite, "--out", str(tmp_path / "out2")]) == 1
     err = capsys.readouterr().err
     assert "m2/good/shard-03.json: comparability.score_from: expected 0, found 16" in err
-    # missing shards with --complete
-    assert main(["aggregate", str(tmp_path / "m1"), "--complete", "4", "--out", str(tmp_path / "out3")]) == 1
+    # missing shards (every shard of the suite is required unless --partial)
+    assert main(["aggregate", str(tmp_path / "m1"), *suite, "--out", str(tmp_path / "out3")]) == 1
     assert "missing 02, 03" in capsys.readouterr().err
 
 

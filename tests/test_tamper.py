@@ -595,7 +595,7 @@ AGGREGATE_CASES = [
     ("mixing-windows", ("s0", "s1w"), None, "comparability.score_from: expected 0, found 8"),
     ("overlapping-shards", ("s1", "s1"), None, "shard 01: expected each shard once"),
     ("other-head", ("s0", "s1"), _other_head, "comparability.head_sha256: expected"),
-    ("rows-disagree-with-summary", ("s0", "s1"), _rows_disagree, "per-context rows: sum of KLD"),
+    ("rows-disagree-with-summary", ("s0", "s1"), _rows_disagree, "metrics.totals.sum_kld: expected"),
     ("inf-in-memory", ("s0", "s1"), _nan_in_memory, "number at $.metrics.kld.max: expected finite, found inf"),
     ("missing-shards", ("s0", "s1"), "complete", "shards: expected all 4 shards, found missing 02, 03"),
 ]

@@ -14,20 +14,15 @@ from harness.errors import FidelityError, VerificationError
 
 # ----------------------------------------------------------------------------- aggregate
 def _aggregate(a: argparse.Namespace) -> int:
+    from harness.inputs.suite import Suite
     from harness.reports.aggregate import format_ladder, ladder_rows
     from harness.reports.publish import aggregate_groups, load_reports, write_aggregates
 
-    suite = None
-    n_shards = a.complete
-    if a.suite is not None:
-        from harness.inputs.suite import Suite
-
-        suite = Suite.load(a.suite, verify=True)
-        n_shards = suite.n_shards
+    suite = Suite.load(a.suite, verify=True)
     groups = load_reports(a.reports)
-    aggs = aggregate_groups(groups, n_shards=n_shards, suite=suite)
-    write_aggregates(a.out, groups, aggs)
-    for line in format_ladder(ladder_rows([r for g in groups.values() for r in g])):
+    aggs = aggregate_groups(groups, n_shards=None if a.partial else suite.n_shards, suite=suite)
+    write_aggregates(a.out, groups, aggs, suite=suite)
+    for line in format_ladder(ladder_rows([r for g in groups.values() for r in g], suite=suite)):
         print(line)
     print(f"{a.out}: {len(aggs)} candidate aggregate(s), ladder.md, ladder.json")
     return 0
@@ -38,19 +33,20 @@ def add_aggregate(sub: SubParsers) -> None:
         "aggregate", help="combine shard reports (per candidate, fail closed) into aggregates and a ladder",
         formatter_class=formatter,
         description=(
-            "Group the shard reports by candidate and aggregate each group. Refuses reports that\n"
-            "differ in any comparability field (suite, window, reference, candidate, head, engine,\n"
-            "scorer, schema), overlapping shards or contexts, rows that disagree with their summary,\n"
-            "different histogram specs, and (with --complete/--suite) missing shards.\n\n"
+            "Group the shard reports by candidate and aggregate each group against the suite. Refuses\n"
+            "reports of another suite, a shard number or hash or context range that is not the suite's,\n"
+            "reports that differ in any comparability field (window, reference, candidate, head, engine,\n"
+            "scorer, schema), overlapping shards or contexts, totals or rows that disagree with their\n"
+            "summary, different histogram specs, and (unless --partial) missing shards. The aggregates\n"
+            "and the ladder are written together or not at all.\n\n"
             "examples:\n"
             "  fidelity aggregate machineA/ machineB/ --suite suites/s512 --out aggregate/\n"
-            "  fidelity aggregate reports/int4/shard-00.json reports/int4/shard-01.json --out agg/"
+            "  fidelity aggregate reports/int4/shard-00.json --suite suites/s512 --partial --out agg/"
         ),
     )
     p.add_argument("reports", nargs="+", type=Path, help="shard report files or folders (searched for shard-*.json)")
-    g = p.add_mutually_exclusive_group()
-    g.add_argument("--complete", type=positive_int, metavar="N", help="require all N shards of every candidate")
-    g.add_argument("--suite", type=Path, help="require every shard of this suite (and its suite hash)")
+    p.add_argument("--suite", required=True, type=Path, help="the suite the reports were scored on (every report is checked against it)")
+    p.add_argument("--partial", action="store_true", help="allow a subset of the suite's shards (default: every shard is required)")
     p.add_argument("--out", required=True, type=Path, help="folder for <candidate>/aggregate.json and ladder.md/json")
     p.set_defaults(func=_aggregate)
 
@@ -132,7 +128,12 @@ def _publish(a: argparse.Namespace) -> int:
         from harness.inputs.config import load_config
 
         cfg = load_config(a.config)
-    files = publish(a.reports, a.out, config=cfg, n_shards=a.complete)
+    suite = None
+    if a.suite is not None:
+        from harness.inputs.suite import Suite
+
+        suite = Suite.load(a.suite, verify=True)
+    files = publish(a.reports, a.out, config=cfg, n_shards=a.complete, suite=suite, baselines_dir=a.baselines)
     print(f"{a.out}: {len(files)} files, checksums in {a.out / 'checksums.txt'}; check with: fidelity verify {a.out}")
     return 0
 
@@ -144,33 +145,39 @@ def add_publish(sub: SubParsers) -> None:
         description=(
             "From a report folder (pytest --fidelity-report-dir or fidelity replay output), write:\n"
             "README.md, ladder.md, results.json, kld-vs-size.json/.png, <candidate>/report.md and\n"
-            "checksums.txt (sha256sum format).\n\n"
+            "checksums.txt (sha256sum format). Every report is checked against the suite (--suite, or\n"
+            "the suite of --config); verdicts are recomputed from the reports and the baselines\n"
+            "(--baselines, or those of --config), never copied. The set appears whole or not at all.\n\n"
             "example:\n  fidelity publish --reports fidelity-reports --out publish/ --config fidelity.toml"
         ),
     )
     p.add_argument("--reports", required=True, type=Path, help="report folder")
     p.add_argument("--out", required=True, type=Path, help="output folder (must be new or empty)")
-    p.add_argument("--config", type=Path, default=None, help="fidelity.toml (for the reproduction commands)")
+    p.add_argument("--config", type=Path, default=None, help="fidelity.toml (suite, baselines, reproduction commands)")
+    p.add_argument("--suite", type=Path, default=None, help="suite folder (required unless --config names it)")
+    p.add_argument("--baselines", type=Path, default=None, help="baseline folder for the verdicts (default: the config's)")
     p.add_argument("--complete", type=positive_int, metavar="N", default=None, help="require all N shards per candidate")
     p.set_defaults(func=_publish)
 
 
 def _verify(a: argparse.Namespace) -> int:
-    from harness.reports.publish import verify_set
+    from harness.reports.publish import rederive_set, verify_set
 
     problems = verify_set(a.dir)
+    if not problems:
+        problems = rederive_set(a.dir)
     if problems:
         for line in problems[:-1]:
             print(f"fidelity: {line}")
-        raise VerificationError(a.dir, "published set", "every file as listed in checksums.txt",
+        raise VerificationError(a.dir, "published set", "every file as listed in checksums.txt and as re-derived from its shard reports",
                                 f"{len(problems)} problem(s); last: {problems[-1]}")
     n = len((a.dir / "checksums.txt").read_text().splitlines())
-    print(f"{a.dir}: OK ({n} files match checksums.txt, no extra files)")
+    print(f"{a.dir}: OK ({n} files match checksums.txt, no extra files; ladder, results and plot points re-derived from the shard reports)")
     return 0
 
 
 def add_verify(sub: SubParsers) -> None:
-    p = sub.add_parser("verify", help="check a published set against its checksums.txt; exit 1 if tampered",
+    p = sub.add_parser("verify", help="check a published set: checksums, then re-derive its numbers from its shard reports; exit 1 if tampered",
                        formatter_class=formatter, description="example:\n  fidelity verify publish/")
     p.add_argument("dir", type=Path, help="published set folder")
     p.set_defaults(func=_verify)

@@ -147,6 +147,13 @@ class Baseline:
             raw = read_json(path)
         except VerificationError as e:  # one error type for a bad baseline, whatever broke
             raise BaselineError(e.path, e.what, e.expected, e.found, e.hint) from None
+        return cls.from_json(raw, path, candidate)
+
+    @classmethod
+    def from_json(cls, raw: Any, path: Path, candidate: str) -> "Baseline":
+        """Validate a parsed baseline document (``path`` names it in errors)."""
+        if not isinstance(raw, dict):
+            raise BaselineError(path, "top level", "an object", type(raw).__name__)
         allowed = {"schema", "candidate", "default", "shards", "margin"}
         for key in raw:
             if key not in allowed:
@@ -167,6 +174,10 @@ class Baseline:
                 raise BaselineError(path, "shard key", "a shard number of at least two digits, like '03' or '100'", repr(key))
             shards[key] = _validate_entry(path, f"shards.{key}", entry)
         return cls(path=path, candidate=candidate, default=default, shards=shards)
+
+    def to_json(self) -> dict[str, Any]:
+        """The validated thresholds as a baseline document (recorded in published sets)."""
+        return {"schema": SCHEMA, "candidate": self.candidate, "default": dict(self.default), "shards": dict(sorted(self.shards.items()))}
 
     def thresholds(self, shard: int) -> dict[str, float]:
         """The thresholds that apply to ``shard``: its own entry over the default."""

@@ -27,7 +27,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from harness.io.atomic import atomic_write_json, atomic_write_text
+from harness.io.atomic import atomic_write_files
 from harness.errors import VerificationError
 
 SCHEMA = "fidelity.aggregate/1"
@@ -92,22 +92,81 @@ def check_comparable(reports: Sequence[Any]) -> None:
         check_rows_match_summary(r)
 
 
+def _close(a: float, b: float, scale: float) -> bool:
+    """Equal up to float summation order (``scale``: the magnitude the sums are built from)."""
+    return math.isclose(a, b, rel_tol=1e-7, abs_tol=1e-9 * max(scale, 1.0))
+
+
 def check_rows_match_summary(report: Any) -> None:
-    """A report's per-context rows must add up to its own summary."""
+    """A report's per-context rows, its additive totals and its headline must tell one story:
+    the totals are what aggregation adds, so a total that disagrees with the rows is refused."""
     m = report.metrics
     rows = m["contexts"]
-    checks = [
-        ("positions", sum(int(r["positions"]) for r in rows), int(m["n_positions"])),
-        ("top1 count", sum(int(r["top1"]) for r in rows), int(m["top1"]["count"])),
-        ("contexts", len(rows), int(m["n_contexts"])),
+    t = m["totals"]
+    name = _name(report)
+    n = int(m["n_positions"])
+    counts = [
+        ("metrics.n_positions", n, sum(int(r["positions"]) for r in rows)),
+        ("metrics.top1.count", int(m["top1"]["count"]), sum(int(r["top1"]) for r in rows)),
+        ("metrics.n_contexts", int(m["n_contexts"]), len(rows)),
+        ("metrics.totals.n_positions", int(t["n_positions"]), n),
+        ("metrics.totals.top1_count", int(t["top1_count"]), int(m["top1"]["count"])),
+        ("metrics.histogram total", n, int(sum(t["histogram"]["counts"]))),
     ]
-    for what, got, want in checks:
+    for what, want, got in counts:
         if got != want:
-            raise VerificationError(_name(report), f"per-context rows: sum of {what}", want, got, "rows disagree with the summary")
-    kld_sum = math.fsum(float(r["sum_kld"]) for r in rows)
-    want_sum = float(m["kld"]["mean"]) * int(m["n_positions"])
-    if not math.isclose(kld_sum, want_sum, rel_tol=1e-7, abs_tol=1e-12):
-        raise VerificationError(_name(report), "per-context rows: sum of KLD", want_sum, kld_sum, "rows disagree with the summary")
+            raise VerificationError(name, f"{what} (against the per-context rows)", want, got, "rows disagree with the summary")
+    for key in ("sum_kld", "sum_ear", "sum_jsd_bits", "sum_nll_ref", "sum_nll_cand"):
+        from_rows = math.fsum(float(r[key]) for r in rows)
+        scale = math.fsum(abs(float(r[key])) for r in rows)
+        if not _close(float(t[key]), from_rows, scale):
+            raise VerificationError(name, f"metrics.totals.{key}", f"{from_rows!r} (the sum of the per-context rows)", repr(float(t[key])),
+                                    "rows disagree with the summary")
+    if rows and n:
+        row_max = max(float(r["max_kld"]) for r in rows)
+        if float(t["max_kld"]) != row_max:
+            raise VerificationError(name, "metrics.totals.max_kld", f"{row_max!r} (the largest per-context max)", repr(float(t["max_kld"])))
+        for what, want, got in (("metrics.kld.mean", float(t["sum_kld"]) / n, float(m["kld"]["mean"])),
+                                ("metrics.top1.agreement", int(t["top1_count"]) / n, float(m["top1"]["agreement"]))):
+            if not _close(got, want, abs(want)):
+                raise VerificationError(name, what, f"{want!r} (from the totals)", repr(got), "rows disagree with the summary")
+    for thr, c in t["exceedance"].items():
+        if not 0 <= int(c) <= n:
+            raise VerificationError(name, f"metrics.totals.exceedance[{thr}]", f"0..{n}", c)
+
+
+def check_against_suite(report: Any, suite: Any) -> None:
+    """The report belongs to ``suite`` (a :class:`~harness.reports.suite_shape.SuiteShape`): suite
+    hash, shard index in range, shard hash, exactly the shard's contexts, whole rows per context."""
+    name = _name(report)
+    comp = report.comparability
+    if comp["suite_token_sha256"] != suite.suite_token_sha256:
+        raise VerificationError(name, "comparability.suite_token_sha256", suite.suite_token_sha256, comp["suite_token_sha256"],
+                                f"the report is not of suite {suite.root}")
+    k = _shard(report)
+    if not 0 <= k < suite.n_shards:
+        raise VerificationError(name, "comparability.shard.index", f"0..{suite.n_shards - 1} (the shards of {suite.root})", k)
+    want_sha = suite.shards[k].sha256
+    if comp["shard"]["sha256"] != want_sha:
+        raise VerificationError(name, f"comparability.shard.sha256 of shard {k:02d}", want_sha, comp["shard"]["sha256"],
+                                "the report's shard number and content disagree (swapped or edited)")
+    want_idx = suite.shard_indices(k)
+    got_idx = sorted(int(r["index"]) for r in report.metrics["contexts"])
+    if got_idx != want_idx:
+        extra = sorted(set(got_idx) - set(want_idx))
+        lacking = sorted(set(want_idx) - set(got_idx))
+        raise VerificationError(name, f"contexts of shard {k:02d}", f"{want_idx[0]}..{want_idx[-1]}",
+                                f"extra {extra[:5]}, missing {lacking[:5]}" if extra or lacking else got_idx)
+    per = suite.n_ctx - 1 - int(comp["score_from"])
+    for r in report.metrics["contexts"]:
+        if int(r["positions"]) != per:
+            raise VerificationError(name, f"positions of context {r['index']}", f"{per} (n_ctx - 1 - score_from)", r["positions"])
+
+
+def bracket(bounds: tuple[float, float], max_kld: float) -> list[float]:
+    """A histogram bracket made finite: KLD >= 0 bounds the underflow bin, the exact max the overflow bin."""
+    lo, hi = bounds
+    return [max(lo, 0.0), min(hi, max_kld)]
 
 
 def _cluster_bootstrap(rows: list[dict[str, Any]], n_boot: int, seed: int) -> dict[str, list[float]]:
@@ -130,12 +189,19 @@ def _cluster_bootstrap(rows: list[dict[str, Any]], n_boot: int, seed: int) -> di
     }
 
 
-def aggregate(reports: Sequence[Any], *, n_shards: int | None = None) -> dict[str, Any]:
-    """Combine one candidate's shard reports; ``n_shards`` asks for a complete set."""
+def aggregate(reports: Sequence[Any], *, n_shards: int | None = None, suite: Any = None) -> dict[str, Any]:
+    """Combine one candidate's shard reports; ``n_shards`` asks for a complete set. With ``suite``
+    (a :class:`~harness.inputs.suite.Suite` or :class:`~harness.reports.suite_shape.SuiteShape`)
+    every report is checked against it (:func:`check_against_suite`) and recorded in the result."""
     from harness.metrics.histogram import LogHistogram
     from harness.metrics.summary import merge_totals
+    from harness.reports.suite_shape import SuiteShape
 
     check_comparable(reports)
+    shape = None if suite is None else SuiteShape.of(suite)
+    if shape is not None:
+        for r in reports:
+            check_against_suite(r, shape)
     reports = sorted(reports, key=_shard)
     shards = [_shard(r) for r in reports]
     if n_shards is not None:
@@ -175,7 +241,7 @@ def aggregate(reports: Sequence[Any], *, n_shards: int | None = None) -> dict[st
             "mean": t["sum_kld"] / n,
             "ci95": ci["kld"],
             "max": t["max_kld"],
-            "quantile_bounds": {f"p{q * 100:g}": list(hist.quantile_bounds(q)) for q in QUANTILES},
+            "quantile_bounds": {f"p{q * 100:g}": bracket(hist.quantile_bounds(q), float(t["max_kld"])) for q in QUANTILES},
         },
         "top1": {"agreement": t["top1_count"] / n, "count": int(t["top1_count"]), "ci95": ci["top1"]},
         "ear": {"mean": t["sum_ear"] / n, "ci95": ci["ear"]},
@@ -190,18 +256,20 @@ def aggregate(reports: Sequence[Any], *, n_shards: int | None = None) -> dict[st
         "histogram": t["histogram"],
         "per_stratum": dict(sorted(strata.items())),
         "bootstrap": {"method": "source-cluster bootstrap over per-context rows", "n_boot": int(boot["n_boot"]), "seed": int(boot["seed"])},
+        **({} if shape is None else {"suite": shape.to_json()}),
     }
 
 
 # ------------------------------------------------------------------ ladder (one row per candidate)
-def ladder_rows(reports: Sequence[Any], verdicts: dict[tuple[str, int], bool] | None = None) -> list[dict[str, Any]]:
-    """One aggregated row per candidate, sorted by mean KLD (best first)."""
+def ladder_rows(reports: Sequence[Any], verdicts: dict[tuple[str, int], bool] | None = None, *,
+                suite: Any = None) -> list[dict[str, Any]]:
+    """One aggregated row per candidate, sorted by mean KLD (best first); ``suite`` as in :func:`aggregate`."""
     by_cand: dict[str, list[Any]] = {}
     for r in reports:
         by_cand.setdefault(r.candidate, []).append(r)
     rows = []
     for name, group in by_cand.items():
-        agg = aggregate(group)
+        agg = aggregate(group, suite=suite)
         shards = [s["index"] for s in agg["shards"]]
         passed = [(verdicts or {}).get((name, s)) for s in shards]
         verdict = "—" if any(p is None for p in passed) else ("pass" if all(passed) else f"FAIL ({passed.count(False)}/{len(passed)})")
@@ -253,8 +321,15 @@ def format_ladder(rows: Sequence[dict[str, Any]]) -> list[str]:
     return [fmt(head), "|" + "|".join("-" * (w + 2) for w in widths) + "|"] + [fmt(b) for b in body]
 
 
-def write_ladder(out_dir: Path, rows: Sequence[dict[str, Any]]) -> None:
-    """Write ``ladder.md`` and ``ladder.json`` (the aggregates) atomically."""
+def ladder_files(out_dir: Path, rows: Sequence[dict[str, Any]]) -> dict[Path, str]:
+    """``ladder.md`` and ``ladder.json`` (the aggregates) as ``{path: text}``."""
+    from harness.io.atomic import dumps_json
+
     out_dir = Path(out_dir)
-    atomic_write_text(out_dir / "ladder.md", "# Fidelity ladder\n\n" + "\n".join(format_ladder(rows)) + "\n")
-    atomic_write_json(out_dir / "ladder.json", {"schema": "fidelity.ladder/1", "rows": [dict(r) for r in rows]})
+    return {out_dir / "ladder.md": "# Fidelity ladder\n\n" + "\n".join(format_ladder(rows)) + "\n",
+            out_dir / "ladder.json": dumps_json({"schema": "fidelity.ladder/1", "rows": [dict(r) for r in rows]})}
+
+
+def write_ladder(out_dir: Path, rows: Sequence[dict[str, Any]]) -> None:
+    """Write ``ladder.md`` and ``ladder.json`` as one unit (both or neither)."""
+    atomic_write_files(ladder_files(out_dir, rows))

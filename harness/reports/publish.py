@@ -29,7 +29,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from harness.io.atomic import atomic_write_json, atomic_write_text
+from harness.io.atomic import atomic_write_text
 from harness.reports.numbers import fmt_opt
 from harness.errors import FidelityError, VerificationError
 
@@ -67,34 +67,23 @@ def load_reports(paths: Iterable[str | Path]) -> dict[str, list[Any]]:
 
 
 def aggregate_groups(groups: dict[str, list[Any]], *, n_shards: int | None = None, suite: Any = None) -> dict[str, dict[str, Any]]:
-    """Aggregate each candidate's reports (fail closed); ``suite`` also checks the suite hash."""
+    """Aggregate each candidate's reports (fail closed); ``suite`` checks every report against the
+    suite (hash, shard index and hash, contexts; :func:`harness.reports.aggregate.check_against_suite`)."""
     from harness.reports.aggregate import aggregate
 
-    out = {}
-    for name, reports in groups.items():
-        if suite is not None:
-            for r in reports:
-                found = r.comparability["suite_token_sha256"]
-                if found != suite.suite_token_sha256:
-                    raise VerificationError(r.source, "comparability.suite_token_sha256", suite.suite_token_sha256, found,
-                                            f"the report is not of suite {suite.root}")
-        out[name] = aggregate(reports, n_shards=n_shards)
-    return out
+    return {name: aggregate(reports, n_shards=n_shards, suite=suite) for name, reports in groups.items()}
 
 
-def write_aggregates(out_dir: str | Path, groups: dict[str, list[Any]], aggs: dict[str, dict[str, Any]]) -> list[Path]:
-    """``<out>/<candidate>/aggregate.json`` per candidate plus ``ladder.md``/``ladder.json``."""
-    from harness.reports.aggregate import ladder_rows, write_ladder
+def write_aggregates(out_dir: str | Path, groups: dict[str, list[Any]], aggs: dict[str, dict[str, Any]], *,
+                     suite: Any = None) -> list[Path]:
+    """``<out>/<candidate>/aggregate.json`` per candidate plus ``ladder.md``/``ladder.json``, as one unit."""
+    from harness.io.atomic import atomic_write_files, dumps_json
+    from harness.reports.aggregate import ladder_files, ladder_rows
 
     out = Path(out_dir)
-    paths = []
-    for name, agg in aggs.items():
-        p = out / name / "aggregate.json"
-        atomic_write_json(p, agg)
-        paths.append(p)
-    rows = ladder_rows([r for g in groups.values() for r in g])
-    write_ladder(out, rows)
-    return paths + [out / "ladder.md", out / "ladder.json"]
+    files: dict[Path, str] = {out / name / "aggregate.json": dumps_json(agg) for name, agg in aggs.items()}
+    files.update(ladder_files(out, ladder_rows([r for g in groups.values() for r in g], suite=suite)))
+    return atomic_write_files(files)
 
 
 def _read_json(path: Path) -> Any:
@@ -291,34 +280,44 @@ def verify_set(root: str | Path) -> list[str]:
     return problems
 
 
-def publish(reports_dir: str | Path, out_dir: str | Path, *, config: Any = None, n_shards: int | None = None) -> list[Path]:
-    """Write the publishable set for the report folder ``reports_dir`` into ``out_dir``."""
-    from harness import PROTOCOL_VERSION
-    from harness.reports.aggregate import format_ladder, ladder_rows
-    from harness.reports.plot import plot_kld_vs_size
+def derive_verdicts(groups: dict[str, list[Any]], baselines: dict[str, Any]) -> dict[tuple[str, int], bool]:
+    """Each report's verdict recomputed from its numbers and its candidate's baseline
+    (:class:`~harness.gate.baselines.Baseline`); candidates without a baseline get none."""
+    from harness.gate.baselines import headline_of
+    from harness.reports.shard import report_shard
 
-    reports_dir, out = Path(reports_dir), Path(out_dir)
-    if out.exists() and any(out.iterdir()):
-        raise FidelityError(f"{out}: output folder exists and is not empty (a published set is written whole)")
-    groups = load_reports([reports_dir])
-    aggs = aggregate_groups(groups, n_shards=n_shards)
-    tails_doc = _read_json(reports_dir / "tails.json") or {}
-    tails = {t["candidate"]: t for t in tails_doc.get("candidates", [])}
-    window = _read_json(reports_dir / "window.json")
-    adaptive = _read_json(reports_dir / "adaptive.json")
-    pairs = [_read_json(p) for p in sorted((reports_dir / "paired").glob("*.json"))] if (reports_dir / "paired").is_dir() else []
-    rows = ladder_rows([r for g in groups.values() for r in g])
-    run_ladder = _read_json(reports_dir / "ladder.json") or {}  # the run's baseline verdicts, when present
-    verdicts = {r.get("candidate"): r.get("verdict") for r in run_ladder.get("rows", [])}
-    for row in rows:
-        if verdicts.get(row["candidate"]) and row["shards"] == next(
-                (r.get("shards") for r in run_ladder["rows"] if r.get("candidate") == row["candidate"]), None):
-            row["verdict"] = verdicts[row["candidate"]]
-    atomic_write_text(out / "ladder.md", "# Fidelity ladder\n\n" + "\n".join(format_ladder(rows)) + "\n")
+    out: dict[tuple[str, int], bool] = {}
+    for name, reports in groups.items():
+        base = baselines.get(name)
+        if base is None:
+            continue
+        for r in reports:
+            out[(name, report_shard(r))] = not base.check(report_shard(r), headline_of(r.metrics))
+    return out
+
+
+def _render_set(groups: dict[str, list[Any]], suite: Any, baselines: dict[str, Any], extras: dict[str, Any],
+                config: Any, n_shards: int | None = None) -> dict[str, Any]:
+    """Every derived file of a published set (but the plot and checksums), from the shard reports,
+    the suite and the baselines alone: ``publish`` writes these and ``verify`` re-derives them."""
+    from harness import PROTOCOL_VERSION
+    from harness.io.atomic import dumps_json
+    from harness.reports.aggregate import format_ladder, ladder_rows
+    from harness.reports.suite_shape import SuiteShape
+
+    shape = SuiteShape.of(suite)
+    aggs = aggregate_groups(groups, n_shards=n_shards, suite=shape)
+    verdicts = derive_verdicts(groups, baselines)
+    rows = ladder_rows([r for g in groups.values() for r in g], verdicts, suite=shape)
+    tails, window, pairs, adaptive = extras["tails"], extras["window"], extras["paired"], extras["adaptive"]
     results = {
         "schema": SCHEMA_RESULTS,
+        "suite": shape.to_json(),
+        "n_shards_required": n_shards,
+        "baselines": {name: (b.to_json() if (b := baselines.get(name)) is not None else None) for name in aggs},
         "candidates": {
             name: {"aggregate": aggs[name],
+                   "verdict": next(r["verdict"] for r in rows if r["candidate"] == name),
                    "shards": [r.to_json_dict() for r in sorted(groups[name], key=lambda r: r.comparability["shard"]["index"])],
                    "tails": tails.get(name)}
             for name in aggs
@@ -327,16 +326,152 @@ def publish(reports_dir: str | Path, out_dir: str | Path, *, config: Any = None,
         "paired": pairs,
         "adaptive": adaptive,
     }
-    atomic_write_json(out / "results.json", results)
     points = size_points(aggs)
-    atomic_write_json(out / "kld-vs-size.json", {"schema": "fidelity.kld-vs-size/1", "x": "on-disk GiB",
-                                                 "y": "mean KLD (nats)", "points": points})
-    plot_kld_vs_size(points, out / "kld-vs-size.png")
+    files: dict[str, Any] = {
+        "ladder.md": "# Fidelity ladder\n\n" + "\n".join(format_ladder(rows)) + "\n",
+        "results.json": dumps_json(results),
+        "kld-vs-size.json": dumps_json({"schema": "fidelity.kld-vs-size/1", "x": "on-disk GiB", "y": "mean KLD (nats)", "points": points}),
+    }
     for name, agg in aggs.items():
         mine = [p for p in pairs if name in (p["a"], p["b"])]
-        atomic_write_text(out / name / "report.md", render_candidate(name, agg, groups[name], tails.get(name), window, mine, config))
+        files[f"{name}/report.md"] = render_candidate(name, agg, groups[name], tails.get(name), window, mine, config)
     windows = sorted({a["score_from"] for a in aggs.values()})
-    atomic_write_text(out / "README.md", README.format(protocol=PROTOCOL_VERSION, windows=", ".join(map(str, windows)),
-                                                       candidates=", ".join(f"`{n}`" for n in aggs)))
-    write_checksums(out)
+    files["README.md"] = README.format(protocol=PROTOCOL_VERSION, windows=", ".join(map(str, windows)),
+                                       candidates=", ".join(f"`{n}`" for n in aggs))
+    return {"files": files, "points": points}
+
+
+def publish(reports_dir: str | Path, out_dir: str | Path, *, config: Any = None, n_shards: int | None = None,
+            suite: Any = None, baselines_dir: str | Path | None = None) -> list[Path]:
+    """Write the publishable set for the report folder ``reports_dir`` into ``out_dir``.
+
+    The suite (``suite``, else ``config.suite``) is required: every report is checked against it.
+    Verdicts are recomputed from the reports and the baselines (``baselines_dir``, else
+    ``config.baselines``); the run's own ``ladder.json`` is never trusted. The set is built in a
+    staging folder and moved into place whole.
+    """
+    from harness.gate.baselines import Baseline, baseline_path
+    from harness.io.atomic import staged_directory
+    from harness.reports.plot import plot_kld_vs_size
+
+    reports_dir, out = Path(reports_dir), Path(out_dir)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise FidelityError(f"{out}: output folder exists and is not empty (a published set is written whole)")
+    if suite is None and config is not None:
+        from harness.inputs.suite import Suite
+
+        suite = Suite.load(config.suite, verify=True)
+    if suite is None:
+        raise FidelityError(f"{reports_dir}: publish needs the suite the reports belong to: pass --suite DIR or --config fidelity.toml")
+    if baselines_dir is None and config is not None:
+        baselines_dir = config.baselines
+    groups = load_reports([reports_dir])
+    baselines = {}
+    if baselines_dir is not None:
+        for name in groups:
+            bp = baseline_path(Path(baselines_dir), name)
+            if bp.is_file():
+                baselines[name] = Baseline.load(bp, name)
+    tails_doc = _read_json(reports_dir / "tails.json") or {}
+    extras = {
+        "tails": {t["candidate"]: t for t in tails_doc.get("candidates", [])},
+        "window": _read_json(reports_dir / "window.json"),
+        "adaptive": _read_json(reports_dir / "adaptive.json"),
+        "paired": [_read_json(p) for p in sorted((reports_dir / "paired").glob("*.json"))] if (reports_dir / "paired").is_dir() else [],
+    }
+    derived = _render_set(groups, suite, baselines, extras, config, n_shards=n_shards)
+    with staged_directory(out) as stage:
+        from harness.io.atomic import atomic_write_files
+
+        atomic_write_files({stage / rel: text for rel, text in derived["files"].items()})
+        plot_kld_vs_size(derived["points"], stage / "kld-vs-size.png")
+        write_checksums(stage)
     return [out / rel for rel in _files(out)] + [out / CHECKSUMS]
+
+
+def _first_numeric_difference(want: Any, got: Any, where: str) -> tuple[str, Any, Any] | None:
+    """The first place two JSON values differ (floats compared to 1e-9 relative: summation order)."""
+    import math
+
+    if isinstance(want, dict) and isinstance(got, dict):
+        for k in sorted(set(want) | set(got), key=str):
+            if k not in want or k not in got:
+                return (f"{where}.{k}", want.get(k, "<absent>"), got.get(k, "<absent>"))
+            d = _first_numeric_difference(want[k], got[k], f"{where}.{k}")
+            if d:
+                return d
+        return None
+    if isinstance(want, list) and isinstance(got, list):
+        if len(want) != len(got):
+            return (f"{where} (length)", len(want), len(got))
+        for i, (a, b) in enumerate(zip(want, got)):
+            d = _first_numeric_difference(a, b, f"{where}[{i}]")
+            if d:
+                return d
+        return None
+    if isinstance(want, float) or isinstance(got, float):
+        if isinstance(want, (int, float)) and isinstance(got, (int, float)) and not isinstance(want, bool) and not isinstance(got, bool) \
+                and math.isclose(float(want), float(got), rel_tol=1e-9, abs_tol=1e-300):
+            return None
+        return (where, want, got)
+    return None if want == got else (where, want, got)
+
+
+def rederive_set(root: str | Path) -> list[str]:
+    """Problems found by re-deriving a published set from the shard reports it holds: the
+    aggregates, verdicts, ladder, plot points and pages must follow from the per-shard reports,
+    the recorded suite and the recorded baselines. Each problem names the file and the figure."""
+    from harness.gate.baselines import Baseline
+    from harness.io.jsonio import read_json
+    from harness.reports.shard import ShardReport
+    from harness.reports.suite_shape import SuiteShape
+
+    root = Path(root)
+    rp = root / "results.json"
+    try:
+        res = read_json(rp)
+        suite = SuiteShape.from_json(res.get("suite"), rp)
+        cands = res.get("candidates")
+        if not isinstance(cands, dict) or not cands:
+            raise VerificationError(rp, "candidates", "an object with at least one candidate", type(cands).__name__)
+        groups: dict[str, list[Any]] = {}
+        for name, c in cands.items():
+            if not isinstance(c, dict) or not isinstance(c.get("shards"), list):
+                raise VerificationError(rp, f"candidates.{name}.shards", "an array of shard reports", type(c).__name__)
+            reps = []
+            for i, d in enumerate(c["shards"]):
+                r = ShardReport.from_json_dict(d, f"{rp}: candidates.{name}.shards[{i}]")
+                r.source = f"{rp}: candidates.{name}.shards[{i}]"  # type: ignore[attr-defined]
+                reps.append(r)
+            groups[name] = reps
+        recorded = res.get("baselines") or {}
+        if not isinstance(recorded, dict):
+            raise VerificationError(rp, "baselines", "an object", type(recorded).__name__)
+        baselines = {n: Baseline.from_json(b, rp, n) for n, b in recorded.items() if b is not None}
+        extras = {"tails": {n: c.get("tails") for n, c in cands.items() if c.get("tails")}, "window": res.get("window"),
+                  "paired": res.get("paired") or [], "adaptive": res.get("adaptive")}
+        required = res.get("n_shards_required")
+        if required is not None and (isinstance(required, bool) or not isinstance(required, int)):
+            raise VerificationError(rp, "n_shards_required", "an integer or null", required)
+        derived = _render_set(groups, suite, baselines, extras, None, n_shards=required)
+    except FidelityError as e:
+        return [f"re-deriving the set from its shard reports failed: {e}"]
+    problems = []
+    for rel, text in derived["files"].items():
+        path = root / rel
+        if rel.endswith("report.md") or rel == "README.md":
+            continue  # pages carry reproduction commands that depend on the publishing config; their numbers come from results.json
+        if not path.is_file():
+            problems.append(f"{path}: missing (re-derived from the shard reports)")
+            continue
+        if rel.endswith(".json"):
+            want, got = json.loads(text), read_json(path)
+            diff = _first_numeric_difference(want, got, "$")
+            if diff:
+                problems.append(f"{path}: {diff[0]}: expected {diff[1]!r} (re-derived from the shard reports), found {diff[2]!r}")
+        elif path.read_text(encoding="utf-8") != text:
+            want_lines, got_lines = text.splitlines(), path.read_text(encoding="utf-8").splitlines()
+            n = next((i for i, (a, b) in enumerate(zip(want_lines, got_lines)) if a != b), min(len(want_lines), len(got_lines)))
+            problems.append(f"{path}:{n + 1}: expected {want_lines[n] if n < len(want_lines) else '<end>'!r} "
+                            f"(re-derived from the shard reports), found {got_lines[n] if n < len(got_lines) else '<end>'!r}")
+    return problems

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness.io.atomic import atomic_write_text, dumps_json
+from harness.io.atomic import atomic_write_files, dumps_json
 from harness.errors import VerificationError
 
 SCHEMA = "fidelity.shard-report/1"
@@ -171,8 +171,7 @@ class ShardReport:
         p = Path(dir_or_path)
         json_path = p if p.suffix == ".json" else p / f"{self.stem}.json"
         md_path = json_path.with_suffix(".md")
-        atomic_write_text(json_path, dumps_json(self.to_json_dict()))
-        atomic_write_text(md_path, render_markdown(self))
+        atomic_write_files({json_path: dumps_json(self.to_json_dict()), md_path: render_markdown(self)})  # both or neither
         return json_path, md_path
 
     @classmethod
