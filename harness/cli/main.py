@@ -60,6 +60,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except FidelityError as e:
         print(f"fidelity: error: {e}", file=sys.stderr)
         return 2
+    except OSError as e:  # disk full, read-only folder, permission denied: named, never a traceback
+        print(f"fidelity: error: {e.filename or '<output>'}: cannot read or write: {type(e).__name__}: {e.strerror or e}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("fidelity: interrupted", file=sys.stderr)
         return 130

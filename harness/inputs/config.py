@@ -36,6 +36,7 @@ Example::
 from __future__ import annotations
 
 import difflib
+import math
 import re
 import tomllib
 from dataclasses import dataclass, field
@@ -251,7 +252,14 @@ def load_config(path: str | Path) -> FidelityConfig:
                 f"{path}: pairs[{i}].expect: expected one of 'equivalent', 'A better', 'B better', 'inconclusive', "
                 f"found {expect!r}"
             )
-        pairs.append(PairConfig(a=a, b=b, margin=pr.number("margin", 0.0), expect=expect))
+        if a == b:
+            raise ConfigError(f"{path}: pairs[{i}]: expected two different candidates, found a = b = {a!r}")
+        if "margin" not in pr.table:
+            raise ConfigError(f"{path}: pairs[{i}].margin: expected a finite number > 0 (nats), found nothing")
+        margin = pr.number("margin", 0.0)
+        if not 0.0 < margin < math.inf:
+            raise ConfigError(f"{path}: pairs[{i}].margin: expected a finite number > 0 (nats), found {margin!r}")
+        pairs.append(PairConfig(a=a, b=b, margin=margin, expect=expect))
     cfg = FidelityConfig(
         path=path,
         suite=suite,  # type: ignore[arg-type]

@@ -70,6 +70,7 @@ def import_kld(path: str | Path, out: str | Path, n_shards: int = 1) -> tuple[An
 
     kf = read_kld(path)
     out = Path(out)
+    _refuse_other_import(kf, Path(path), out, n_shards)
     suite = suite_from_tokens(kf.tokens, kf.n_vocab, out / "suite", n_shards=n_shards, source=Path(path).name,
                               tokenizer_sha256=f"unknown (from {Path(path).name})")
     ident = {"name": Path(path).name, "format": "llama.cpp .kld", "sha256": sha256_file(path),
@@ -84,6 +85,31 @@ def import_kld(path: str | Path, out: str | Path, n_shards: int = 1) -> tuple[An
             full[kf.first :] = kf.log_probs(i)
             writer.write(i, torch.from_numpy(full))
     return suite, CaptureStore.open(out / "reference", suite)
+
+
+def _refuse_other_import(kf: KldFile, path: Path, out: Path, n_shards: int) -> None:
+    """Before anything is written: a folder that already holds another import (another ``.kld``
+    file, other tokens or another shard split) is refused; the same import resumes."""
+    from harness.io.hashing import sha256_file, tokens_sha256
+    from harness.io.jsonio import read_json
+
+    sj, mf = out / "suite" / "suite.json", out / "reference" / "capture.json"
+    if sj.exists():
+        doc = read_json(sj)
+        want = tokens_sha256(np.ascontiguousarray(kf.tokens, dtype="<u4"))
+        if doc.get("suite_token_sha256") != want or doc.get("n_shards") != n_shards:
+            raise VerificationError(sj, "existing suite (a store is never overwritten)",
+                                    f"the tokens of {path.name} in {n_shards} shard(s) ({want[:12]})",
+                                    f"{str(doc.get('suite_token_sha256'))[:12]} in {doc.get('n_shards')} shard(s)",
+                                    "import into a new --out folder")
+    if mf.exists():
+        model = read_json(mf).get("model")
+        digest = sha256_file(path)
+        if not isinstance(model, dict) or model.get("sha256") != digest:
+            raise VerificationError(mf, "existing reference store (a store is never overwritten)", f"an import of {path.name} ({digest[:12]})",
+                                    f"{model.get('name') if isinstance(model, dict) else model!r}", "import into a new --out folder")
+    elif out.exists() and (out / "reference").exists() and any((out / "reference").iterdir()):
+        raise VerificationError(out / "reference", "folder", "absent or an earlier import of the same file", "a folder without capture.json")
 
 
 def suite_from_tokens(tokens: np.ndarray, vocab: int, out: str | Path, n_shards: int = 1, source: str = "tokens",

@@ -10,7 +10,8 @@ Cumulative (all selected shards of the candidate together):
   consumer holding only shard *reports* can know (percentiles do not add, counts do);
 * ``exact`` — the exact pooled percentiles and CVaR1%, computed here because the positions are at
   hand; each must lie inside its bracket (checked: :func:`check_tails`);
-* ``exceedance`` — exact counts over all positions; they must equal the sum over the shards;
+* ``exceedance`` — exact counts over all positions; each must lie in the bracket the summed
+  histogram puts on it (``exceedance_histogram_bounds``, an independent computation);
 * ``ccdf`` — fraction of positions with KLD >= each histogram edge (from the summed histogram,
   exact at the edges): what the tail plot draws.
 
@@ -55,6 +56,20 @@ def ccdf_points(hist: LogHistogram) -> dict[str, list[float]]:
     return {"x": [float(x) for x in EDGES[keep]], "y": [float(y) for y in ys[keep]]}
 
 
+def exceedance_brackets(hist: LogHistogram, thresholds: Any) -> dict[str, list[int]]:
+    """For each exceedance threshold ``t`` (a histogram edge), the bracket the summed *histogram*
+    puts on the exact count of ``KLD > t``: at least the positions in bins above the next edge, at
+    most those in bins from ``t`` up. The exact counts come from the raw values, so comparing the
+    two checks one computation against an independent one."""
+    counts = np.asarray(hist.counts, dtype=np.int64)
+    out = {}
+    for key in thresholds:
+        k = int(np.argmin(np.abs(np.log10(EDGES) - np.log10(float(key)))))  # the edge equal to t
+        # count index i holds [EDGES[i-1], EDGES[i]): edge k starts count index k + 1
+        out[key] = [int(counts[k + 2 :].sum()), int(counts[k + 1 :].sum())]
+    return out
+
+
 def tail_report(candidate: str, shards: Sequence[tuple[int, Any]], score_from: int) -> dict[str, Any]:
     """Tail statistics of ``candidate`` from ``(shard number, ShardPositions)`` pairs."""
     per_shard = []
@@ -68,10 +83,10 @@ def tail_report(candidate: str, shards: Sequence[tuple[int, Any]], score_from: i
         per_shard.append({"shard": int(shard), **_stats(kld)})
     allv = np.concatenate(values)
     cum = _stats(allv)
-    cum["quantile_bounds"] = {name: list(hist.quantile_bounds(q)) for name, q in PERCENTILES}
-    cum["exceedance_sum_of_shards"] = {
-        t: int(sum(s["exceedance"][t] for s in per_shard)) for t in per_shard[0]["exceedance"]
-    }
+    # brackets made finite: KLD >= 0 bounds the underflow bin, the exact max the overflow bin
+    cum["quantile_bounds"] = {name: [max(lo, 0.0), min(hi, cum["max"])]
+                              for name, q in PERCENTILES for lo, hi in [hist.quantile_bounds(q)]}
+    cum["exceedance_histogram_bounds"] = exceedance_brackets(hist, cum["exceedance"])
     return {
         "schema": SCHEMA,
         "candidate": candidate,
@@ -87,13 +102,17 @@ def check_tails(rep: dict[str, Any], max_p99: float | None = None) -> list[str]:
     out = []
     cum = rep["cumulative"]
     name = rep["candidate"]
-    if cum["exceedance"] != cum["exceedance_sum_of_shards"]:
-        out.append(f"{name}: cumulative exceedance {cum['exceedance']} != sum of shards {cum['exceedance_sum_of_shards']}")
-    if cum["n_positions"] != sum(s["n_positions"] for s in rep["shards"]):
-        out.append(f"{name}: cumulative positions differ from the sum over shards")
-    shard_max = max(s["max"] for s in rep["shards"])
-    if cum["max"] != shard_max:
-        out.append(f"{name}: cumulative max {cum['max']:.6g} != max over shards {shard_max:.6g}")
+    for t, (lo_c, hi_c) in cum["exceedance_histogram_bounds"].items():
+        exact = cum["exceedance"][t]
+        if not lo_c <= exact <= hi_c:
+            out.append(f"{name}: exact count of KLD > {t} is {exact}, outside the summed histogram's bracket [{lo_c}, {hi_c}]")
+    xs = rep["ccdf"]["x"]
+    if xs:  # the exact max lies in the highest non-empty histogram bin
+        top = xs[-1]
+        if not top <= cum["max"]:
+            out.append(f"{name}: exact max {cum['max']:.6g} below the highest non-empty histogram bin (from {top:.6g})")
+    elif cum["max"] >= float(EDGES[0]):
+        out.append(f"{name}: exact max {cum['max']:.6g} but the summed histogram holds nothing >= {float(EDGES[0]):.6g}")
     for pname, exact in cum["percentiles"].items():
         lo, hi = cum["quantile_bounds"][pname]
         if not lo <= exact <= hi:
