@@ -9,6 +9,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from harness.reports.aggregate import aggregate
@@ -27,7 +28,11 @@ def shard_reports(tmp_path_factory: pytest.TempPathFactory, fidelity_project: Pa
     shutil.copytree(fidelity_project, root)
     session = FidelitySession(config=load_config(root / "fidelity.toml"))
     session.plan([(c, s) for c in ("good", "bad") for s in range(4)])
-    return {c: [session.score(session.config.candidate(c), s).report.to_json_dict() for s in range(4)] for c in ("good", "bad")}
+    out: dict[str, Any] = {c: [session.score(session.config.candidate(c), s).report.to_json_dict() for s in range(4)] for c in ("good", "bad")}
+    # the raw per-position KLD of every shard (scorer output, before any summary): the independent check
+    out["raw_kld_good"] = [np.asarray(session.positions(session.config.candidate("good"), s).scores.kld, dtype=np.float64)
+                           for s in range(4)]
+    return out
 
 
 def _reports(docs: list[dict[str, Any]]) -> list[ShardReport]:
@@ -38,10 +43,17 @@ def test_complete_aggregate_matches_the_shards(shard_reports: dict[str, list[dic
     reps = _reports(shard_reports["good"])
     agg = aggregate(reps, n_shards=4)
     assert agg["n_positions"] == sum(r.metrics["n_positions"] for r in reps) == 8 * 31
-    assert agg["kld"]["mean"] == pytest.approx(sum(r.metrics["totals"]["sum_kld"] for r in reps) / agg["n_positions"])
+    # checked against the scorer's raw per-position values in float64, not against the reports' own totals
+    raw = np.concatenate(shard_reports["raw_kld_good"])
+    assert raw.size == agg["n_positions"]
+    assert agg["kld"]["mean"] == pytest.approx(float(np.mean(raw, dtype=np.float64)), rel=1e-12)
+    assert agg["kld"]["max"] == float(raw.max())
     lo, hi = agg["kld"]["ci95"]
     assert lo <= agg["kld"]["mean"] <= hi
-    assert agg["exceedance"] == {t: sum(r.metrics["exceedance"][t] for r in reps) for t in agg["exceedance"]}
+    assert agg["exceedance"] == {t: int(np.count_nonzero(raw > float(t))) for t in agg["exceedance"]}
+    for name, (blo, bhi) in agg["kld"]["quantile_bounds"].items():  # numpy's own quantile inside each bracket
+        q = float(name[1:]) / 100
+        assert blo <= float(np.quantile(raw, q)) <= bhi, name
 
 
 def _bad(shard_reports: dict[str, list[dict[str, Any]]], edit: Any, cand: str = "good") -> list[ShardReport]:

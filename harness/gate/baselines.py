@@ -101,11 +101,15 @@ def _valid_shard_key(key: str) -> bool:
     return key.isascii() and key.isdigit() and shard_key(int(key)) == key
 
 
-#: The range each threshold must lie in (the gate could never fail outside it).
+#: Largest KLD threshold (nats): the top edge of the report histogram. A limit above it would pass
+#: a candidate whose every position is beyond anything the reports can bracket: it cannot gate.
+MAX_KLD_THRESHOLD = 100.0
+
+#: The range each threshold must lie in (outside it a gate could never fail, or never pass).
 RANGES: dict[str, tuple[float, float]] = {
-    "max_mean_kld": (0.0, math.inf),
-    "max_ci_high": (0.0, math.inf),
-    "max_p99": (0.0, math.inf),
+    "max_mean_kld": (0.0, MAX_KLD_THRESHOLD),
+    "max_ci_high": (0.0, MAX_KLD_THRESHOLD),
+    "max_p99": (0.0, MAX_KLD_THRESHOLD),
     "min_top1": (0.0, 1.0),
 }
 
@@ -123,7 +127,7 @@ def _validate_entry(path: Path, where: str, entry: Any) -> dict[str, float]:
             raise BaselineError(path, f"{where}.{key}", "a finite number", repr(value))
         lo, hi = RANGES[key]
         if not lo <= float(value) <= hi:
-            want = f"a number in [{lo:g}, {hi:g}]" if math.isfinite(hi) else f"a number >= {lo:g}"
+            want = f"a number in [{lo:g}, {hi:g}]"
             raise BaselineError(path, f"{where}.{key}", want, repr(value), "a threshold outside it can never fail or never pass")
         out[key] = float(value)
     return out

@@ -109,8 +109,8 @@ def check_rows_match_summary(report: Any) -> None:
         ("metrics.n_positions", n, sum(int(r["positions"]) for r in rows)),
         ("metrics.top1.count", int(m["top1"]["count"]), sum(int(r["top1"]) for r in rows)),
         ("metrics.n_contexts", int(m["n_contexts"]), len(rows)),
-        ("metrics.totals.n_positions", int(t["n_positions"]), n),
-        ("metrics.totals.top1_count", int(t["top1_count"]), int(m["top1"]["count"])),
+        ("metrics.totals.n_positions", n, int(t["n_positions"])),
+        ("metrics.totals.top1_count", int(m["top1"]["count"]), int(t["top1_count"])),
         ("metrics.histogram total", n, int(sum(t["histogram"]["counts"]))),
     ]
     for what, want, got in counts:

@@ -43,7 +43,7 @@ class SuiteShape:
         return list(range(s.start, s.stop))
 
     @classmethod
-    def of(cls, suite: Any) -> "SuiteShape":
+    def of(cls, suite: Any) -> SuiteShape:
         """From a loaded :class:`~harness.inputs.suite.Suite` (or a ``SuiteShape``, returned as is)."""
         if isinstance(suite, SuiteShape):
             return suite
@@ -56,7 +56,7 @@ class SuiteShape:
                 "shards": [{"index": s.index, "sha256": s.sha256, "start": s.start, "stop": s.stop} for s in self.shards]}
 
     @classmethod
-    def from_json(cls, d: Any, path: str | Path) -> "SuiteShape":
+    def from_json(cls, d: Any, path: str | Path) -> SuiteShape:
         """Parse a recorded ``"suite"`` block; a malformed one is refused naming ``path``."""
         from harness.io.jsonio import get_int, get_list, get_str
 
