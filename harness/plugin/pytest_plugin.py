@@ -100,6 +100,9 @@ def pytest_configure(config: pytest.Config) -> None:
         config.stash[_PLAN] = _plan(config)  # validates at startup: errors are usage errors
     if not _is_worker(config):
         config.pluginmanager.register(FidelityReporter(config), "fidelity-reporter")
+    else:  # -n W: each worker gets cores // W torch threads (harness/scoring/threads.py)
+        from harness.scoring.threads import apply_worker_threads
+        apply_worker_threads(int(config.workerinput.get("workercount", 1)))
 
 
 def _xdist_workers(config: pytest.Config) -> int:

@@ -8,7 +8,7 @@ The pytest session and ``fidelity replay`` both go through here.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -30,7 +30,7 @@ def score_shard(
     score_from: int = 0,
     n_boot: int = 10_000,
     device: str = "cpu",
-    positions: "ShardPositions | None" = None,
+    positions: ShardPositions | None = None,
 ) -> Any:
     """Score one shard of verified inputs and build its :class:`~harness.reports.shard.ShardReport`.
 
@@ -67,11 +67,15 @@ def score_shard(
         },
         scorer={**SCORER_SETTINGS, "mode": mode},
     )
+    # how the logits were computed on this machine (backend, GEMM path): a fact of the run, not a
+    # comparability field -- the paths agree to the documented tolerance, so shards scored on
+    # different machines still aggregate
+    ran = {f"scorer_{k}": v for k, v in pos.scorer_run.items()}
     return ShardReport(
         candidate=candidate_name,
         comparability=comparability,
         metrics=metrics,
-        timing={"load_s": pos.load_s, "score_s": pos.score_s, "metrics_s": t3 - t2, "device": device},
+        timing={"load_s": pos.load_s, "score_s": pos.score_s, "metrics_s": t3 - t2, "device": device, **ran},
     )
 
 
@@ -88,6 +92,8 @@ class ShardPositions:
     cand_head_sha256: str | None
     load_s: float = 0.0
     score_s: float = 0.0
+    #: which backend and GEMM path computed the scores (:class:`harness.scoring.scorer.ScorerRun` as a dict)
+    scorer_run: dict[str, str] = field(default_factory=dict)
 
 
 def shard_positions(
@@ -98,7 +104,7 @@ def shard_positions(
 
     from harness.inputs.verify import check_scores_finite
     from harness.metrics import ContextLabel
-    from harness.scoring.scorer import score_hidden, score_logits
+    from harness.scoring.scorer import score_hidden, score_logits, scorer_run
 
     # a logits-only candidate (e.g. llama.cpp) against a hidden-state reference: the reference's
     # logits are formed through the shared head (fp32, like the scorer) and both are scored in logits mode
@@ -116,6 +122,9 @@ def shard_positions(
 
     if reference.kind != "logits" and not mixed and 2 * len(indices) * rows_per * reference.width * 2 > STREAM_MIN_BYTES:
         # large shard: prefetch the next contexts while the current ones are scored (bounded memory)
+        probe = torch.empty(0, reference.width, dtype=getattr(torch, reference.dtype))
+        cprobe = torch.empty(0, candidate.width, dtype=getattr(torch, candidate.dtype))
+        ran = scorer_run(probe, cprobe, head.weight, None if cand_head is None else cand_head.weight, device=device).as_dict()
         scores, wait_s, score_s = score_hidden_streaming(
             reference, candidate, indices, targets, head.weight,
             None if cand_head is None else cand_head.weight, device=device,
@@ -127,22 +136,28 @@ def shard_positions(
         labels = [ContextLabel(index=c.index, source_cluster=c.source_cluster, stratum=c.stratum)
                   for c in (suite.contexts[i] for i in indices)]
         check_scores_finite(scores.kld, context_index, row, reference, candidate, head, cand_head)
-        return ShardPositions(scores, context_index, row, labels, mode, head_sha, cand_head_sha, wait_s, score_s)
+        return ShardPositions(scores, context_index, row, labels, mode, head_sha, cand_head_sha, wait_s, score_s, ran)
     ref = reference.load_rows(indices)
     cnd = candidate.load_rows(indices)
     t1 = time.perf_counter()
     if mixed:
-        from harness.scoring.scorer import gemm_operand, logits_gemm
+        from harness.scoring.gemm import gemm_mode
+        from harness.scoring.scorer import gemm_operand, gemm_path, logits_gemm
 
-        with torch.inference_mode():
-            w = gemm_operand(head.weight, torch.device("cpu"))
+        cpu = torch.device("cpu")
+        path = gemm_path(cpu, ref, head.weight)
+        with torch.inference_mode(), gemm_mode(path):
+            w = gemm_operand(head.weight, cpu)
             ref = logits_gemm(ref, w, torch.empty(ref.shape[0], w.shape[0], dtype=torch.float32))
         scores = score_logits(ref, cnd, targets)
+        ran = {"backend": "torch (logits mode)", "gemm": path}
         mode, head_sha, cand_head_sha = "logits (reference through head)", head.sha256, None
     elif reference.kind == "logits":
         scores = score_logits(ref, cnd, targets)
         mode, head_sha, cand_head_sha = "logits", None, None
+        ran = {"backend": "torch (logits mode)", "gemm": "none"}
     else:
+        ran = scorer_run(ref, cnd, head.weight, None if cand_head is None else cand_head.weight, device=device).as_dict()
         scores = score_hidden(
             ref, cnd, head.weight, targets,
             cand_head=None if cand_head is None else cand_head.weight,
@@ -156,8 +171,9 @@ def shard_positions(
     labels = [ContextLabel(index=c.index, source_cluster=c.source_cluster, stratum=c.stratum)
               for c in (suite.contexts[i] for i in indices)]
     check_scores_finite(scores.kld, context_index, row, reference, candidate, head, cand_head)
-    return ShardPositions(scores, context_index, row, labels, mode, head_sha, cand_head_sha, t1 - t0, t2 - t1)
+    return ShardPositions(scores, context_index, row, labels, mode, head_sha, cand_head_sha, t1 - t0, t2 - t1, ran)
 
 
 #: Scorer settings that decide the numbers (tiling does not, so it is not recorded here).
-SCORER_SETTINGS = {"method": "single-pass-tiled", "gemm": "head dtype, fp32 accumulate", "softmax_dtype": "float32"}
+#: The backend and GEMM path that ran (they agree to the documented tolerance) are in the report's timing block.
+SCORER_SETTINGS = {"method": "exact full-vocabulary", "gemm": "head dtype operands, fp32 logits", "softmax_dtype": "float32"}

@@ -9,6 +9,8 @@ re-exported here.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from harness.scoring.backends import choose_backend
@@ -19,6 +21,7 @@ from harness.scoring.torch_path import (
     check_hidden_inputs,
     default_tile_rows,
     gemm_operand,
+    gemm_path,
     logits_gemm,
     score_hidden_tiled,
     score_logits,
@@ -28,6 +31,7 @@ from harness.scoring.torch_path import (
 __all__ = [
     "MEMORY_BUDGET_BYTES",
     "PositionScores",
+    "ScorerRun",
     "bare_gemms",
     "default_tile_rows",
     "gemm_operand",
@@ -35,7 +39,35 @@ __all__ = [
     "score_hidden",
     "score_logits",
     "score_two_pass",
+    "scorer_run",
 ]
+
+
+@dataclass(frozen=True)
+class ScorerRun:
+    """How :func:`score_hidden` computes a given call: what a report records as the path that ran."""
+
+    backend: str  #: "torch" (tiled path) or "triton" (fused kernel; rows that overflow are rescored by torch)
+    gemm: str  #: the logits GEMM: a :data:`harness.scoring.gemm.GEMM_PATHS` value, or "triton-dot" (bf16 tl.dot, fp32 accumulate)
+
+    def as_dict(self) -> dict[str, str]:
+        return {"backend": self.backend, "gemm": self.gemm}
+
+
+def scorer_run(
+    ref_hidden: torch.Tensor,
+    cand_hidden: torch.Tensor,
+    head: torch.Tensor,
+    cand_head: torch.Tensor | None = None,
+    *,
+    device: str | torch.device | None = None,
+    backend: str | None = None,
+) -> ScorerRun:
+    """The backend and GEMM path :func:`score_hidden` takes for these arguments (the same decision it makes)."""
+    dev = torch.device(device) if device is not None else head.device
+    if choose_backend(backend, dev) == "triton":
+        return ScorerRun("triton", "triton-dot")
+    return ScorerRun("torch", gemm_path(dev, ref_hidden, cand_hidden, head, cand_head))
 
 
 def score_hidden(

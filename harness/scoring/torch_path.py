@@ -56,6 +56,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from harness.scoring.gemm import choose_gemm, gemm_mode
 from harness.scoring.scores import PositionScores
 
 __all__ = [
@@ -67,6 +68,7 @@ __all__ = [
     "bare_gemms",
     "default_tile_rows",
     "scorer_settings",
+    "gemm_path",
     "MEMORY_BUDGET_BYTES",
 ]
 
@@ -242,6 +244,12 @@ def _mm_out_dtype_works(dev: torch.device) -> bool:
 _OUT_DTYPE_CACHE: dict[str, bool] = {}
 
 
+def gemm_path(dev: torch.device, *operands: torch.Tensor | None) -> str:
+    """The GEMM path (:mod:`harness.scoring.gemm`) the torch scorer uses for these operands on ``dev``."""
+    dtypes = tuple(t.dtype for t in operands if t is not None)
+    return choose_gemm(dev, dtypes, dev.type != "cpu" and _mm_out_dtype_works(dev))
+
+
 def gemm_operand(head: torch.Tensor, dev: torch.device) -> torch.Tensor:
     """The head as the GEMM will use it on ``dev``: kept in bf16/fp16 where the device returns fp32
     results from them (CUDA ``out_dtype``), else widened once to fp32 (exact)."""
@@ -319,7 +327,8 @@ def score_hidden_tiled(
     out = PositionScores.empty(n)
     if n == 0:
         return out
-    with _threads(threads), torch.inference_mode():
+    path = gemm_path(dev, ref_hidden, cand_hidden, head, cand_head)
+    with _threads(threads), torch.inference_mode(), gemm_mode(path):
         w = gemm_operand(head, dev)
         w_c = gemm_operand(cand_head, dev) if cand_head is not None else w
         tile = int(tile_rows or default_tile_rows(vocab, 4))
@@ -393,7 +402,7 @@ def score_two_pass(
     vocab = head.shape[0]
     tile = int(tile_rows or default_tile_rows(vocab, 4))
     kld = np.zeros(n, dtype=np.float64)
-    with _threads(threads), torch.inference_mode():
+    with _threads(threads), torch.inference_mode(), gemm_mode(gemm_path(head.device, ref_hidden, cand_hidden, head)):
         w_all = gemm_operand(head, head.device)  # same fp32-logits GEMM as the scorer
         for r0 in range(0, n, tile):
             a = ref_hidden[r0 : r0 + tile]
@@ -429,17 +438,20 @@ def bare_gemms(
     tile_rows: int | None = None,
     threads: int | None = None,
     fp32_logits: bool = True,
+    gemm: str | None = None,
 ) -> float:
     """Seconds for the two bare GEMMs (reference and candidate logits), tiled like the scorer: the floor.
 
-    ``fp32_logits=True`` times the GEMM the scorer needs (fp32 logits, :func:`logits_gemm`);
+    ``fp32_logits=True`` times the GEMM the scorer needs (fp32 logits, :func:`logits_gemm`, on the
+    path :func:`gemm_path` picks, or on ``gemm`` when given, e.g. ``"fp32"`` for plain fp32 GEMMs);
     ``False`` times the head-dtype GEMM (bf16 logits), the device's fastest but inexact product.
     """
     n = ref_hidden.shape[0]
     vocab = head.shape[0]
     dev = head.device
     tile = min(n, int(tile_rows or default_tile_rows(vocab, 4)))
-    with _threads(threads), torch.inference_mode():
+    path = (gemm or gemm_path(dev, ref_hidden, cand_hidden, head)) if fp32_logits else "fp32"
+    with _threads(threads), torch.inference_mode(), gemm_mode(path):
         w = gemm_operand(head, dev) if fp32_logits else head
         dtype = torch.float32 if fp32_logits else head.dtype
         buf_a = torch.empty(tile, vocab, dtype=dtype, device=dev)

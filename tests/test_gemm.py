@@ -1,0 +1,127 @@
+"""The scorer's GEMM paths (harness/scoring/gemm.py) against float64, on any CPU.
+
+The bound used is one every correct fp32 accumulation meets, whatever its summation order or
+blocking (so the test holds on AMD and Intel, with or without native bf16): for products that
+are exact in fp32 (bf16 x bf16), |fl(sum a_k b_k) - sum a_k b_k| <= gamma_H * sum |a_k b_k| with
+gamma_H = H u / (1 - H u), u = 2^-24. The shape is chosen so that rounding the logits to bf16
+(what a bf16-output GEMM does) breaks that bound: the test can tell the two apart.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from harness.scoring import gemm as gemm_mod
+from harness.scoring.gemm import choose_gemm, gemm_mode, native_bf16_cpu
+from harness.scoring.scorer import (
+    bare_gemms,
+    gemm_operand,
+    logits_gemm,
+    score_hidden,
+    scorer_run,
+)
+
+H, V, N = 256, 3000, 40
+U = 2.0**-24
+
+
+def _inputs(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    x = (torch.randn(N, H, generator=g) * 3).bfloat16()
+    w = (torch.randn(V, H, generator=g) / H**0.5 * 4).bfloat16()
+    return x, w
+
+
+def _bound(x: torch.Tensor, w: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
+    xd, wd = x.double().numpy(), w.double().numpy()
+    exact = xd @ wd.T  # float64: exact for these products and sums up to ~2^-53 relative
+    gamma = H * U / (1 - H * U)
+    return exact, gamma * (np.abs(xd) @ np.abs(wd).T) + 1e-300
+
+
+def _logits(x: torch.Tensor, w: torch.Tensor, path: str) -> np.ndarray:
+    with torch.inference_mode(), gemm_mode(path):
+        wf = gemm_operand(w, torch.device("cpu"))
+        out = logits_gemm(x, wf, torch.empty(N, V, dtype=torch.float32))
+    return out.double().numpy()
+
+
+@pytest.mark.parametrize("path", ["onednn-bf16", "fp32"])
+def test_gemm_path_is_an_exact_fp32_accumulation(path: str) -> None:
+    x, w = _inputs()
+    exact, bound = _bound(x, w)
+    got = _logits(x, w, path)
+    assert np.all(np.abs(got - exact) <= bound), float((np.abs(got - exact) / bound).max())
+
+
+def test_bound_rejects_bf16_logits() -> None:
+    """The bound has power: bf16-rounded logits (a bf16-output GEMM) violate it."""
+    x, w = _inputs()
+    exact, bound = _bound(x, w)
+    bf16_logits = torch.from_numpy(exact).bfloat16().double().numpy()
+    assert np.mean(np.abs(bf16_logits - exact) > bound) > 0.5
+
+
+def test_mode_is_scoped_and_restored() -> None:
+    prop = torch.backends.mkldnn.matmul
+    before = prop.fp32_precision
+    with gemm_mode("onednn-bf16"):
+        assert prop.fp32_precision == "bf16"
+    assert prop.fp32_precision == before
+    with pytest.raises(RuntimeError), gemm_mode("onednn-bf16"):
+        raise RuntimeError("boom")
+    assert prop.fp32_precision == before
+    x, w = _inputs()
+    score_hidden(x, x, w, torch.zeros(N, dtype=torch.int64), backend="torch")
+    assert prop.fp32_precision == before
+
+
+def test_choice_native_fallback_and_override(monkeypatch: pytest.MonkeyPatch) -> None:
+    cpu = torch.device("cpu")
+    bf = (torch.bfloat16,) * 3
+    monkeypatch.delenv("FIDELITY_GEMM", raising=False)
+    monkeypatch.setattr(gemm_mod, "native_bf16_cpu", lambda: True)
+    assert choose_gemm(cpu, bf, False) == "onednn-bf16"
+    assert choose_gemm(cpu, (torch.bfloat16, torch.float32, torch.bfloat16), False) == "fp32"  # fp32 operand: never rounded
+    monkeypatch.setattr(gemm_mod, "native_bf16_cpu", lambda: False)  # a CPU without native bf16
+    assert choose_gemm(cpu, bf, False) == "fp32"
+    monkeypatch.setenv("FIDELITY_GEMM", "onednn-bf16")
+    assert choose_gemm(cpu, bf, False) == "onednn-bf16"
+    monkeypatch.setenv("FIDELITY_GEMM", "fp32")
+    monkeypatch.setattr(gemm_mod, "native_bf16_cpu", lambda: True)
+    assert choose_gemm(cpu, bf, False) == "fp32"
+    monkeypatch.setenv("FIDELITY_GEMM", "bogus")
+    with pytest.raises(ValueError, match="FIDELITY_GEMM"):
+        choose_gemm(cpu, bf, False)
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_scorer_reports_and_runs_the_path(monkeypatch: pytest.MonkeyPatch, native: bool) -> None:
+    """Both paths (native bf16 and the fallback) score identically to the float64 logits' tolerance,
+    and scorer_run names the path score_hidden takes."""
+    monkeypatch.delenv("FIDELITY_GEMM", raising=False)
+    monkeypatch.setattr(gemm_mod, "native_bf16_cpu", lambda: native)
+    x, w = _inputs(1)
+    c = (x.float() + 0.05 * torch.randn(x.shape, generator=torch.Generator().manual_seed(2))).bfloat16()
+    y = torch.randint(0, V, (N,), generator=torch.Generator().manual_seed(3))
+    run = scorer_run(x, c, w, backend="torch")
+    assert run.backend == "torch" and run.gemm == ("onednn-bf16" if native else "fp32")
+    s = score_hidden(x, c, w, y, backend="torch")
+    la, lb = x.double().numpy() @ w.double().numpy().T, c.double().numpy() @ w.double().numpy().T
+    lp = la - la.max(1, keepdims=True)
+    lp -= np.log(np.exp(lp).sum(1, keepdims=True))
+    lq = lb - lb.max(1, keepdims=True)
+    lq -= np.log(np.exp(lq).sum(1, keepdims=True))
+    kld = (np.exp(lp) * (lp - lq)).sum(1)
+    np.testing.assert_allclose(s.kld, kld, rtol=1e-3, atol=1e-6)
+
+
+def test_native_detection_matches_torch() -> None:
+    assert native_bf16_cpu() == bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
+def test_bare_gemms_time_the_chosen_path() -> None:
+    x, w = _inputs()
+    assert bare_gemms(x, x, w, gemm="fp32") > 0 and bare_gemms(x, x, w) > 0
