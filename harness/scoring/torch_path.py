@@ -1,4 +1,4 @@
-"""Exact full-vocabulary scorer (DESIGN.md sections 2 and 6).
+"""Exact full-vocabulary scorer (docs/design.md, sections 2 and 6).
 
 Per position, with p = softmax(reference logits) and q = softmax(candidate logits) over the
 *whole* vocabulary (never top-k), the scorer returns KL(p||q) in nats, the Jensen-Shannon
@@ -39,7 +39,7 @@ How it is computed
   (ln(2 max / (p+q)) = log1p(s) and ln(2 min / (p+q)) = log1p(s) - a), which is exact for
   any finite d and never forms log(0).
   EAR = sum min(p, q) (identical inputs give exactly 1), clipped to [0, 1] against rounding.
-* Inputs must be finite (captures and heads are verified upstream, DESIGN.md section 4).
+* Inputs must be finite (captures and heads are verified upstream, docs/design.md, section 4).
 
 The module is device-agnostic: the same code runs on CUDA (there ``chunk_rows`` defaults to
 the whole tile).
@@ -381,7 +381,7 @@ def score_logits(
 
 
 # --------------------------------------------------------------------------------------------
-# Reference methods for the benchmark only (DESIGN.md section 6).
+# Reference methods for the benchmark only (docs/design.md, section 6).
 
 
 def score_two_pass(
