@@ -440,6 +440,17 @@ def test_verify_rederives_a_resealed_plot_point(published: dict[str, Path], tmp_
     refused(capsys, ["verify", str(pub)], "kld-vs-size.json: $.points[0].mean_kld: expected", untouched=pub)
 
 
+def test_verify_rederives_a_resealed_candidate_page(published: dict[str, Path], tmp_path: Path,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    pub = _pub_copy(published, tmp_path)
+    page = pub / "good" / "report.md"
+    text = page.read_text()
+    head, _sep, rest = text.partition("**Mean KLD ")
+    page.write_text(head + "**Mean KLD 1.000e-09" + rest[rest.index(" nats**"):])
+    _reseal(pub)
+    refused(capsys, ["verify", str(pub)], "good/report.md:3: expected '**Mean KLD", "found '**Mean KLD 1.000e-09 nats**", untouched=pub)
+
+
 def test_verify_refuses_a_resealed_baseline_that_flips_the_verdict(published: dict[str, Path], tmp_path: Path,
                                                                     capsys: pytest.CaptureFixture[str]) -> None:
     pub = _pub_copy(published, tmp_path)
@@ -672,7 +683,7 @@ def test_published_set_is_readable_by_others(published: dict[str, Path]) -> None
 
 
 #: Refusal cases in this campaign (parametrized cases counted one by one); the README cites it.
-TRUST_CASES = 56
+TRUST_CASES = 57
 
 
 def test_case_count_is_what_the_readme_says() -> None:

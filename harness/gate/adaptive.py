@@ -169,9 +169,9 @@ def render_adaptive(records: Sequence[dict[str, Any]]) -> str:
 def write_adaptive(out_dir: Any, records: Sequence[dict[str, Any]]) -> None:
     from pathlib import Path
 
-    from harness.io.atomic import atomic_write_json, atomic_write_text
+    from harness.io.atomic import atomic_write_files, dumps_json
 
     out = Path(out_dir)
-    atomic_write_json(out / "adaptive.json", {"schema": "fidelity.adaptive/1", "rule": RULE, "alpha": ALPHA,
-                                              "looks": sorted(records, key=lambda r: (r["candidate"], r["look"]))})
-    atomic_write_text(out / "adaptive.md", render_adaptive(records))
+    doc = {"schema": "fidelity.adaptive/1", "rule": RULE, "alpha": ALPHA,
+           "looks": sorted(records, key=lambda r: (r["candidate"], r["look"]))}
+    atomic_write_files({out / "adaptive.json": dumps_json(doc), out / "adaptive.md": render_adaptive(records)})  # both or neither

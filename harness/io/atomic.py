@@ -25,9 +25,11 @@ import tempfile
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from harness.errors import OutputError
+
+_P = TypeVar("_P", str, Path)
 
 
 def _umask() -> int:
@@ -99,7 +101,7 @@ def atomic_write_text(path: str | Path, text: str) -> None:
     atomic_write_bytes(path, text.encode("utf-8"))
 
 
-def atomic_write_files(files: Mapping[str | Path, bytes | str]) -> list[Path]:
+def atomic_write_files(files: Mapping[_P, bytes | str]) -> list[Path]:
     """Write several files as one unit: all staged first, then all renamed (module docstring)."""
     items = [(Path(p), d.encode("utf-8") if isinstance(d, str) else d) for p, d in files.items()]
     staged: list[tuple[Path, str]] = []

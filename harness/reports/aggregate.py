@@ -126,10 +126,10 @@ def check_rows_match_summary(report: Any) -> None:
         row_max = max(float(r["max_kld"]) for r in rows)
         if float(t["max_kld"]) != row_max:
             raise VerificationError(name, "metrics.totals.max_kld", f"{row_max!r} (the largest per-context max)", repr(float(t["max_kld"])))
-        for what, want, got in (("metrics.kld.mean", float(t["sum_kld"]) / n, float(m["kld"]["mean"])),
-                                ("metrics.top1.agreement", int(t["top1_count"]) / n, float(m["top1"]["agreement"]))):
-            if not _close(got, want, abs(want)):
-                raise VerificationError(name, what, f"{want!r} (from the totals)", repr(got), "rows disagree with the summary")
+        for label, expect, value in (("metrics.kld.mean", float(t["sum_kld"]) / n, float(m["kld"]["mean"])),
+                                     ("metrics.top1.agreement", int(t["top1_count"]) / n, float(m["top1"]["agreement"]))):
+            if not _close(value, expect, abs(expect)):
+                raise VerificationError(name, label, f"{expect!r} (from the totals)", repr(value), "rows disagree with the summary")
     for thr, c in t["exceedance"].items():
         if not 0 <= int(c) <= n:
             raise VerificationError(name, f"metrics.totals.exceedance[{thr}]", f"0..{n}", c)
@@ -317,7 +317,10 @@ def format_ladder(rows: Sequence[dict[str, Any]]) -> list[str]:
             ]
         )
     widths = [max(len(x) for x in col) for col in zip(head, *body)]
-    fmt = lambda cells: "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths)) + " |"  # noqa: E731
+
+    def fmt(cells: Sequence[str]) -> str:
+        return "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths)) + " |"
+
     return [fmt(head), "|" + "|".join("-" * (w + 2) for w in widths) + "|"] + [fmt(b) for b in body]
 
 

@@ -111,9 +111,8 @@ def render_paired(rep: dict[str, Any]) -> str:
 
 def write_paired(out_dir: str | Path, rep: dict[str, Any]) -> tuple[Path, Path]:
     """Write ``<out>/paired/<a>-vs-<b>.json`` and ``.md`` atomically."""
-    from harness.io.atomic import atomic_write_json, atomic_write_text
+    from harness.io.atomic import atomic_write_files, dumps_json
 
     base = Path(out_dir) / "paired" / pair_id(rep["a"], rep["b"])
-    atomic_write_json(base.with_suffix(".json"), rep)
-    atomic_write_text(base.with_suffix(".md"), render_paired(rep))
+    atomic_write_files({base.with_suffix(".json"): dumps_json(rep), base.with_suffix(".md"): render_paired(rep)})  # both or neither
     return base.with_suffix(".json"), base.with_suffix(".md")

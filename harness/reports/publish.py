@@ -116,27 +116,39 @@ def _size(size: int | None) -> str:
     return f"{size / GIB:.3f} GiB ({size} bytes)" if size >= GIB // 100 else f"{size / 2**20:.3f} MiB ({size} bytes)"
 
 
-def _reproduce(name: str, agg: dict[str, Any], config: Any) -> list[str]:
-    shards = ",".join(str(s["index"]) for s in agg["shards"])
-    window = agg["score_from"]
-    cfg = f" --fidelity-config {shlex.quote(config.path.name)}" if config is not None else ""
-    lines = ["```sh", f"pytest fidelity_tests -k {name}{cfg} --fidelity-shards {shards}"
-             + (f" --fidelity-window {window}" if window else "") + " --fidelity-report-dir reports",
-             f"fidelity aggregate reports/{name} --out aggregate/", "```"]
-    if config is not None:
+def reproduction_info(config: Any, names: Iterable[str]) -> dict[str, Any] | None:
+    """What the "How to reproduce" sections need from the configuration (recorded in
+    ``results.json``, so ``fidelity verify`` can re-render the pages without the config)."""
+    if config is None:
+        return None
+    stores: dict[str, str | None] = {}
+    for name in names:
         try:
             cand = config.candidate(name)
         except FidelityError:
             cand = None
-        if cand is not None and cand.store is not None:
-            lines += ["", "or, from the stored captures:", "", "```sh",
-                      f"fidelity replay --suite {config.suite} --reference {config.reference.store} "
-                      f"--candidate {cand.store} --head {config.reference.head} --out reports/{name}", "```"]
+        stores[name] = None if cand is None or cand.store is None else str(cand.store)
+    return {"config": config.path.name, "suite": str(config.suite), "reference": str(config.reference.store),
+            "head": str(config.reference.head), "stores": stores}
+
+
+def _reproduce(name: str, agg: dict[str, Any], repro: dict[str, Any] | None) -> list[str]:
+    shards = ",".join(str(s["index"]) for s in agg["shards"])
+    window = agg["score_from"]
+    cfg = f" --fidelity-config {shlex.quote(str(repro['config']))}" if repro is not None else ""
+    lines = ["```sh", f"pytest fidelity_tests -k {name}{cfg} --fidelity-shards {shards}"
+             + (f" --fidelity-window {window}" if window else "") + " --fidelity-report-dir reports",
+             f"fidelity aggregate reports/{name} --suite SUITE --out aggregate/", "```"]
+    store = None if repro is None else (repro.get("stores") or {}).get(name)
+    if repro is not None and store is not None:
+        lines += ["", "or, from the stored captures:", "", "```sh",
+                  f"fidelity replay --suite {repro['suite']} --reference {repro['reference']} "
+                  f"--candidate {store} --head {repro['head']} --out reports/{name}", "```"]
     return lines
 
 
 def render_candidate(name: str, agg: dict[str, Any], shards: Sequence[Any], tails: dict[str, Any] | None,
-                     window: dict[str, Any] | None, pairs: Sequence[dict[str, Any]], config: Any) -> str:
+                     window: dict[str, Any] | None, pairs: Sequence[dict[str, Any]], repro: dict[str, Any] | None) -> str:
     """One page: headline, interval, tails, window control, pairs, identity, how to reproduce."""
     k = agg["kld"]
     lo, hi = k["ci95"]
@@ -188,7 +200,7 @@ def render_candidate(name: str, agg: dict[str, Any], shards: Sequence[Any], tail
                 "cand_head_sha256", "engine", "scorer"):
         lines.append(f"| {key} | `{json.dumps(comp.get(key), sort_keys=True)}` |")
     lines += ["", "Shard hashes: " + ", ".join(f"{s['index']:02d} `{s['sha256'][:16]}…`" for s in agg["shards"]) + ".", "",
-              "## How to reproduce", ""] + _reproduce(name, agg, config) + [""]
+              "## How to reproduce", ""] + _reproduce(name, agg, repro) + [""]
     return "\n".join(lines)
 
 
@@ -297,7 +309,7 @@ def derive_verdicts(groups: dict[str, list[Any]], baselines: dict[str, Any]) -> 
 
 
 def _render_set(groups: dict[str, list[Any]], suite: Any, baselines: dict[str, Any], extras: dict[str, Any],
-                config: Any, n_shards: int | None = None) -> dict[str, Any]:
+                repro: dict[str, Any] | None, n_shards: int | None = None) -> dict[str, Any]:
     """Every derived file of a published set (but the plot and checksums), from the shard reports,
     the suite and the baselines alone: ``publish`` writes these and ``verify`` re-derives them."""
     from harness import PROTOCOL_VERSION
@@ -314,6 +326,7 @@ def _render_set(groups: dict[str, list[Any]], suite: Any, baselines: dict[str, A
         "schema": SCHEMA_RESULTS,
         "suite": shape.to_json(),
         "n_shards_required": n_shards,
+        "reproduction": repro,
         "baselines": {name: (b.to_json() if (b := baselines.get(name)) is not None else None) for name in aggs},
         "candidates": {
             name: {"aggregate": aggs[name],
@@ -334,7 +347,7 @@ def _render_set(groups: dict[str, list[Any]], suite: Any, baselines: dict[str, A
     }
     for name, agg in aggs.items():
         mine = [p for p in pairs if name in (p["a"], p["b"])]
-        files[f"{name}/report.md"] = render_candidate(name, agg, groups[name], tails.get(name), window, mine, config)
+        files[f"{name}/report.md"] = render_candidate(name, agg, groups[name], tails.get(name), window, mine, repro)
     windows = sorted({a["score_from"] for a in aggs.values()})
     files["README.md"] = README.format(protocol=PROTOCOL_VERSION, windows=", ".join(map(str, windows)),
                                        candidates=", ".join(f"`{n}`" for n in aggs))
@@ -379,7 +392,7 @@ def publish(reports_dir: str | Path, out_dir: str | Path, *, config: Any = None,
         "adaptive": _read_json(reports_dir / "adaptive.json"),
         "paired": [_read_json(p) for p in sorted((reports_dir / "paired").glob("*.json"))] if (reports_dir / "paired").is_dir() else [],
     }
-    derived = _render_set(groups, suite, baselines, extras, config, n_shards=n_shards)
+    derived = _render_set(groups, suite, baselines, extras, reproduction_info(config, groups), n_shards=n_shards)
     with staged_directory(out) as stage:
         from harness.io.atomic import atomic_write_files
 
@@ -453,14 +466,15 @@ def rederive_set(root: str | Path) -> list[str]:
         required = res.get("n_shards_required")
         if required is not None and (isinstance(required, bool) or not isinstance(required, int)):
             raise VerificationError(rp, "n_shards_required", "an integer or null", required)
-        derived = _render_set(groups, suite, baselines, extras, None, n_shards=required)
+        repro = res.get("reproduction")
+        if repro is not None and not isinstance(repro, dict):
+            raise VerificationError(rp, "reproduction", "an object or null", type(repro).__name__)
+        derived = _render_set(groups, suite, baselines, extras, repro, n_shards=required)
     except FidelityError as e:
         return [f"re-deriving the set from its shard reports failed: {e}"]
     problems = []
     for rel, text in derived["files"].items():
         path = root / rel
-        if rel.endswith("report.md") or rel == "README.md":
-            continue  # pages carry reproduction commands that depend on the publishing config; their numbers come from results.json
         if not path.is_file():
             problems.append(f"{path}: missing (re-derived from the shard reports)")
             continue

@@ -166,13 +166,13 @@ def write_tails(out_dir: Any, reports: Sequence[dict[str, Any]]) -> list[Any]:
     """Write ``tails.json``, ``tails.md`` and ``tails.png`` into ``out_dir``; returns the paths."""
     from pathlib import Path
 
-    from harness.io.atomic import atomic_write_json, atomic_write_text
+    from harness.io.atomic import atomic_write_files, dumps_json
     from harness.reports.plot import plot_ccdf
 
     out = Path(out_dir)
     reps = sorted(reports, key=lambda r: r["candidate"])
-    atomic_write_json(out / "tails.json", {"schema": SCHEMA, "candidates": reps})
-    atomic_write_text(out / "tails.md", render_tails(reps))
+    atomic_write_files({out / "tails.json": dumps_json({"schema": SCHEMA, "candidates": reps}),
+                        out / "tails.md": render_tails(reps)})  # both or neither
     plot_ccdf({r["candidate"]: r["ccdf"] for r in reps}, out / "tails.png")
     return [out / "tails.json", out / "tails.md", out / "tails.png"]
 

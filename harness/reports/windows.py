@@ -161,12 +161,11 @@ def write_window(out_dir: Any, payloads: Sequence[Mapping[str, Any]]) -> dict[st
     """Write ``window.json`` and ``window.md``; returns the comparison."""
     from pathlib import Path
 
-    from harness.io.atomic import atomic_write_json, atomic_write_text
+    from harness.io.atomic import atomic_write_files, dumps_json
 
     base, by_window, notes = merge_window_payloads(payloads)
     cmp = compare_windows(base, by_window)
     cmp["notes"] = notes
     out = Path(out_dir)
-    atomic_write_json(out / "window.json", cmp)
-    atomic_write_text(out / "window.md", render_window(cmp, notes))
+    atomic_write_files({out / "window.json": dumps_json(cmp), out / "window.md": render_window(cmp, notes)})  # both or neither
     return cmp
