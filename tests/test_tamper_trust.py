@@ -200,6 +200,23 @@ def test_candidate_head_with_another_vocabulary_refused(fx: Path, capsys: pytest
     assert f"expected {w.shape[0]}, found {w.shape[0] + 8}" in err
 
 
+def test_logits_candidate_of_another_vocabulary_refused(fx: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A logits-only candidate (say, llama.cpp) whose vocabulary is not the shared head's."""
+    from harness.capture.store import StoreWriter
+    from harness.inputs.head import load_head
+    from harness.inputs.identity import runtime_identity
+    from harness.inputs.suite import Suite
+
+    suite = Suite.load(fx / "suite")
+    vocab = load_head(fx / "lm_head.safetensors").vocab_size + 8
+    with StoreWriter(fx / "logits", suite, "logits", vocab, "float32", {"name": "gguf", "sha256": "d" * 64},
+                     {"name": "llamacpp", "version": "test"}, runtime_identity(), "cpu") as w:
+        for i in range(suite.n_contexts):
+            w.write(i, torch.zeros(suite.n_ctx - 1, vocab))
+    err = refused(capsys, replay_args(fx, fx / "out", cand="logits"), "logits/capture.json: vocab_size (the shared head", absent=fx / "out")
+    assert f"expected {vocab - 8}, found {vocab}" in err
+
+
 def test_huge_finite_hidden_value_refused_naming_the_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from safetensors.torch import load
 
@@ -241,6 +258,19 @@ def _session(fx: Path, edit: str) -> Any:
     text = toml.read_text()
     toml.write_text(eval(edit, {"text": text}))
     return FidelitySession(config=load_config(toml))
+
+
+def test_pytest_run_refuses_a_reference_store_of_another_model(pytester: pytest.Pytester, fidelity_project: Path) -> None:
+    """Through the plugin: every case fails with the named error, and no shard report is written."""
+    shutil.copytree(fidelity_project, pytester.path, dirs_exist_ok=True)
+    doc = manifest(pytester.path / "reference")
+    doc["model"]["config_sha256"] = "9" * 64
+    save_manifest(pytester.path / "reference", doc)
+    result = pytester.runpytest("-p", "no:cacheprovider", "-k", "good and shard00", "--fidelity-report-dir", "out")
+    outcomes = result.parseoutcomes()
+    assert outcomes.get("passed", 0) == 0 and outcomes.get("failed", 0) + outcomes.get("errors", 0) + outcomes.get("error", 0) == 1
+    result.stdout.fnmatch_lines(["*reference/capture.json: model (the configured reference model*found*config 999999999999*"])
+    assert not list((pytester.path / "out").rglob("shard-*.json"))
 
 
 def test_session_refuses_a_swapped_reference_store(fx: Path) -> None:
@@ -683,7 +713,7 @@ def test_published_set_is_readable_by_others(published: dict[str, Path]) -> None
 
 
 #: Refusal cases in this campaign (parametrized cases counted one by one); the README cites it.
-TRUST_CASES = 57
+TRUST_CASES = 59
 
 
 def test_case_count_is_what_the_readme_says() -> None:
