@@ -630,6 +630,27 @@ def test_second_kld_import_of_another_file_touches_nothing(fx: Path, capsys: pyt
             "imp/suite/suite.json: existing suite (a store is never overwritten)", untouched=fx / "imp")
 
 
+def test_suite_build_over_another_suite_touches_nothing(fx: Path, tiny_corpus: Path, tiny_tokenizer: Path) -> None:
+    from harness.inputs.suite import build_suite
+
+    before = snapshot(fx / "suite")
+    with pytest.raises(VerificationError, match=r"suite/suite.json: existing suite \(a suite is never overwritten by another\)"):
+        build_suite(tiny_corpus, tiny_tokenizer, n_ctx=32, n_contexts=8, n_shards=4, seed=1, out=fx / "suite")
+    assert snapshot(fx / "suite") == before
+    # the same build again is no overwrite: it is accepted (idempotent)
+    build_suite(tiny_corpus, tiny_tokenizer, n_ctx=32, n_contexts=8, n_shards=4, seed=0, out=fx / "suite")
+    assert snapshot(fx / "suite") == before
+
+
+def test_export_head_over_another_head_touches_nothing(fx: Path, capsys: pytest.CaptureFixture[str], tiny_model_factory: Any) -> None:
+    other = tiny_model_factory(fx / "models" / "other", seed=9)
+    capsys.readouterr()
+    before = (fx / "lm_head.safetensors").read_bytes(), (fx / "lm_head.json").read_bytes()
+    refused(capsys, ["export-head", "--model", str(other), "--out", str(fx / "lm_head.safetensors")],
+            "lm_head.safetensors: existing head (a head is never overwritten by another)")
+    assert ((fx / "lm_head.safetensors").read_bytes(), (fx / "lm_head.json").read_bytes()) == before
+
+
 def _fail_on_call(monkeypatch: pytest.MonkeyPatch, name: str, n: int, err: int = errno.ENOSPC) -> None:
     """``os.<name>`` raises ``OSError(err)`` on its ``n``-th call (1-based), like a disk that fills up."""
     real = getattr(os, name)
@@ -713,7 +734,7 @@ def test_published_set_is_readable_by_others(published: dict[str, Path]) -> None
 
 
 #: Refusal cases in this campaign (parametrized cases counted one by one); the README cites it.
-TRUST_CASES = 59
+TRUST_CASES = 61
 
 
 def test_case_count_is_what_the_readme_says() -> None:

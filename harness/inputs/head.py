@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from harness.io.atomic import atomic_write_bytes, atomic_write_json
 from harness.errors import FidelityError, VerificationError
 from harness.io.hashing import sha256_file
 
@@ -94,19 +93,19 @@ def export_head(model_dir: str | Path, out_path: str | Path) -> HeadTensor:
     w = w.to(torch.bfloat16).contiguous()
     if w.ndim != 2 or not bool(torch.isfinite(w).all()):
         raise VerificationError(model_dir, "LM head", "finite 2-D tensor", f"shape {list(w.shape)}, finite={bool(torch.isfinite(w).all())}")
-    atomic_write_bytes(out_path, save({TENSOR_NAME: w}))
-    digest = sha256_file(out_path)
-    atomic_write_json(
-        sidecar_path(out_path),
-        {
-            "sha256": digest,
-            "vocab_size": int(w.shape[0]),
-            "hidden_size": int(w.shape[1]),
-            "dtype": "bfloat16",
-            "source_model": model_identity(model_dir),
-        },
-    )
-    return HeadTensor(w, digest, out_path)
+    from harness.io.atomic import atomic_write_files, dumps_json
+    from harness.io.hashing import sha256_bytes
+
+    data = save({TENSOR_NAME: w})
+    digest = sha256_bytes(data)
+    if out_path.exists() and sha256_file(out_path) != digest:  # captures scored with it would stop matching
+        raise VerificationError(out_path, "existing head (a head is never overwritten by another)", digest, sha256_file(out_path),
+                                "export to a new --out path")
+    source = model_identity(model_dir)
+    side = {"sha256": digest, "vocab_size": int(w.shape[0]), "hidden_size": int(w.shape[1]), "dtype": "bfloat16",
+            "source_model": source}
+    atomic_write_files({out_path: data, sidecar_path(out_path): dumps_json(side)})  # both or neither
+    return HeadTensor(w, digest, out_path, source)
 
 
 def load_head(path: str | Path, expected_sha256: str | None = None) -> HeadTensor:

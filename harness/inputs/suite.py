@@ -41,7 +41,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from harness import PROTOCOL_VERSION
-from harness.io.atomic import atomic_write_bytes, atomic_write_json, dumps_json
+from harness.io.atomic import dumps_json
 from harness.errors import FidelityError, VerificationError
 from harness.io.hashing import sha256_bytes, sha256_file, tokens_sha256
 
@@ -452,13 +452,21 @@ def build_suite(
     }
     doc["manifest_sha256"] = manifest_sha256(doc)
     out_dir = Path(out)
-    out_dir.mkdir(parents=True, exist_ok=True)
     import io
 
+    from harness.io.atomic import atomic_write_files
+
+    existing = out_dir / SUITE_JSON
+    if existing.exists():  # stores captured for that suite would silently stop matching it
+        from harness.io.jsonio import read_json
+
+        found = read_json(existing).get("manifest_sha256")
+        if found != doc["manifest_sha256"]:
+            raise VerificationError(existing, "existing suite (a suite is never overwritten by another)", doc["manifest_sha256"], found,
+                                    "build into a new --out folder")
     buf = io.BytesIO()
     np.save(buf, tokens, allow_pickle=False)
-    atomic_write_bytes(out_dir / TOKENS_FILE, buf.getvalue())
-    atomic_write_json(out_dir / SUITE_JSON, doc)
+    atomic_write_files({out_dir / TOKENS_FILE: buf.getvalue(), out_dir / SUITE_JSON: dumps_json(doc)})  # both or neither
     return load_suite(out_dir, verify=True)
 
 
