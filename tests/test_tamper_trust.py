@@ -181,6 +181,12 @@ def test_head_sidecar_of_another_model_refused(fx: Path, capsys: pytest.CaptureF
             "expected {name 'bad'", "found {name 'reference'", absent=fx / "out")
 
 
+def test_shared_head_without_its_sidecar_refused(fx: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (fx / "lm_head.json").unlink()
+    refused(capsys, replay_args(fx, fx / "out"), "lm_head.json: source_model (the model the shared head was exported from)",
+            "found none (sidecar missing or without source_model)", absent=fx / "out")
+
+
 def test_reference_manifest_model_edited_refused(fx: Path, capsys: pytest.CaptureFixture[str]) -> None:
     doc = manifest(fx / "reference")
     doc["model"]["weights"] = {"model.safetensors": "0" * 64}
@@ -284,6 +290,9 @@ def test_session_refuses_a_head_of_another_width_before_scoring(fx: Path) -> Non
 
     w = load_head(fx / "lm_head.safetensors").weight
     (fx / "narrow.safetensors").write_bytes(save({"weight": w[:, :16].contiguous()}))
+    side = json.loads((fx / "lm_head.json").read_text())  # a consistent sidecar: only the width is wrong
+    side.update(sha256=sha256_file(fx / "narrow.safetensors"), hidden_size=16)
+    (fx / "narrow.json").write_text(json.dumps(side))
     s = _session(fx, 'text.replace(\'head = "lm_head.safetensors"\', \'head = "narrow.safetensors"\')')
     with pytest.raises(VerificationError, match=r"narrow.safetensors: head hidden_size .*: expected 32, found 16"):
         s.score(s.config.candidate("good"), 0)
@@ -734,7 +743,7 @@ def test_published_set_is_readable_by_others(published: dict[str, Path]) -> None
 
 
 #: Refusal cases in this campaign (parametrized cases counted one by one); the README cites it.
-TRUST_CASES = 61
+TRUST_CASES = 62
 
 
 def test_case_count_is_what_the_readme_says() -> None:

@@ -7,8 +7,8 @@ found value:
 * **reference store <-> reference model <-> head.** The model recorded in the reference store's
   ``capture.json`` must be, by content (config and weight hashes, not the folder name), the
   configured reference model (when one is configured) and the model the shared head was exported
-  from (the head sidecar's ``source_model``, when recorded). A candidate's capture put in the
-  reference's place is refused here.
+  from (the head sidecar's ``source_model``, required for a hidden-state reference). A candidate's
+  capture put in the reference's place is refused here.
 * **candidate <-> reference.** A candidate whose recorded model is the reference's own model is a
   self-check (KLD 0 by construction), never a passing candidate: it is refused.
 * **candidate <-> suite.** Both stores are of the suite (its token hash and ``n_ctx``; checked by
@@ -84,7 +84,13 @@ def check_reference_identity(reference: CaptureStore, *, reference_model: Path |
         raise VerificationError(
             _manifest(reference), f"model (the configured reference model {reference_model})",
             describe(model_identity), describe(found), "this store was captured from another model")
-    if head is not None and head.source_model is not None and reference.kind == "hidden_states":
+    if head is not None and reference.kind == "hidden_states":
+        if head.source_model is None:
+            from harness.inputs.head import sidecar_path
+
+            raise VerificationError(sidecar_path(head.path), "source_model (the model the shared head was exported from)",
+                                    "recorded by `fidelity export-head`", "none (sidecar missing or without source_model)",
+                                    "without it the head cannot be tied to the reference store")
         source = head.source_model
         if _comparable(source) and _comparable(found) and content_identity(source) != content_identity(found):
             raise VerificationError(
