@@ -1,4 +1,4 @@
-"""Cross-engine floor (``pytest -m cross_engine``): the same weights through two engines.
+"""Cross-engine floor (``pytest -m fidelity_cross_engine``): the same weights through two engines.
 
 The fixture model's unquantized bf16 weights run through transformers (the committed reference
 capture: bf16 hidden states x the shared head, fp32 logits) and through llama.cpp
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.cross_engine
+pytestmark = pytest.mark.fidelity_cross_engine
 
 ROOT = Path(__file__).resolve().parent.parent
 GGUF = ROOT / "fixtures" / "gguf"

@@ -165,24 +165,11 @@ b = "bad"
 margin = 0.001
 """
 
-FIDELITY_TEST = '''\
-import pytest
-
-pytestmark = pytest.mark.fidelity
-
-
-def test_fidelity(fidelity_scored, fidelity_gate):
-    failure = fidelity_gate.failure(fidelity_scored)
-    if failure:
-        pytest.fail(failure, pytrace=False)
-'''
-
-
 @pytest.fixture(scope="session")
 def fidelity_project(tmp_path_factory: pytest.TempPathFactory, tiny_corpus: Path, tiny_tokenizer: Path) -> Path:
     """A complete tiny fidelity project: suite (8 contexts x 32 tokens, 4 shards), the reference
     model, its capture store and head, two perturbed candidates (``good``, ``bad``),
-    ``fidelity.toml`` and ``test_fidelity.py`` (no baselines yet). Copy it before changing it."""
+    and ``fidelity.toml`` (no baselines yet; the plugin collects the cases from the file). Copy it before changing it."""
     from harness.engines.transformers import capture
     from harness.inputs.head import export_head
     from harness.inputs.suite import build_suite
@@ -195,5 +182,4 @@ def fidelity_project(tmp_path_factory: pytest.TempPathFactory, tiny_corpus: Path
     export_head(ref, root / "lm_head.safetensors")
     capture(ref, suite, root / "reference", progress=False)
     (root / "fidelity.toml").write_text(FIDELITY_TOML, "utf-8")
-    (root / "test_fidelity.py").write_text(FIDELITY_TEST, "utf-8")
     return root

@@ -114,15 +114,15 @@ def test_kill_9_during_pytest_run_then_rerun(pytester: pytest.Pytester, fidelity
 
     root = pytester.path
     shutil.copytree(fidelity_project, root, dirs_exist_ok=True)
-    shutil.copytree(fidelity_project, root / "clean", ignore=shutil.ignore_patterns("test_fidelity.py"))
-    common = ["-p", "no:cacheprovider", "--fidelity-update-baselines"]
-    clean = pytester.runpytest("test_fidelity.py", *common, "--fidelity-config", "clean/fidelity.toml",
+    shutil.copytree(fidelity_project, root / "clean", )
+    common = ["-p", "no:cacheprovider", "--fidelity-update-baselines", "-m", "fidelity"]
+    clean = pytester.runpytest("clean/fidelity.toml", *common,
                                "--fidelity-report-dir", "clean-reports")
     clean.assert_outcomes(passed=8)
 
     (root / "conftest.py").write_text(_SLOW_CONFTEST)
     first = root / "fidelity-reports" / "good" / "shard-00.json"
-    proc = subprocess.Popen([sys.executable, "-m", "pytest", "test_fidelity.py", *common], cwd=root, env=_ENV,
+    proc = subprocess.Popen([sys.executable, "-m", "pytest", "fidelity.toml", *common], cwd=root, env=_ENV,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         _wait_for(first.exists, proc, "the first report was written")
@@ -140,7 +140,7 @@ def test_kill_9_during_pytest_run_then_rerun(pytester: pytest.Pytester, fidelity
     assert not (root / "baselines").exists(), "baselines written by a killed run"
     (root / "conftest.py").unlink()
 
-    again = pytester.runpytest("test_fidelity.py", *common)
+    again = pytester.runpytest("fidelity.toml", *common)
     again.assert_outcomes(passed=8)
     for p in sorted((root / "clean-reports").rglob("shard-*.json")):
         rel = p.relative_to(root / "clean-reports")

@@ -9,14 +9,11 @@ from typing import Any
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture
 def project(pytester: pytest.Pytester, fidelity_project: Path) -> pytest.Pytester:
-    shutil.copytree(fidelity_project, pytester.path, dirs_exist_ok=True)
-    for name in ("test_tails.py", "test_window.py", "test_paired.py"):
-        shutil.copy(ROOT / "fidelity_tests" / name, pytester.path / name)
+    shutil.copytree(fidelity_project, pytester.path, dirs_exist_ok=True)  # the plugin collects every case from fidelity.toml
     return pytester
 
 
@@ -25,14 +22,14 @@ def _load(p: Path) -> dict[str, Any]:
 
 
 def test_collection_ids_and_markers(project: pytest.Pytester) -> None:
-    r = project.runpytest("--collect-only", "-q", "-m", "tails or window or paired")
+    r = project.runpytest("--collect-only", "-q", "-m", "fidelity_tails or fidelity_window or fidelity_paired")
     r.stdout.fnmatch_lines([
-        "*test_paired[[]pair-good-vs-bad[]]*",
         "*test_tails[[]tails-good[]]*",
         "*test_tails[[]tails-bad[]]*",
         "*test_window[[]window-from0[]]*",
         "*test_window[[]window-from16[]]*",
         "*test_window[[]window-from64[]]*",
+        "*fidelity.toml::test_paired[[]pair-good-vs-bad[]]*",
         "*6/14 tests collected*",
     ])
 
@@ -79,9 +76,9 @@ def test_report_cases_write_their_artifacts(project: pytest.Pytester) -> None:
 
 def test_pair_expectation_fails_with_a_readable_message(project: pytest.Pytester) -> None:
     _margin(project, 'margin = 0.001\nexpect = "equivalent"')  # 6e-4 apart: inside the generous margin
-    project.runpytest("-m", "paired").assert_outcomes(passed=1)
+    project.runpytest("-m", "fidelity_paired").assert_outcomes(passed=1)
     _margin(project, "margin = 0.00001")  # expect stays
-    result = project.runpytest("-m", "paired")
+    result = project.runpytest("-m", "fidelity_paired")
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*pair good-vs-bad: verdict 'A better', expected 'equivalent' (mean KLD difference *margin ±1e-05)*"])
 
@@ -112,7 +109,7 @@ def test_paired_verdict_rule() -> None:
 
 
 def test_adaptive_stops_a_clear_candidate_and_states_the_rule(project: pytest.Pytester) -> None:
-    project.runpytest("--fidelity-update-baselines", "-k", "good or bad", "-m", "not tails and not window and not paired")
+    project.runpytest("--fidelity-update-baselines", "-k", "good or bad", "-m", "fidelity")
     # a generous default threshold: good is far below it, so it stops after the first look
     for name, limit in (("good", 10.0), ("bad", 1e-9)):
         path = project.path / "baselines" / f"{name}.json"
@@ -120,7 +117,7 @@ def test_adaptive_stops_a_clear_candidate_and_states_the_rule(project: pytest.Py
         doc["default"] = {"max_mean_kld": limit}
         doc["shards"] = {}
         path.write_text(json.dumps(doc))
-    result = project.runpytest("--fidelity-adaptive", "--fidelity-report-dir", "ad", "-rs", "test_fidelity.py")
+    result = project.runpytest("--fidelity-adaptive", "--fidelity-report-dir", "ad", "-rs", "-m", "fidelity")
     # bad's scored shards fail their baseline (1e-9) and bad stops early too (interval entirely above,
     # once enough clusters make the t interval narrow: look 2 here)
     outcomes = result.parseoutcomes()

@@ -18,7 +18,7 @@ def project(pytester: pytest.Pytester, fidelity_project: Path) -> pytest.Pyteste
 
 
 def _update(p: pytest.Pytester, *args: str) -> pytest.RunResult:
-    return p.runpytest("--fidelity-update-baselines", "-p", "no:cacheprovider", *args)
+    return p.runpytest("--fidelity-update-baselines", "-p", "no:cacheprovider", "-m", "fidelity", *args)
 
 
 def _load(p: Path) -> dict[str, Any]:
@@ -26,9 +26,9 @@ def _load(p: Path) -> dict[str, Any]:
 
 
 def test_missing_baseline_fails_and_says_how_to_create_it(project: pytest.Pytester) -> None:
-    result = project.runpytest("-k", "good")
+    result = project.runpytest("-m", "fidelity", "--fidelity-candidates", "good")
     result.assert_outcomes(failed=4)
-    result.stdout.fnmatch_lines(["*no baseline for candidate 'good'*pytest fidelity_tests -k good --fidelity-update-baselines*"])
+    result.stdout.fnmatch_lines(["*no baseline for candidate 'good'*pytest fidelity.toml --fidelity-candidates good --fidelity-update-baselines*"])
 
 
 def test_update_writes_baselines_then_cases_pass(project: pytest.Pytester) -> None:
@@ -43,8 +43,8 @@ def test_update_writes_baselines_then_cases_pass(project: pytest.Pytester) -> No
     rep = _load(project.path / "fidelity-reports" / "good" / "shard-00.json")
     want = rep["metrics"]["kld"]["mean"] * 1.1 + 1e-6
     assert doc["shards"]["00"]["max_mean_kld"] == pytest.approx(want, rel=1e-5)
-    again = project.runpytest()
-    again.assert_outcomes(passed=8)
+    again = project.runpytest()  # every case of the file: 8 shards, 2 tails, 2 windows (+1 skipped), 1 pair
+    again.assert_outcomes(passed=13, skipped=1)
 
 
 def test_worse_candidate_with_copied_baseline_fails_with_field_value_limit(project: pytest.Pytester) -> None:
@@ -52,30 +52,35 @@ def test_worse_candidate_with_copied_baseline_fails_with_field_value_limit(proje
     good = _load(project.path / "baselines" / "good.json")
     good["candidate"] = "bad"
     (project.path / "baselines" / "bad.json").write_text(json.dumps(good))
-    result = project.runpytest("-k", "bad")
+    result = project.runpytest("-m", "fidelity", "-k", "bad")
     result.assert_outcomes(failed=4)
     result.stdout.fnmatch_lines(
         [
             "*mean_kld * > max * (max_mean_kld) (candidate bad, shard 00)*",
-            "*update with: pytest fidelity_tests -k bad --fidelity-update-baselines*",
+            "*update with: pytest fidelity.toml --fidelity-candidates bad --fidelity-update-baselines*",
         ]
     )
 
 
 def test_k_selects_candidate_and_shard(project: pytest.Pytester) -> None:
-    result = project.runpytest("--collect-only", "-q", "-k", "shard01")
-    result.stdout.fnmatch_lines(["*test_fidelity[[]good-shard01[]]*", "*test_fidelity[[]bad-shard01[]]*", "*2/8 tests collected*"])
-    result = project.runpytest("--collect-only", "-q", "-k", "good")
-    result.stdout.fnmatch_lines(["*4/8 tests collected*"])
+    result = project.runpytest("--collect-only", "-q", "-m", "fidelity", "-k", "shard01")
+    result.stdout.fnmatch_lines(["*test_fidelity[[]good-shard01[]]*", "*test_fidelity[[]bad-shard01[]]*", "*2/14 tests collected*"])
+    result = project.runpytest("--collect-only", "-q", "-m", "fidelity", "-k", "good")
+    result.stdout.fnmatch_lines(["*4/14 tests collected*"])
+    result = project.runpytest("--collect-only", "-q", "--fidelity-candidates", "good")
+    result.stdout.fnmatch_lines(["*test_fidelity[[]good-shard00[]]*", "*test_tails[[]tails-good[]]*", "*8 tests collected*"])
+    bad = project.runpytest("--collect-only", "--fidelity-candidates", "goood")
+    assert bad.ret == pytest.ExitCode.USAGE_ERROR
+    bad.stderr.fnmatch_lines(["*fidelity.toml: unknown candidate 'goood'; did you mean good?*"])
 
 
 def test_m_selects_by_marker(project: pytest.Pytester) -> None:
-    project.runpytest("--collect-only", "-q", "-m", "fidelity").stdout.fnmatch_lines(["*8 tests collected*"])
-    project.runpytest("--collect-only", "-q", "-m", "tails").stdout.fnmatch_lines(["*no tests collected (8 deselected)*"])
+    project.runpytest("--collect-only", "-q", "-m", "fidelity").stdout.fnmatch_lines(["*8/14 tests collected*"])
+    project.runpytest("--collect-only", "-q", "-m", "fidelity_tails").stdout.fnmatch_lines(["*2/14 tests collected*"])
 
 
 def test_shards_option_selects_and_validates(project: pytest.Pytester) -> None:
-    project.runpytest("--collect-only", "-q", "--fidelity-shards", "0,2-3").stdout.fnmatch_lines(["*6 tests collected*"])
+    project.runpytest("--collect-only", "-q", "-m", "fidelity", "--fidelity-shards", "0,2-3").stdout.fnmatch_lines(["*6/12 tests collected*"])
     bad = project.runpytest("--collect-only", "--fidelity-shards", "7")
     assert bad.ret != 0
     bad.stderr.fnmatch_lines(["*shard*7*"])
@@ -102,7 +107,7 @@ def test_window_is_recorded_in_reports(project: pytest.Pytester) -> None:
 
 def test_reports_and_junit_properties(project: pytest.Pytester) -> None:
     _update(project, "-k", "good")
-    result = project.runpytest("-k", "good", "--junitxml", "junit.xml", "--fidelity-report-dir", "out")
+    result = project.runpytest("-m", "fidelity", "-k", "good", "--junitxml", "junit.xml", "--fidelity-report-dir", "out")
     result.assert_outcomes(passed=4)
     for shard in range(4):
         assert (project.path / "out" / "good" / f"shard-{shard:02d}.json").is_file()
@@ -122,7 +127,7 @@ def test_ladder_sorted_by_kld(project: pytest.Pytester) -> None:
 def test_unused_baseline_is_reported(project: pytest.Pytester) -> None:
     _update(project, "-k", "good")
     (project.path / "baselines" / "ghost.json").write_text("{}")
-    result = project.runpytest("-k", "good")
+    result = project.runpytest("-m", "fidelity", "-k", "good")
     result.stdout.fnmatch_lines(["*unused baseline (no such candidate in the config): *ghost.json*"])
 
 
@@ -178,12 +183,75 @@ def _strip(d: dict[str, Any]) -> dict[str, Any]:
 
 def test_xdist_matches_serial(project: pytest.Pytester) -> None:
     _update(project)
-    serial = project.runpytest_subprocess("--fidelity-report-dir", "serial")
+    serial = project.runpytest_subprocess("-m", "fidelity", "--fidelity-report-dir", "serial")
     serial.assert_outcomes(passed=8)
-    par = project.runpytest_subprocess("-n", "2", "--dist", "loadgroup", "--fidelity-report-dir", "par")
+    par = project.runpytest_subprocess("-m", "fidelity", "-n", "2", "--dist", "loadgroup", "--fidelity-report-dir", "par")
     par.assert_outcomes(passed=8)
     files = sorted(p.relative_to(project.path / "serial") for p in (project.path / "serial").rglob("shard-*.json"))
     assert len(files) == 8
     for rel in files:
         assert _strip(_load(project.path / "serial" / rel)) == _strip(_load(project.path / "par" / rel)), rel
     assert _load(project.path / "serial" / "ladder.json") == _load(project.path / "par" / "ladder.json")
+
+
+FOREIGN_TESTS = '''
+import pytest
+
+
+def test_timed(benchmark):
+    assert benchmark(sum, [1, 2, 3]) == 6
+
+
+@pytest.mark.benchmark(group="g", min_rounds=2)
+def test_marked(benchmark):
+    benchmark(lambda: None)
+
+
+def test_plain():
+    pass
+'''
+
+
+def test_inert_in_a_foreign_project_with_benchmarks(pytester: pytest.Pytester) -> None:
+    """A project without a fidelity configuration: its pytest-benchmark tests run (none is skipped),
+    the plugin adds no header line, no report and none of the generic markers (slow, gpu)."""
+    pytester.makepyfile(test_foreign=FOREIGN_TESTS)
+    result = pytester.runpytest("-p", "no:cacheprovider", "--strict-markers", "-rs")
+    result.assert_outcomes(passed=3)
+    assert "fidelity" not in "\n".join(result.stdout.lines[:6])  # the session header
+    assert not (pytester.path / "fidelity-reports").exists()
+    markers = pytester.runpytest("--markers").stdout.str()
+    assert "@pytest.mark.fidelity_tails" in markers
+    assert "@pytest.mark.slow" not in markers and "@pytest.mark.gpu" not in markers
+    pytester.makepyfile(test_generic="import pytest\n\n@pytest.mark.slow\ndef test_x():\n    pass\n")
+    strict = pytester.runpytest("--strict-markers", "test_generic.py")
+    strict.stdout.fnmatch_lines(["*'slow' not found in `markers` configuration option*"])
+
+
+def test_cases_from_a_config_in_an_empty_folder(pytester: pytest.Pytester, fidelity_project: Path) -> None:
+    """`pytest --fidelity-config my.toml` where no test file exists: the installed plugin collects the
+    file's cases; the header names the file; fix-it hints carry the configuration."""
+    shutil.copytree(fidelity_project, pytester.path / "proj")
+    (pytester.path / "proj" / "fidelity.toml").rename(pytester.path / "proj" / "my.toml")
+    work = pytester.mkdir("work")  # a user's empty folder
+    monkey = pytest.MonkeyPatch()
+    monkey.chdir(work)
+    try:
+        collected = pytester.runpytest("--fidelity-config", "../proj/my.toml", "--collect-only", "-q")
+        collected.stdout.fnmatch_lines(["*my.toml::test_fidelity[[]good-shard00[]]*", "*my.toml::test_paired*",
+                                        "*14 tests collected*"])
+        result = pytester.runpytest("--fidelity-config", "../proj/my.toml", "-m", "fidelity",
+                                    "--fidelity-candidates", "good", "--fidelity-shards", "0")
+        result.assert_outcomes(failed=1)
+        result.stdout.fnmatch_lines([
+            "fidelity: *my.toml (1 candidates x 1 shards*",
+            "*create it on purpose with: pytest ../proj/my.toml --fidelity-config ../proj/my.toml "
+            "--fidelity-candidates good --fidelity-update-baselines*",
+        ])
+        pointed = pytester.runpytest("../proj/my.toml", "-m", "fidelity", "--fidelity-update-baselines",
+                                     "--fidelity-shards", "0")
+        pointed.assert_outcomes(passed=2)
+        assert (work / "fidelity-reports" / "good" / "shard-00.json").is_file()
+        assert sorted(p.name for p in (pytester.path / "proj" / "baselines").iterdir()) == ["bad.json", "good.json"]
+    finally:
+        monkey.undo()

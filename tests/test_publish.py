@@ -11,14 +11,11 @@ import pytest
 
 from harness.cli.main import main
 
-ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture
 def run(pytester: pytest.Pytester, fidelity_project: Path) -> Path:
     shutil.copytree(fidelity_project, pytester.path, dirs_exist_ok=True)
-    for name in ("test_tails.py", "test_window.py", "test_paired.py"):
-        shutil.copy(ROOT / "fidelity_tests" / name, pytester.path / name)
     pytester.runpytest("-p", "no:cacheprovider", "--fidelity-update-baselines", "--fidelity-report-dir", "reports").assert_outcomes(
         passed=13, skipped=1)
     return pytester.path
@@ -39,7 +36,8 @@ def test_publish_then_verify_refuses_tampering(run: Path, capsys: pytest.Capture
     assert {p["candidate"] for p in pts} == {"good", "bad"} and all(p["size_gib"] > 0 for p in pts)
     page = (out / "good" / "report.md").read_text()
     for section in ("**Mean KLD", "## Tails", "## Scoring-window control", "## Paired comparisons", "## Identity",
-                    "## How to reproduce", "pytest fidelity_tests -k good"):
+                    "## How to reproduce",
+                    "pytest fidelity.toml --fidelity-config fidelity.toml --fidelity-candidates good --fidelity-shards 0,1,2,3"):
         assert section in page, section
     lines = (out / "checksums.txt").read_text().splitlines()
     assert len(lines) == 7 and all(len(l.split("  ")[0]) == 64 for l in lines)  # sha256sum format

@@ -9,9 +9,13 @@ from typing import Any
 from harness.gate.baselines import Baseline, BaselineError, baseline_path
 
 
-def update_command(candidate: str) -> str:
-    """The exact command that (re)writes a candidate's baseline."""
-    return f"pytest fidelity_tests -k {candidate} --fidelity-update-baselines"
+def update_command(candidate: str, selector: tuple[str, ...] = ("fidelity.toml",)) -> str:
+    """The exact command that (re)writes one candidate's baseline.
+
+    ``selector``: the words that select the run's configuration (the ``fidelity.toml`` pytest is
+    pointed at, plus ``--fidelity-config PATH`` when one was given); the candidate is selected by
+    exact name (``-k`` would match every candidate whose name contains it)."""
+    return " ".join(["pytest", *selector, "--fidelity-candidates", candidate, "--fidelity-update-baselines"])
 
 
 @dataclass
@@ -21,6 +25,8 @@ class Gate:
     baselines: Path
     update: bool
     config_path: Path
+    #: Command-line words selecting the configuration in fix-it hints (see :func:`update_command`).
+    selector: tuple[str, ...] = ("fidelity.toml",)
 
     def failure(self, scored: Any) -> str | None:
         """The failure message for ``scored`` (a :class:`harness.run.session.ScoredShard`), or None when it passes.
@@ -35,7 +41,7 @@ class Gate:
         if not path.is_file():
             return (
                 f"no baseline for candidate {name!r} (expected {path}); "
-                f"create it on purpose with: {update_command(name)}"
+                f"create it on purpose with: {update_command(name, self.selector)}"
             )
         try:
             baseline = Baseline.load(path, name)
@@ -44,14 +50,14 @@ class Gate:
         if not baseline.thresholds(shard):
             return (
                 f"{path}: no thresholds for shard {shard:02d} and no default entry; "
-                f"add them with: {update_command(name)}"
+                f"add them with: {update_command(name, self.selector)}"
             )
         violations = baseline.check(shard, scored.headline)
         if not violations:
             return None
         lines = [f"{v.describe()} (candidate {name}, shard {shard:02d})" for v in violations]
         lines.append(f"baseline: {path}")
-        lines.append(f"if this change is intended, update with: {update_command(name)}")
+        lines.append(f"if this change is intended, update with: {update_command(name, self.selector)}")
         return "\n".join(lines)
 
     def check(self, scored: Any) -> None:

@@ -39,7 +39,7 @@ class TailCase:
     max_p99: float | None
 
     @classmethod
-    def run(cls, session: Any, name: str, shards: Sequence[int]) -> "TailCase":
+    def run(cls, session: Any, name: str, shards: Sequence[int]) -> TailCase:
         from harness.reports.tails import baseline_max_p99, check_tails, tail_report
 
         rep = tail_report(name, list(zip(shards, _positions(session, name, shards))), session.score_from)
@@ -62,7 +62,7 @@ class WindowCase:
     expected_positions: int
 
     @classmethod
-    def run(cls, session: Any, k: int, shards: Sequence[int], notes: Sequence[str] = ()) -> "WindowCase":
+    def run(cls, session: Any, k: int, shards: Sequence[int], notes: Sequence[str] = ()) -> WindowCase:
         from harness.reports.windows import expected_positions, window_summary
 
         base = session.score_from
@@ -109,7 +109,7 @@ class PairCase:
     expect: str | None = None
 
     @classmethod
-    def run(cls, session: Any, a: str, b: str, margin: float, shards: Sequence[int], expect: str | None = None) -> "PairCase":
+    def run(cls, session: Any, a: str, b: str, margin: float, shards: Sequence[int], expect: str | None = None) -> PairCase:
         from harness.reports.paired import paired_report
 
         rep = paired_report(a, b, _positions(session, a, shards), _positions(session, b, shards), margin=margin,

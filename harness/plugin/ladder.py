@@ -25,9 +25,7 @@ class LadderCollector:
 
     def add(self, payload: dict[str, Any], *, passed: bool) -> None:
         """Record one case's report and write ``<report-dir>/<candidate>/shard-<NN>.json`` and ``.md``."""
-        from harness.reports.shard import ShardReport
-
-        from harness.reports.shard import report_shard
+        from harness.reports.shard import ShardReport, report_shard
 
         report = ShardReport.from_json_dict(payload, path="<pytest worker payload>")
         shard = report_shard(report)
@@ -37,11 +35,9 @@ class LadderCollector:
 
     def finish(self, *, update_baselines: bool, config: Any) -> None:
         """Write the ladder artifacts; on update, the baseline files; find unused baselines."""
+        from harness.gate.baselines import headline_of, unused_baselines, write_baseline
         from harness.reports.aggregate import ladder_rows, write_ladder
-        from harness.gate.baselines import unused_baselines, write_baseline
-        from harness.reports.shard import ShardReport
-        from harness.gate.baselines import headline_of
-        from harness.reports.shard import report_shard
+        from harness.reports.shard import ShardReport, report_shard
 
         reports = [ShardReport.from_json_dict(p, path="<collected>") for p in self.reports]
         from harness.inputs.suite import Suite

@@ -135,8 +135,10 @@ def reproduction_info(config: Any, names: Iterable[str]) -> dict[str, Any] | Non
 def _reproduce(name: str, agg: dict[str, Any], repro: dict[str, Any] | None) -> list[str]:
     shards = ",".join(str(s["index"]) for s in agg["shards"])
     window = agg["score_from"]
-    cfg = f" --fidelity-config {shlex.quote(str(repro['config']))}" if repro is not None else ""
-    lines = ["```sh", f"pytest fidelity_tests -k {name}{cfg} --fidelity-shards {shards}"
+    # pytest pointed at the configuration file collects its cases; --fidelity-candidates selects by exact name
+    toml = shlex.quote(str(repro["config"])) if repro is not None else "fidelity.toml"
+    cfg = f"{toml} --fidelity-config {toml}" if repro is not None else toml
+    lines = ["```sh", f"pytest {cfg} --fidelity-candidates {name} --fidelity-shards {shards}"
              + (f" --fidelity-window {window}" if window else "") + " --fidelity-report-dir reports",
              f"fidelity aggregate reports/{name} --suite SUITE --out aggregate/", "```"]
     store = None if repro is None else (repro.get("stores") or {}).get(name)

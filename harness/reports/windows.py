@@ -28,16 +28,17 @@ SCHEMA = "fidelity.window/1"
 WINDOWS = (0, 64, "half")
 
 
-def planned_windows(n_ctx: int, base: int = 0) -> tuple[list[int], list[str]]:
-    """The windows to run and notes for those skipped (``k > n_ctx - 2`` leaves no position)."""
+def planned_windows(n_ctx: int, base: int = 0) -> tuple[list[int], list[tuple[int, str]]]:
+    """The windows to run, and ``(k, note)`` for each one skipped (``k > n_ctx - 2`` leaves no position)."""
     ks = sorted({base, *[(n_ctx // 2 if w == "half" else int(w)) for w in WINDOWS]})
-    run, notes = [], []
+    run: list[int] = []
+    skipped: list[tuple[int, str]] = []
     for k in ks:
         if k > n_ctx - 2:
-            notes.append(f"score_from={k} skipped: contexts have n_ctx={n_ctx} tokens, rows 0..{n_ctx - 2}")
+            skipped.append((k, f"score_from={k} skipped: contexts have n_ctx={n_ctx} tokens, rows 0..{n_ctx - 2}"))
         else:
             run.append(k)
-    return run, notes
+    return run, skipped
 
 
 def expected_positions(n_contexts: int, n_ctx: int, k: int) -> int:
@@ -49,7 +50,12 @@ def window_summary(positions: Sequence[Any], k: int, *, n_boot: int, seed: int |
     """Mean KLD, 95% source-cluster interval and counts of one candidate's positions at window ``k``.
 
     ``positions``: :class:`harness.run.shard.ShardPositions` of the selected shards."""
-    from harness.metrics.bootstrap import DEFAULT_SEED, draw_cluster_weights, percentile_interval, ratio_replicates
+    from harness.metrics.bootstrap import (
+        DEFAULT_SEED,
+        draw_cluster_weights,
+        percentile_interval,
+        ratio_replicates,
+    )
     from harness.metrics.positions import layout
     from harness.scoring.scores import PositionScores
 

@@ -1,0 +1,419 @@
+"""``FidelityRun``: the one object behind the pytest plugin.
+
+It holds everything one pytest run of a fidelity configuration needs -- the *plan* (the validated
+``fidelity.toml``, the selected candidates and shards), the lazily built
+:class:`~harness.run.session.FidelitySession`, the adaptive monitor (``--fidelity-adaptive``) and the
+controller's reporter (:class:`harness.plugin.ladder.LadderCollector` plus the report cases'
+payloads) -- and implements the plugin's hooks as methods, in the style of pytest-benchmark's
+``BenchmarkSession`` and syrupy's ``SnapshotSession``. The module-level hooks in
+:mod:`harness.plugin.pytest_plugin` only forward to it.
+
+A project without a fidelity configuration gets no ``FidelityRun`` at all: the plugin then adds its
+options and markers and does nothing else (it never skips, collects or reports anything).
+
+Workers report, the controller writes: each case attaches its payload to the pytest ``TestReport``
+(serialized home by pytest-xdist); only the controller (``xdist.is_xdist_worker`` is false) writes the
+per-shard artifacts, the ladder and the report cases' files.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import importlib
+import json
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+if TYPE_CHECKING:
+    from harness.gate.adaptive import AdaptiveMonitor
+    from harness.inputs.config import FidelityConfig, PairConfig
+    from harness.plugin.cases import PairCase, TailCase, WindowCase
+    from harness.plugin.ladder import LadderCollector
+    from harness.run.session import FidelitySession, ScoredShard
+
+#: Attributes of a ``TestReport`` that carry a case's payloads home (JSON strings; xdist serializes them).
+PAYLOAD_ATTR = "fidelity_payload"
+EXTRA_ATTR = "fidelity_extra"
+
+#: The run of this pytest process, when a fidelity configuration is in use.
+RUN_KEY = pytest.StashKey["FidelityRun"]()
+#: Item stash: the shard report (JSON dict) of a candidate x shard case.
+_PAYLOAD = pytest.StashKey[dict[str, Any]]()
+#: Item stash: report-case payloads (``{"kind": ..., "data": ...}``) of a case.
+_EXTRA = pytest.StashKey[list[dict[str, Any]]]()
+
+#: How the cases are selected in a command that reproduces a case (``-k`` matches substrings,
+#: so ``-k int4_g32`` would also select ``int4_g32_b``; this option matches names exactly).
+CANDIDATES_OPTION = "--fidelity-candidates"
+
+
+def config_path(config: pytest.Config) -> tuple[Path | None, str]:
+    """The ``fidelity.toml`` of this run and how it was named: ``option``, ``argument`` or ``default``.
+
+    ``--fidelity-config PATH`` wins; else a ``.toml`` file among pytest's paths (``pytest my.toml``);
+    else ``<rootdir>/fidelity.toml`` when it exists; else none (the plugin stays inert).
+    """
+    opt = config.getoption("fidelity_config")
+    if opt:
+        return Path(config.invocation_params.dir, opt).resolve(), "option"
+    for path in _collected_paths(config):
+        if path.suffix == ".toml" and path.is_file():
+            return path, "argument"
+    default = Path(config.rootpath) / "fidelity.toml"
+    return (default.resolve(), "default") if default.is_file() else (None, "default")
+
+
+def _collected_paths(config: pytest.Config) -> list[Path]:
+    """pytest's positional paths (or its ``testpaths``), resolved."""
+    return [Path(config.invocation_params.dir, str(a).split("::")[0]).resolve() for a in config.args]
+
+
+def shown_path(path: Path, config: pytest.Config) -> str:
+    """``path`` as the user would type it from where pytest was started."""
+    try:
+        return str(path.relative_to(Path(config.invocation_params.dir).resolve()))
+    except ValueError:
+        return str(path)
+
+
+@dataclass(frozen=True)
+class FidelityPlan:
+    """What this run measures. ``config`` holds only the selected candidates (and pairs of them);
+    ``full`` is the file as written (for baselines no longer in use)."""
+
+    path: Path
+    full: FidelityConfig
+    config: FidelityConfig
+    shards: tuple[int, ...]
+    n_ctx: int
+    #: Command-line words that select this configuration in a reproduce / fix-it command.
+    selector: tuple[str, ...]
+
+    @classmethod
+    def load(cls, config: pytest.Config, path: Path, how: str) -> FidelityPlan:
+        """Validate the file, the shard and candidate selections; any problem is a usage error."""
+        from harness.errors import FidelityError
+        from harness.inputs.config import load_config
+        from harness.inputs.suite import Suite, parse_shard_spec
+
+        try:
+            full = load_config(path)
+            suite = Suite.load(full.suite, verify=False)
+            spec = config.getoption("fidelity_shards")
+            shards = parse_shard_spec(spec, len(suite.shards)) if spec else list(range(len(suite.shards)))
+            names = config.getoption("fidelity_candidates")
+            chosen = [full.candidate(n) for n in names.split(",")] if names else list(full.candidates)
+        except FidelityError as exc:
+            raise pytest.UsageError(str(exc)) from None
+        keep = {c.name for c in chosen}
+        selected = dataclasses.replace(full, candidates=tuple(c for c in full.candidates if c.name in keep),
+                                       pairs=tuple(p for p in full.pairs if p.a in keep and p.b in keep))
+        shown = shown_path(path, config)
+        selector = (shown, "--fidelity-config", shown) if how == "option" else (shown,)
+        return cls(path, full, selected, tuple(shards), suite.n_ctx, selector)
+
+    def reproduce(self, candidate: str | None = None, *extra: str) -> str:
+        """A pytest command that selects this configuration (and one candidate), with ``extra`` options."""
+        words = ["pytest", *self.selector]
+        if candidate is not None:
+            words += [CANDIDATES_OPTION, candidate]
+        return " ".join([*words, *extra])
+
+    # ------------------------------------------------------------ parametrization
+    def case_params(self) -> list[Any]:
+        """One case per candidate x selected shard, ids ``<candidate>-shard<NN>``, grouped per candidate for xdist."""
+        return [pytest.param((c.name, s), id=f"{c.name}-shard{s:02d}", marks=pytest.mark.xdist_group(c.name))
+                for c in self.config.candidates for s in self.shards]
+
+    def tail_params(self) -> list[Any]:
+        return [pytest.param(c.name, id=f"tails-{c.name}", marks=pytest.mark.xdist_group(c.name))
+                for c in self.config.candidates]
+
+    def window_params(self) -> list[Any]:
+        from harness.reports.windows import planned_windows
+
+        run, skipped = planned_windows(self.n_ctx)
+        notes = tuple(note for _, note in skipped)
+        params = [pytest.param((k, notes), id=f"window-from{k}") for k in run]
+        params += [pytest.param((k, ()), id=f"window-from{k}", marks=pytest.mark.skip(reason=note)) for k, note in skipped]
+        return params
+
+    def pair_params(self) -> list[Any]:
+        return [pytest.param(p, id=f"pair-{p.a}-vs-{p.b}") for p in self.config.pairs]
+
+
+#: Fixture name -> how its cases are generated (``indirect``: the fixture receives ``request.param``).
+PARAMETRIZED = {
+    "fidelity_case": FidelityPlan.case_params,
+    "fidelity_tail_candidate": FidelityPlan.tail_params,
+    "fidelity_window_k": FidelityPlan.window_params,
+    "fidelity_pair": FidelityPlan.pair_params,
+}
+
+
+class ConfigCases(pytest.Module):
+    """A ``fidelity.toml`` as a pytest node: its cases are the functions of :mod:`harness.plugin.builtin`,
+    parametrized from the file (``fidelity.toml::test_fidelity[int8-shard00]``)."""
+
+    def _getobj(self) -> Any:
+        return importlib.import_module("harness.plugin.builtin")
+
+    def collect(self) -> list[pytest.Item | pytest.Collector]:
+        """The file's cases; a kind with nothing to run (no pair declared or selected) is left out, not skipped."""
+        plan = self.config.stash[RUN_KEY].plan
+        empty = {"test_paired": not plan.config.pairs}
+        return [node for node in super().collect() if not empty.get(getattr(node, "originalname", ""), False)]
+
+    def funcnamefilter(self, name: str) -> bool:
+        return name.startswith("test_")
+
+    def classnamefilter(self, name: str) -> bool:
+        return False
+
+
+def _collect_config(config: pytest.Config, path: Path) -> None:
+    """Make pytest visit the configuration file (where its cases live) when it was given explicitly.
+
+    ``--fidelity-config PATH`` replaces a project's own ``.toml`` test paths (``testpaths``), and the file
+    is added to the paths pytest collects unless one of them already contains it."""
+    if config.args_source == pytest.Config.ArgsSource.TESTPATHS:
+        config.args[:] = [a for a, p in zip(config.args, _collected_paths(config)) if p.suffix != ".toml" or p == path]
+    if not any(p == path or p in path.parents for p in _collected_paths(config)):
+        config.args.append(str(path))
+
+
+@dataclass(eq=False)  # a plugin object: hashed by identity
+class FidelityRun:
+    """One pytest run of a fidelity configuration (see the module docstring)."""
+
+    pytest_config: pytest.Config
+    plan: FidelityPlan
+    planned: dict[str, list[int]] = field(default_factory=dict)
+    is_worker: bool = False
+    worker_index: int | None = None
+    _session: FidelitySession | None = None
+    _monitor: AdaptiveMonitor | None = None
+    _collector: LadderCollector | None = None
+    extras: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    extra_lines: list[str] = field(default_factory=list)
+
+    @classmethod
+    def configure(cls, config: pytest.Config) -> FidelityRun | None:
+        """The run of this process, or None when the project has no fidelity configuration."""
+        path, how = config_path(config)
+        if path is None:
+            return None
+        if config.getoption("fidelity_update_baselines") and config.getoption("numprocesses", None):
+            raise pytest.UsageError("--fidelity-update-baselines cannot be combined with -n (pytest-xdist): "
+                                    "run the update serially so one process writes the baseline files")
+        if (config.getoption("fidelity_adaptive") and config.getoption("numprocesses", None)
+                and config.getoption("dist", None) != "loadgroup"):
+            raise pytest.UsageError("--fidelity-adaptive with -n needs --dist loadgroup, "
+                                    "so each candidate's shards run in order on one worker")
+        if how == "option" and config.args_source == pytest.Config.ArgsSource.ARGS:
+            for other in _collected_paths(config):
+                if other.suffix == ".toml" and other != path:
+                    raise pytest.UsageError(f"pytest was pointed at {other} but --fidelity-config names {path}: give one")
+        plan = FidelityPlan.load(config, path, how)
+        if how == "option":
+            _collect_config(config, path)
+        return cls(config, plan)
+
+    # ------------------------------------------------------------ state
+    @property
+    def session(self) -> FidelitySession:
+        """The run's :class:`~harness.run.session.FidelitySession`, built on first use."""
+        if self._session is None:
+            from harness.run.session import FidelitySession, resolve_device
+
+            self._session = FidelitySession(
+                config=self.plan.config,
+                device=resolve_device(self.pytest_config.getoption("fidelity_device"), self.worker_index),
+                score_from=self.pytest_config.getoption("fidelity_window"),
+                progress=not self.is_worker,
+            )
+        return self._session
+
+    @property
+    def monitor(self) -> AdaptiveMonitor | None:
+        """The adaptive monitor (``--fidelity-adaptive``), or None."""
+        if self._monitor is None and self.pytest_config.getoption("fidelity_adaptive"):
+            from harness.gate.adaptive import AdaptiveMonitor, threshold_for
+
+            thresholds = {n: threshold_for(self.plan.config.baselines, n, s) for n, s in self.planned.items()}
+            self._monitor = AdaptiveMonitor(planned=self.planned, thresholds=thresholds)
+        return self._monitor
+
+    @property
+    def collector(self) -> LadderCollector:
+        if self._collector is None:
+            from harness.plugin.ladder import LadderCollector
+
+            self._collector = LadderCollector(report_dir=Path(self.pytest_config.getoption("fidelity_report_dir")))
+        return self._collector
+
+    @contextlib.contextmanager
+    def terminal(self) -> Iterator[None]:
+        """Let a capture's progress bar reach the terminal (pytest captures stderr during a test)."""
+        capman = self.pytest_config.pluginmanager.getplugin("capturemanager")
+        if self.is_worker or capman is None:
+            yield
+            return
+        with capman.global_and_fixture_disabled():
+            sys.stderr.write("\n")
+            yield
+
+    # ------------------------------------------------------------ hooks
+    def pytest_report_header(self) -> list[str]:
+        p = self.plan
+        return [f"fidelity: {p.path} ({len(p.config.candidates)} candidates x {len(p.shards)} shards; "
+                f"suite {p.config.suite}; reports {self.pytest_config.getoption('fidelity_report_dir')}/)"]
+
+    def pytest_sessionstart(self, session: pytest.Session) -> None:
+        import xdist
+
+        self.is_worker = xdist.is_xdist_worker(session)
+        if self.is_worker:  # worker ids are "gw0", "gw1", ...: one device per worker
+            self.worker_index = int(xdist.get_xdist_worker_id(session).removeprefix("gw"))
+            from harness.scoring.threads import apply_worker_threads
+
+            # -n W: each worker gets cores // W torch threads (harness/scoring/threads.py)
+            apply_worker_threads(int(session.config.workerinput.get("workercount", 1)))  # type: ignore[attr-defined]
+
+    def pytest_collect_file(self, file_path: Path, parent: pytest.Collector) -> ConfigCases | None:
+        """The configuration file's cases, wherever pytest meets the file."""
+        if file_path.resolve() == self.plan.path:
+            return ConfigCases.from_parent(parent, path=file_path)  # type: ignore[no-any-return]
+        return None
+
+    def pytest_generate_tests(self, metafunc: pytest.Metafunc) -> None:
+        for fixture, params in PARAMETRIZED.items():
+            if fixture in metafunc.fixturenames:
+                metafunc.parametrize(fixture, params(self.plan), indirect=fixture == "fidelity_case")
+
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        """Every process declares its cases, so a live model captures all of its shards at once."""
+        for item in session.items:
+            case = getattr(item, "callspec", None) and item.callspec.params.get("fidelity_case")  # type: ignore[attr-defined]
+            if case:
+                self.planned.setdefault(case[0], []).append(case[1])
+        if self.planned:
+            self.session.plan([(n, s) for n, shards in self.planned.items() for s in shards])
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+        outcome = yield
+        report = outcome.get_result()
+        if call.when == "call" and _PAYLOAD in item.stash:
+            setattr(report, PAYLOAD_ATTR, json.dumps(item.stash[_PAYLOAD], sort_keys=True))
+        if call.when == "call" and _EXTRA in item.stash:
+            setattr(report, EXTRA_ATTR, json.dumps(item.stash[_EXTRA], sort_keys=True))
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        """Controller: write each shard report as it arrives; keep report-case payloads for the end."""
+        if self.is_worker or report.when != "call":
+            return
+        payload = getattr(report, PAYLOAD_ATTR, None)
+        if payload is not None:
+            self.collector.add(json.loads(payload), passed=report.passed)
+        for extra in json.loads(getattr(report, EXTRA_ATTR, None) or "[]"):
+            self.extras.setdefault(extra["kind"], []).append(extra["data"])
+
+    def pytest_sessionfinish(self) -> None:
+        if self.is_worker:
+            return
+        if self.collector.reports:
+            self.collector.finish(update_baselines=self.pytest_config.getoption("fidelity_update_baselines"),
+                                  config=self.plan.full)
+        if self.extras:
+            from harness.plugin.cases import write_extras
+
+            self.extra_lines = write_extras(self.collector.report_dir, self.extras)
+
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        if self.collector.reports:
+            terminalreporter.section("fidelity ladder")
+            for line in self.collector.summary_lines():
+                terminalreporter.write_line(line)
+        if self.extra_lines:
+            terminalreporter.section("fidelity reports")
+            for line in self.extra_lines:
+                terminalreporter.write_line(line)
+
+    # ------------------------------------------------------------ fixture bodies
+    def send(self, request: pytest.FixtureRequest, kind: str, data: dict[str, Any]) -> None:
+        """Queue a report-case payload to travel home with this test's report."""
+        request.node.stash.setdefault(_EXTRA, []).append({"kind": kind, "data": data})
+
+    def score(self, request: pytest.FixtureRequest, name: str, shard: int, record_property: Any) -> ScoredShard:
+        """Score one candidate x shard (capturing it first when needed); its report travels home."""
+        from harness.errors import FidelityError
+
+        monitor = self.monitor
+        reason = monitor.stop_reason(name) if monitor is not None else None
+        if reason:
+            pytest.skip(reason)
+        try:
+            with self.terminal():
+                scored = self.session.score(self.session.config.candidate(name), shard)
+        except FidelityError as exc:
+            pytest.fail(f"{name} shard {shard:02d}: {exc}", pytrace=False)
+        if monitor is not None:
+            d = monitor.observe(name, shard, scored.report.metrics)
+            self.send(request, "adaptive", {"candidate": name, "shard": shard, "look": d.look, "looks": d.looks,
+                                            "level": d.level, "ci": list(d.ci), "mean_kld": d.mean_kld,
+                                            "threshold": d.threshold, "side": d.side})
+        for key in ("mean_kld", "ci_low", "ci_high", "p99", "top1"):
+            record_property(f"fidelity_{key}", getattr(scored.headline, key))
+        request.node.stash[_PAYLOAD] = scored.report.to_json_dict()
+        return scored
+
+    def tails(self, request: pytest.FixtureRequest, name: str) -> TailCase:
+        """A candidate's tail report over the selected shards (those actually scored after an adaptive stop)."""
+        from harness.plugin.cases import TailCase
+
+        shards = list(self.plan.shards)
+        monitor = self.monitor
+        if monitor is not None and name in monitor.stopped:
+            shards = sorted(monitor.seen[name])
+        with self.terminal():
+            case = TailCase.run(self.session, name, shards)
+        self.send(request, "tails", case.payload)
+        return case
+
+    def window(self, request: pytest.FixtureRequest, k: int, notes: tuple[str, ...]) -> WindowCase:
+        """Every selected candidate rescored from row ``k``."""
+        from harness.plugin.cases import WindowCase
+
+        with self.terminal():
+            case = WindowCase.run(self.session, k, list(self.plan.shards), notes)
+        self.send(request, "window", case.payload)
+        return case
+
+    def paired(self, request: pytest.FixtureRequest, p: PairConfig) -> PairCase:
+        """A declared pair compared on the same positions."""
+        from harness.errors import FidelityError
+        from harness.plugin.cases import PairCase
+
+        try:
+            with self.terminal():
+                case = PairCase.run(self.session, p.a, p.b, p.margin, list(self.plan.shards), p.expect)
+        except FidelityError as exc:
+            pytest.fail(f"pair {p.a} vs {p.b}: {exc}", pytrace=False)
+        self.send(request, "paired", case.payload)
+        return case
+
+
+def active_run(config: pytest.Config) -> FidelityRun:
+    """The run of this process; a clear failure when a fidelity fixture is used without a configuration."""
+    if RUN_KEY not in config.stash:
+        pytest.fail(f"{Path(config.rootpath) / 'fidelity.toml'}: no fidelity configuration found; "
+                    "create fidelity.toml at the rootdir, pass --fidelity-config PATH or point pytest at the file",
+                    pytrace=False)
+    return config.stash[RUN_KEY]
