@@ -168,7 +168,7 @@ def test_cli_groups_candidates_and_fails_closed(tmp_path: Path, shard_reports: d
 def test_two_machines_equal_one_full_run(pytester: pytest.Pytester, fidelity_project: Path) -> None:
     """Shards 0,1 on machine A and 2,3 on machine B aggregate to exactly the single full run."""
     shutil.copytree(fidelity_project, pytester.path, dirs_exist_ok=True)
-    opts = ["-p", "no:cacheprovider", "--fidelity-update-baselines"]
+    opts = ["-p", "no:cacheprovider", "--fidelity-update-baselines", "-m", "fidelity"]
     pytester.runpytest(*opts, "--fidelity-shards", "0,1", "--fidelity-report-dir", "A").assert_outcomes(passed=4)
     pytester.runpytest(*opts, "--fidelity-shards", "2,3", "--fidelity-report-dir", "B").assert_outcomes(passed=4)
     pytester.runpytest(*opts, "--fidelity-report-dir", "full").assert_outcomes(passed=8)
