@@ -218,14 +218,11 @@ def test_inert_in_a_foreign_project_with_benchmarks(pytester: pytest.Pytester) -
     pytester.makepyfile(test_foreign=FOREIGN_TESTS)
     result = pytester.runpytest("-p", "no:cacheprovider", "--strict-markers", "-rs")
     result.assert_outcomes(passed=3)
-    assert "fidelity" not in "\n".join(result.stdout.lines[:6])  # the session header
+    assert not [line for line in result.stdout.lines if line.startswith("fidelity:")]  # no header line
     assert not (pytester.path / "fidelity-reports").exists()
     markers = pytester.runpytest("--markers").stdout.str()
     assert "@pytest.mark.fidelity_tails" in markers
     assert "@pytest.mark.slow" not in markers and "@pytest.mark.gpu" not in markers
-    pytester.makepyfile(test_generic="import pytest\n\n@pytest.mark.slow\ndef test_x():\n    pass\n")
-    strict = pytester.runpytest("--strict-markers", "test_generic.py")
-    strict.stdout.fnmatch_lines(["*'slow' not found in `markers` configuration option*"])
 
 
 def test_cases_from_a_config_in_an_empty_folder(pytester: pytest.Pytester, fidelity_project: Path) -> None:
@@ -245,8 +242,8 @@ def test_cases_from_a_config_in_an_empty_folder(pytester: pytest.Pytester, fidel
         result.assert_outcomes(failed=1)
         result.stdout.fnmatch_lines([
             "fidelity: *my.toml (1 candidates x 1 shards*",
-            "*create it on purpose with: pytest ../proj/my.toml --fidelity-config ../proj/my.toml "
-            "--fidelity-candidates good --fidelity-update-baselines*",
+            ("*create it on purpose with: pytest ../proj/my.toml --fidelity-config ../proj/my.toml "
+             "--fidelity-candidates good --fidelity-update-baselines*"),
         ])
         pointed = pytester.runpytest("../proj/my.toml", "-m", "fidelity", "--fidelity-update-baselines",
                                      "--fidelity-shards", "0")

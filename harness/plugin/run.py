@@ -22,6 +22,7 @@ import contextlib
 import dataclasses
 import importlib
 import json
+import os
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -76,10 +77,7 @@ def _collected_paths(config: pytest.Config) -> list[Path]:
 
 def shown_path(path: Path, config: pytest.Config) -> str:
     """``path`` as the user would type it from where pytest was started."""
-    try:
-        return str(path.relative_to(Path(config.invocation_params.dir).resolve()))
-    except ValueError:
-        return str(path)
+    return os.path.relpath(path, Path(config.invocation_params.dir).resolve())
 
 
 @dataclass(frozen=True)
@@ -272,8 +270,9 @@ class FidelityRun:
     # ------------------------------------------------------------ hooks
     def pytest_report_header(self) -> list[str]:
         p = self.plan
-        return [f"fidelity: {p.path} ({len(p.config.candidates)} candidates x {len(p.shards)} shards; "
-                f"suite {p.config.suite}; reports {self.pytest_config.getoption('fidelity_report_dir')}/)"]
+        line = (f"fidelity: {p.path} ({len(p.config.candidates)} candidates x {len(p.shards)} shards; "
+                f"suite {p.config.suite}; reports {self.pytest_config.getoption('fidelity_report_dir')}/)")
+        return [line]
 
     def pytest_sessionstart(self, session: pytest.Session) -> None:
         import xdist
