@@ -29,8 +29,8 @@ import torch
 
 
 def make_suite(root: Path, n_contexts: int, n_ctx: int, vocab: int) -> object:
-    from harness.io.hashing import tokens_sha256
     from harness.inputs.suite import ContextInfo, ShardInfo, Suite
+    from harness.io.hashing import tokens_sha256
 
     tokens = np.random.default_rng(0).integers(0, vocab, (n_contexts, n_ctx)).astype(np.uint32)
     contexts = [ContextInfo(i, f"doc{i % 7}", "prose", f"doc{i}.txt", 0) for i in range(n_contexts)]
@@ -39,8 +39,8 @@ def make_suite(root: Path, n_contexts: int, n_ctx: int, vocab: int) -> object:
 
 
 def write_store(path: Path, suite: object, hidden: int, noise: float) -> None:
-    from harness.inputs.identity import runtime_identity
     from harness.capture.store import StoreWriter
+    from harness.inputs.identity import runtime_identity
 
     with StoreWriter(path, suite, "hidden_states", hidden, "bfloat16",
                      {"name": path.name, "config_sha256": "0" * 64, "weights": {}}, {"name": "synthetic", "version": "0"},
@@ -89,9 +89,9 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
 
     import harness.scoring.streaming as streaming
-    from harness.scoring.scorer import score_hidden
-    from harness.run.shard import shard_positions
     from harness.capture.store import CaptureStore
+    from harness.run.shard import shard_positions
+    from harness.scoring.scorer import score_hidden
 
     torch.set_num_threads(a.threads)
     tmp = Path(tempfile.mkdtemp(prefix="fidelity-stream-", dir=a.dir))

@@ -164,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
             t0 = time.perf_counter()
             fused_score(ref[:m], cand[:m], head, y[:m], jsd_ear=False, blocks=cfg)  # compile
             tc = time.perf_counter() - t0
-            t = timed(lambda: fused_score(ref[:m], cand[:m], head, y[:m], jsd_ear=False, blocks=cfg), sync, a.reps)
+            t = timed(lambda cfg=cfg: fused_score(ref[:m], cand[:m], head, y[:m], jsd_ear=False, blocks=cfg), sync, a.reps)
             log(f"  {cfg}: {t * 1e3:8.1f} ms  ({m * flops / t / 1e12:6.1f} TFLOP/s; compile+first {tc:.1f} s)")
             if t < best_t:
                 best_cfg, best_t = cfg, t

@@ -35,11 +35,11 @@ def cross_engine(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str
         pytest.skip(f"llama_cpp is not importable (install: {INSTALL_HINT})")
     if not (GGUF / "fixture-bf16.gguf").is_file():
         pytest.skip(f"{GGUF}/fixture-bf16.gguf missing (make it with fixtures/make_gguf.py)")
+    from harness.capture.store import CaptureStore
     from harness.engines.llamacpp import capture
     from harness.inputs.head import load_head
-    from harness.run.session import shard_positions
-    from harness.capture.store import CaptureStore
     from harness.inputs.suite import Suite
+    from harness.run.session import shard_positions
 
     suite = Suite.load(ROOT / "fixtures" / "suite")
     ref = CaptureStore.open(ROOT / "fixtures" / "reference", suite)

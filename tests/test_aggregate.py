@@ -12,9 +12,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from harness.reports.aggregate import aggregate
 from harness.cli.main import main
 from harness.errors import VerificationError
+from harness.reports.aggregate import aggregate
 from harness.reports.shard import ShardReport
 
 

@@ -18,11 +18,11 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
+from harness.capture.store import CaptureStore
 from harness.engines.transformers import capture, capture_hidden, load_model
 from harness.errors import FidelityError, VerificationError
 from harness.inputs.head import export_head, load_head
 from harness.inputs.identity import identity_key, model_identity
-from harness.capture.store import CaptureStore
 from harness.inputs.suite import Suite
 
 

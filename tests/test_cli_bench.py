@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from harness.scoring.bench import SEED_POSITIONS, BenchResult, flops_per_position
 from harness.cli.main import main
+from harness.scoring.bench import SEED_POSITIONS, BenchResult, flops_per_position
 
 
 def test_projection_scales_by_flops() -> None:

@@ -216,7 +216,7 @@ def valid_report() -> dict[str, Any]:
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(data=st.data())
 def test_report_mutated(valid_report: dict[str, Any], data: st.DataObject) -> None:
-    from harness.reports.shard import ShardReport, render_markdown
+    from harness.reports.shard import ShardReport
 
     doc = data.draw(mutated(valid_report, ("schema", "candidate", "metrics", "comparability", "score_from", "shard")))
     r = clean(lambda: ShardReport.from_json_dict(doc, "fuzz.json"))
@@ -242,8 +242,8 @@ def test_report_bytes(scratch: Path, data: bytes) -> None:
 def store_fx(tmp_path_factory: pytest.TempPathFactory, tiny_suite: Path) -> tuple[Any, Path, dict[str, Any]]:
     import torch
 
-    from harness.inputs.identity import runtime_identity
     from harness.capture.store import StoreWriter
+    from harness.inputs.identity import runtime_identity
     from harness.inputs.suite import Suite
 
     suite = Suite.load(tiny_suite)

@@ -258,12 +258,12 @@ def test_positions_from_scores() -> None:
 
 
 def test_export_import_round_trip(fidelity_project: Path, tmp_path: Path) -> None:
+    from harness.capture.store import CaptureStore
     from harness.cli.main import main
+    from harness.inputs.head import load_head
+    from harness.inputs.suite import Suite
     from harness.llamacpp.kld_file import first_scored
     from harness.llamacpp.kld_tools import llamacpp_positions, store_logits
-    from harness.inputs.head import load_head
-    from harness.capture.store import CaptureStore
-    from harness.inputs.suite import Suite
 
     root = fidelity_project
     out = tmp_path / "ref.kld"

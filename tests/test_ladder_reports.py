@@ -10,7 +10,6 @@ from typing import Any
 import pytest
 
 
-
 @pytest.fixture
 def project(pytester: pytest.Pytester, fidelity_project: Path) -> pytest.Pytester:
     shutil.copytree(fidelity_project, pytester.path, dirs_exist_ok=True)  # the plugin collects every case from fidelity.toml

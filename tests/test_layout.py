@@ -111,7 +111,7 @@ def test_no_text_points_outside_the_repository() -> None:
         if p.suffix not in (".py", ".md", ".toml", ".ini", ".sh", ".txt") and name != ".ci/run":
             continue
         text = p.read_text(errors="replace")
-        for needle in ("../shared", "DESIGN" + ".md", "STYLE" + ".md"):
+        for needle in (".." + "/shared", "DESIGN" + ".md", "STYLE" + ".md"):
             if needle in text:
                 bad.append(f"{name}: {needle}")
     assert not bad, bad

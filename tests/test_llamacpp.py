@@ -33,11 +33,11 @@ def _gguf(name: str) -> Path:
 
 def test_logits_candidate_against_hidden_reference(fidelity_project: Path, tmp_path: Path) -> None:
     """A logits store (what llama.cpp gives) is scored against a hidden-state reference through the head."""
+    from harness.capture.store import CaptureStore
     from harness.engines.transformers import capture
     from harness.inputs.head import load_head
-    from harness.run.shard import shard_positions
-    from harness.capture.store import CaptureStore
     from harness.inputs.suite import Suite
+    from harness.run.shard import shard_positions
 
     root = fidelity_project
     suite = Suite.load(root / "suite")
@@ -79,10 +79,10 @@ def test_capture_bf16_gguf_matches_reference(fixture_suite: object, tmp_path: Pa
     """The fixture model's own bf16 weights through llama.cpp: KLD to the transformers reference is a
     small floor (different kernels, not different weights); the store is a verified logits store."""
     _need_llamacpp()
+    from harness.capture.store import CaptureStore
     from harness.engines.llamacpp import capture
     from harness.inputs.head import load_head
     from harness.run.shard import shard_positions
-    from harness.capture.store import CaptureStore
 
     suite = fixture_suite
     g = _gguf("bf16")
@@ -148,10 +148,10 @@ def test_capture_hidden_states_through_shared_head(fixture_suite: object, tmp_pa
     """kind hidden_states: llama.cpp's per-token embeddings (no pooling) are the final norm's output;
     through the shared head they score like the logits capture of the same bf16 GGUF."""
     _need_llamacpp()
+    from harness.capture.store import CaptureStore
     from harness.engines.llamacpp import capture
     from harness.inputs.head import load_head
     from harness.run.shard import shard_positions
-    from harness.capture.store import CaptureStore
 
     suite = fixture_suite
     g = _gguf("bf16")
@@ -169,8 +169,8 @@ def test_capture_hidden_states_through_shared_head(fixture_suite: object, tmp_pa
 
 def test_cli_capture_engine_llamacpp(tmp_path: Path) -> None:
     _need_llamacpp()
-    from harness.cli.main import main
     from harness.capture.store import CaptureStore
+    from harness.cli.main import main
     from harness.inputs.suite import Suite
 
     g = _gguf("q4_0")

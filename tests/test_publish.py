@@ -12,7 +12,6 @@ import pytest
 from harness.cli.main import main
 
 
-
 @pytest.fixture
 def run(pytester: pytest.Pytester, fidelity_project: Path) -> Path:
     shutil.copytree(fidelity_project, pytester.path, dirs_exist_ok=True)

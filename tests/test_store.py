@@ -11,11 +11,11 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from harness.errors import FidelityError, VerificationError
-from harness.io.hashing import sha256_file
-from harness.inputs.identity import identity_key, runtime_identity
 from harness.capture.store import CaptureStore, StoreWriter, context_filename
+from harness.errors import FidelityError, VerificationError
+from harness.inputs.identity import identity_key, runtime_identity
 from harness.inputs.suite import Suite
+from harness.io.hashing import sha256_file
 
 HIDDEN = 8
 MODEL = {"name": "fake", "config_sha256": "0" * 64, "weights": {}}

@@ -13,11 +13,11 @@ import pytest
 import torch
 
 import harness.scoring.streaming as streaming
-from harness.inputs.identity import runtime_identity
-from harness.scoring.scorer import score_hidden
 from harness.capture.store import CaptureStore, StoreWriter
-from harness.scoring.streaming import Prefetcher, chunk_indices, score_hidden_streaming
+from harness.inputs.identity import runtime_identity
 from harness.inputs.suite import Suite
+from harness.scoring.scorer import score_hidden
+from harness.scoring.streaming import Prefetcher, chunk_indices, score_hidden_streaming
 
 
 def test_prefetcher_yields_in_order_and_stays_bounded() -> None:

@@ -12,8 +12,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from harness.errors import FidelityError, VerificationError
-from harness.io.hashing import tokens_sha256
 from harness.inputs.suite import Suite, build_suite, describe, list_documents, parse_shard_spec
+from harness.io.hashing import tokens_sha256
 
 
 def test_build_and_load(tiny_suite: Path) -> None:

@@ -15,7 +15,6 @@ stays honest).
 from __future__ import annotations
 
 import json
-import math
 import os
 import pickle
 import shutil
@@ -29,7 +28,7 @@ import torch
 from safetensors.torch import save
 
 from harness.cli.main import main
-from harness.errors import FidelityError, VerificationError
+from harness.errors import VerificationError
 from harness.io.hashing import sha256_file, tokens_sha256
 
 N_BOOT = "200"

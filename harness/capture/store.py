@@ -41,8 +41,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from harness.io.atomic import atomic_write_bytes, atomic_write_json
 from harness.errors import FidelityError, VerificationError
+from harness.io.atomic import atomic_write_bytes, atomic_write_json
 from harness.io.hashing import sha256_bytes, sha256_file
 
 if TYPE_CHECKING:

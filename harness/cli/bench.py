@@ -13,8 +13,8 @@ from harness.cli.registry import Builder, SubParsers, formatter, positive_int
 
 
 def _bench(a: argparse.Namespace) -> int:
-    from harness.scoring.bench import SHAPES, format_bench, run_bench
     from harness.errors import FidelityError
+    from harness.scoring.bench import SHAPES, format_bench, run_bench
 
     n, h, v = SHAPES[a.shape]
     n = a.positions or n

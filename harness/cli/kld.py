@@ -10,9 +10,9 @@ from harness.cli.registry import Builder, SubParsers, formatter, positive_int
 
 
 def _export(a: argparse.Namespace) -> int:
-    from harness.llamacpp.kld_tools import export_kld
     from harness.capture.store import CaptureStore
     from harness.inputs.suite import Suite
+    from harness.llamacpp.kld_tools import export_kld
 
     suite = Suite.load(a.suite, verify=True)
     store = CaptureStore.open(a.reference, suite, verify=True)
@@ -40,11 +40,11 @@ def _import(a: argparse.Namespace) -> int:
 def _stats(a: argparse.Namespace) -> int:
     import numpy as np
 
+    from harness.capture.store import CaptureStore
+    from harness.inputs.suite import Suite
     from harness.llamacpp.kld_file import read_kld
     from harness.llamacpp.kld_tools import llamacpp_positions
     from harness.llamacpp.stats import compute_stats, positions_from_scores, print_block
-    from harness.capture.store import CaptureStore
-    from harness.inputs.suite import Suite
 
     suite = Suite.load(a.suite, verify=True)
     kf = read_kld(a.kld)

@@ -19,7 +19,6 @@ from harness.cli import bench, inputs, kld, reports
 from harness.cli.registry import formatter
 from harness.errors import FidelityError, VerificationError
 
-
 # ----------------------------------------------------------------------------- main
 
 

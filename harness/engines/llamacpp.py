@@ -175,8 +175,8 @@ def capture(
     Resumable like the transformers capture."""
     from tqdm import tqdm
 
-    from harness.inputs.identity import runtime_identity
     from harness.capture.store import CaptureStore, StoreWriter
+    from harness.inputs.identity import runtime_identity
     from harness.inputs.suite import Suite as SuiteCls
 
     if not isinstance(suite, SuiteCls):

@@ -30,12 +30,13 @@ from __future__ import annotations
 
 import difflib
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
-from harness.io.atomic import dumps_json, atomic_write_text
 from harness.errors import VerificationError
+from harness.io.atomic import atomic_write_text, dumps_json
 
 SCHEMA = "fidelity.baseline/1"
 
@@ -143,7 +144,7 @@ class Baseline:
     shards: dict[str, dict[str, float]]
 
     @classmethod
-    def load(cls, path: Path, candidate: str) -> "Baseline":
+    def load(cls, path: Path, candidate: str) -> Baseline:
         """Read and validate ``path``; refuses unknown fields, wrong schema or candidate."""
         from harness.io.jsonio import read_json
 
@@ -154,7 +155,7 @@ class Baseline:
         return cls.from_json(raw, path, candidate)
 
     @classmethod
-    def from_json(cls, raw: Any, path: Path, candidate: str) -> "Baseline":
+    def from_json(cls, raw: Any, path: Path, candidate: str) -> Baseline:
         """Validate a parsed baseline document (``path`` names it in errors)."""
         if not isinstance(raw, dict):
             raise BaselineError(path, "top level", "an object", type(raw).__name__)

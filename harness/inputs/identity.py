@@ -65,6 +65,7 @@ def model_identity(model_dir: str | Path) -> dict[str, Any]:
 def runtime_identity() -> dict[str, str]:
     """Versions of the runtime pieces that can change numbers: python, torch, transformers, numpy, harness."""
     import numpy
+
     import harness
 
     out = {"python": platform.python_version(), "numpy": numpy.__version__, "harness": harness.__version__}

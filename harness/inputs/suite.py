@@ -34,15 +34,16 @@ import math
 import os
 import random
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
 from harness import PROTOCOL_VERSION
-from harness.io.atomic import dumps_json
 from harness.errors import FidelityError, VerificationError
+from harness.io.atomic import dumps_json
 from harness.io.hashing import sha256_bytes, sha256_file, tokens_sha256
 
 SCHEMA = "fidelity.suite/1"

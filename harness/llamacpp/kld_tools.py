@@ -64,9 +64,9 @@ def import_kld(path: str | Path, out: str | Path, n_shards: int = 1) -> tuple[An
     """A ``.kld`` file -> ``out/suite`` and ``out/reference`` (logits store). Returns (suite, store)."""
     import torch
 
-    from harness.io.hashing import sha256_file
-    from harness.inputs.identity import runtime_identity
     from harness.capture.store import CaptureStore, StoreWriter
+    from harness.inputs.identity import runtime_identity
+    from harness.io.hashing import sha256_file
 
     kf = read_kld(path)
     out = Path(out)
@@ -119,9 +119,17 @@ def suite_from_tokens(tokens: np.ndarray, vocab: int, out: str | Path, n_shards:
     from dataclasses import asdict
 
     from harness import PROTOCOL_VERSION
+    from harness.inputs.suite import (
+        SCHEMA,
+        SUITE_JSON,
+        TOKENS_FILE,
+        ContextInfo,
+        load_suite,
+        manifest_sha256,
+        split_shards,
+    )
     from harness.io.atomic import atomic_write_bytes, atomic_write_json
     from harness.io.hashing import tokens_sha256
-    from harness.inputs.suite import SCHEMA, SUITE_JSON, TOKENS_FILE, ContextInfo, manifest_sha256, load_suite, split_shards
 
     toks = np.ascontiguousarray(tokens, dtype="<u4")
     n, n_ctx = toks.shape

@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from harness.llamacpp.kld_file import LOGIT_RANGE, expf, decode_rows
+from harness.llamacpp.kld_file import LOGIT_RANGE, decode_rows, expf
 
 KLD_PERCENTILES = (("99.9%", 0.999), ("99.0%", 0.990), ("95.0%", 0.950), ("90.0%", 0.900))
 KLD_LOW_PERCENTILES = (("10.0%", 0.100), (" 5.0%", 0.050), (" 1.0%", 0.010), (" 0.1%", 0.001))
@@ -59,7 +59,7 @@ class LlamaPositions:
         return int(self.nll.shape[0])
 
     @classmethod
-    def concat(cls, parts: list["LlamaPositions"]) -> "LlamaPositions":
+    def concat(cls, parts: list[LlamaPositions]) -> LlamaPositions:
         return cls(*(np.concatenate([getattr(p, f) for p in parts]) for f in ("nll", "nll_base", "kld", "p_diff", "same_top")))
 
 

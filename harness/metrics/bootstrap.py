@@ -67,7 +67,7 @@ class TailData:
     cluster_counts: np.ndarray
 
     @classmethod
-    def build(cls, values: np.ndarray, cluster_of_position: np.ndarray, n_clusters: int) -> "TailData":
+    def build(cls, values: np.ndarray, cluster_of_position: np.ndarray, n_clusters: int) -> TailData:
         order = np.argsort(-values, kind="stable")
         return cls(
             values[order].astype(np.float64),

@@ -51,10 +51,10 @@ class LogHistogram:
     counts: np.ndarray = field(default_factory=lambda: np.zeros(N_BINS + 2, dtype=np.int64))
 
     @classmethod
-    def from_values(cls, values: np.ndarray) -> "LogHistogram":
+    def from_values(cls, values: np.ndarray) -> LogHistogram:
         return cls(np.bincount(bin_index(values), minlength=N_BINS + 2).astype(np.int64))
 
-    def __add__(self, other: "LogHistogram") -> "LogHistogram":
+    def __add__(self, other: LogHistogram) -> LogHistogram:
         return LogHistogram(self.counts + other.counts)
 
     @property
@@ -92,7 +92,7 @@ class LogHistogram:
         return {"spec": dict(SPEC), "counts": [int(c) for c in self.counts]}
 
     @classmethod
-    def from_json(cls, d: dict[str, Any]) -> "LogHistogram":
+    def from_json(cls, d: dict[str, Any]) -> LogHistogram:
         spec = d.get("spec", {})
         for k in ("lo", "hi", "bins_per_decade", "n_counts"):
             if spec.get(k) != SPEC[k]:

@@ -22,13 +22,14 @@ What is combined, and how:
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
-from harness.io.atomic import atomic_write_files
 from harness.errors import VerificationError
+from harness.io.atomic import atomic_write_files
 
 SCHEMA = "fidelity.aggregate/1"
 QUANTILES = (0.5, 0.9, 0.99, 0.999, 0.9999)

@@ -29,9 +29,9 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from harness.errors import FidelityError, VerificationError
 from harness.io.atomic import atomic_write_text
 from harness.reports.numbers import fmt_opt
-from harness.errors import FidelityError, VerificationError
 
 SCHEMA_RESULTS = "fidelity.results/1"
 CHECKSUMS = "checksums.txt"

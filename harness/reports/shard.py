@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness.io.atomic import atomic_write_files, dumps_json
 from harness.errors import VerificationError
+from harness.io.atomic import atomic_write_files, dumps_json
 
 SCHEMA = "fidelity.shard-report/1"
 
@@ -82,7 +82,7 @@ def make_comparability(
 
 
 def _now() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat()
+    return _dt.datetime.now(_dt.UTC).replace(microsecond=0).isoformat()
 
 
 def _freeze(v: Any) -> Any:
@@ -130,7 +130,7 @@ class ShardReport:
         }
 
     @classmethod
-    def from_json_dict(cls, d: Any, path: str | Path = "<memory>") -> "ShardReport":
+    def from_json_dict(cls, d: Any, path: str | Path = "<memory>") -> ShardReport:
         if not isinstance(d, dict):
             raise VerificationError(path, "report", "a JSON object", type(d).__name__)
         check_finite(d, path)
@@ -175,7 +175,7 @@ class ShardReport:
         return json_path, md_path
 
     @classmethod
-    def load(cls, path: str | Path) -> "ShardReport":
+    def load(cls, path: str | Path) -> ShardReport:
         from harness.io.jsonio import read_json
 
         path = Path(path)
@@ -319,6 +319,6 @@ def render_markdown(r: ShardReport) -> str:
 __all__ = ["SCHEMA", "ShardReport", "make_comparability", "COMPARABILITY_KEYS", "AGGREGATE_KEYS", "render_markdown"]
 
 
-def report_shard(report: "ShardReport") -> int:
+def report_shard(report: ShardReport) -> int:
     """The shard number of a :class:`~harness.reports.shard.ShardReport`."""
     return int(report.comparability["shard"]["index"])

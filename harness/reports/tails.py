@@ -28,10 +28,10 @@ from typing import Any
 
 import numpy as np
 
-from harness.reports.numbers import fmt_g
 from harness.metrics.histogram import EDGES, LogHistogram, exceedance_counts
 from harness.metrics.positions import layout
 from harness.metrics.tails import cvar, quantile
+from harness.reports.numbers import fmt_g
 
 SCHEMA = "fidelity.tails/1"
 PERCENTILES = (("p50", 0.5), ("p90", 0.9), ("p99", 0.99), ("p99.9", 0.999))

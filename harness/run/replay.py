@@ -26,9 +26,10 @@ rendered, so a refusal — any ``FidelityError`` — leaves no report file behin
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from harness.errors import FidelityError, VerificationError
 
@@ -65,8 +66,8 @@ def verify_inputs(
 ) -> ReplayInputs:
     """Load and verify every input of a replay (module docstring, steps 1-4); the joins between
     them are checked by :func:`harness.inputs.verify.verify_joins`, as in a pytest run."""
-    from harness.inputs.head import load_head
     from harness.capture.store import CaptureStore
+    from harness.inputs.head import load_head
     from harness.inputs.suite import Suite
     from harness.inputs.verify import verify_joins
 

@@ -14,10 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-
+from harness.errors import FidelityError
 from harness.gate.baselines import Headline, headline_of
 from harness.inputs.config import CandidateConfig, FidelityConfig
-from harness.errors import FidelityError
 from harness.run.shard import ShardPositions, score_shard, shard_positions
 
 
@@ -81,7 +80,7 @@ class FidelitySession:
     _cand_heads: dict[str, Any] = field(default_factory=dict)
     _stores: dict[str, Any] = field(default_factory=dict)
     _planned: dict[str, set[int]] = field(default_factory=dict)
-    _positions: dict[tuple[str, int], "ShardPositions"] = field(default_factory=dict)
+    _positions: dict[tuple[str, int], ShardPositions] = field(default_factory=dict)
 
     # ------------------------------------------------------------------ inputs
     @property
@@ -206,7 +205,7 @@ class FidelitySession:
         return capture(cand.model, self.suite, out, shards=shards, device=self.device, progress=self.progress)
 
     # ------------------------------------------------------------------ scoring
-    def positions(self, cand: CandidateConfig, shard: int) -> "ShardPositions":
+    def positions(self, cand: CandidateConfig, shard: int) -> ShardPositions:
         """The scored positions of a candidate x shard, scored once per process and then cached
         (windows, tails and paired comparisons re-use them; no recapture, no rescoring)."""
         key = (cand.name, shard)

@@ -25,7 +25,7 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
-def choose_backend(backend: str | None, dev: "torch.device") -> str:
+def choose_backend(backend: str | None, dev: torch.device) -> str:
     """``torch`` or ``triton`` for :func:`harness.scoring.scorer.score_hidden` (see its docstring)."""
     choice = (backend or os.environ.get("FIDELITY_SCORER_BACKEND") or "auto").lower()
     if choice not in ("auto", "torch", "triton"):

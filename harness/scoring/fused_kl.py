@@ -75,13 +75,12 @@ from typing import Any
 
 import numpy as np
 import torch
+import triton
+import triton.language as tl
 
 from harness.scoring.backends import interpreting
 from harness.scoring.scores import PositionScores
 from harness.scoring.torch_path import score_hidden_tiled
-
-import triton
-import triton.language as tl
 
 __all__ = ["fused_score", "phase1", "phase2", "DEFAULT_BLOCKS"]
 

@@ -29,19 +29,19 @@ class PositionScores:
         return int(self.kld.shape[0])
 
     @classmethod
-    def empty(cls, n: int) -> "PositionScores":
+    def empty(cls, n: int) -> PositionScores:
         f = lambda: np.zeros(n, dtype=np.float64)  # noqa: E731
         i = lambda: np.zeros(n, dtype=np.int64)  # noqa: E731
         return cls(f(), f(), f(), f(), f(), i(), i())
 
     @classmethod
-    def concat(cls, parts: Sequence["PositionScores"]) -> "PositionScores":
+    def concat(cls, parts: Sequence[PositionScores]) -> PositionScores:
         """Concatenate in order (e.g. the contexts of a shard)."""
         if not parts:
             return cls.empty(0)
         return cls(**{fl.name: np.concatenate([getattr(p, fl.name) for p in parts]) for fl in fields(cls)})
 
-    def select(self, mask: np.ndarray) -> "PositionScores":
+    def select(self, mask: np.ndarray) -> PositionScores:
         """Subset by boolean mask or integer index array."""
         return PositionScores(**{fl.name: getattr(self, fl.name)[mask] for fl in fields(self)})
 

@@ -97,7 +97,7 @@ class Prefetcher:
         self._stop.set()
         self._thread.join()
 
-    def __enter__(self) -> "Prefetcher":
+    def __enter__(self) -> Prefetcher:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -203,7 +203,7 @@ class _MetricRunner:
 
             self.pool = ThreadPoolExecutor(self.workers, initializer=torch.set_num_threads, initargs=(1,))
 
-    def __enter__(self) -> "_MetricRunner":
+    def __enter__(self) -> _MetricRunner:
         return self
 
     def __exit__(self, *exc: object) -> None:
