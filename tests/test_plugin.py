@@ -169,7 +169,7 @@ def test_reference_store_of_another_suite_fails_the_case(project: pytest.Pyteste
     # Rebuild the suite with another seed: the committed reference store no longer matches.
     shutil.rmtree(project.path / "suite")
     build_suite(tiny_corpus, tiny_tokenizer, n_ctx=32, n_contexts=8, n_shards=4, seed=5, out=project.path / "suite")
-    result = project.runpytest("-k", "good and shard00")
+    result = project.runpytest("-k", "good and shard00", "--fidelity-report-dir", "other-suite")
     result.assert_outcomes(errors=1)
     result.stdout.fnmatch_lines(["*good shard 00: *reference*capture.json: suite_token_sha256: expected *, found *"])
 
@@ -252,3 +252,33 @@ def test_cases_from_a_config_in_an_empty_folder(pytester: pytest.Pytester, fidel
         assert sorted(p.name for p in (pytester.path / "proj" / "baselines").iterdir()) == ["bad.json", "good.json"]
     finally:
         monkey.undo()
+
+
+def test_missing_candidate_folder_is_one_usage_error(project: pytest.Pytester) -> None:
+    """A candidate whose model folder does not exist is refused when the file loads: one line naming
+    the file, the candidate and the path (no traceback, no silently shorter ladder)."""
+    toml = project.path / "fidelity.toml"
+    toml.write_text(toml.read_text().replace('model = "models/bad"', 'model = "models/typo"'))
+    result = project.runpytest("--collect-only")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*fidelity.toml: candidates[[]1[]].model of 'bad': expected an existing model folder "
+                                 "or file, found no such path: *models/typo"])
+    assert "Traceback" not in result.stderr.str() and len(result.stderr.lines) <= 3
+
+
+def test_report_folder_of_another_suite_is_refused(project: pytest.Pytester, tiny_corpus: Path, tiny_tokenizer: Path) -> None:
+    """Reports of two suites never pile up in one folder: the folder is stamped with its suite's hash and a
+    run of another suite into it is a usage error naming the stamp, the expected and the found hash."""
+    from harness.inputs.suite import Suite, build_suite
+
+    _update(project, "-k", "good and shard00")
+    stamp = json.loads((project.path / "fidelity-reports" / "fidelity-run.json").read_text())
+    assert stamp["suite_token_sha256"] == Suite.load(project.path / "suite").suite_token_sha256
+    build_suite(tiny_corpus, tiny_tokenizer, n_ctx=32, n_contexts=8, n_shards=4, seed=5, out=project.path / "suite2")
+    toml = project.path / "fidelity.toml"
+    toml.write_text(toml.read_text().replace('path = "suite"', 'path = "suite2"'))
+    result = project.runpytest("--collect-only")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*fidelity-run.json: the report folder holds reports of another suite: "
+                                 "expected suite_token_sha256 *, found *"])
+    project.runpytest("--collect-only", "--fidelity-report-dir", "other").assert_outcomes()

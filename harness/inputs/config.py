@@ -191,6 +191,9 @@ def _candidate(path: Path, raw: Any, i: int) -> CandidateConfig:
     store = r.path_("store", required=False)
     if (model is None) == (store is None):
         raise ConfigError(f"{path}: candidate {name!r} needs exactly one of 'model' (live) or 'store' (replay)")
+    if model is not None and not model.exists():  # caught here, before any capture or the ladder
+        raise ConfigError(f"{path}: candidates[{i}].model of {name!r}: expected an existing model folder or file, "
+                          f"found no such path: {model}")
     tags = r.table.get("tags", [])
     if not isinstance(tags, list) or not all(isinstance(t, str) for t in tags):
         raise ConfigError(f"{path}: candidates[{i}].tags must be a list of strings, found {tags!r}")

@@ -90,6 +90,8 @@ class FidelityPlan:
     config: FidelityConfig
     shards: tuple[int, ...]
     n_ctx: int
+    #: ``suite_token_sha256`` of the suite: the report folder is stamped with it (no mixing of suites).
+    suite_sha256: str
     #: Command-line words that select this configuration in a reproduce / fix-it command.
     selector: tuple[str, ...]
 
@@ -114,7 +116,7 @@ class FidelityPlan:
                                        pairs=tuple(p for p in full.pairs if p.a in keep and p.b in keep))
         shown = shown_path(path, config)
         selector = (shown, "--fidelity-config", shown) if how == "option" else (shown,)
-        return cls(path, full, selected, tuple(shards), suite.n_ctx, selector)
+        return cls(path, full, selected, tuple(shards), suite.n_ctx, suite.suite_token_sha256, selector)
 
     def reproduce(self, candidate: str | None = None, *extra: str) -> str:
         """A pytest command that selects this configuration (and one candidate), with ``extra`` options."""
@@ -186,6 +188,36 @@ def _collect_config(config: pytest.Config, path: Path) -> None:
         config.args.append(str(path))
 
 
+#: The stamp a run leaves in its report folder: which suite (and file) the reports there measure.
+STAMP = "fidelity-run.json"
+
+
+def check_report_dir(report_dir: Path, plan: FidelityPlan) -> None:
+    """Refuse a report folder that holds the reports of another suite: they would be mixed into this run's
+    ladder folder and aggregated together later. The folder is stamped at the end of each run."""
+    stamp = report_dir / STAMP
+    if not stamp.is_file():
+        return
+    try:
+        found = json.loads(stamp.read_text("utf-8")).get("suite_token_sha256")
+    except (ValueError, OSError, AttributeError):
+        found = None
+    if found != plan.suite_sha256:
+        raise pytest.UsageError(
+            f"{stamp}: the report folder holds reports of another suite: expected suite_token_sha256 "
+            f"{plan.suite_sha256}, found {found}; pass --fidelity-report-dir DIR (one folder per suite) "
+            "or remove the folder")
+
+
+def stamp_report_dir(report_dir: Path, plan: FidelityPlan) -> None:
+    """Write the folder's stamp (:func:`check_report_dir`)."""
+    from harness.io.atomic import atomic_write_text
+
+    report_dir.mkdir(parents=True, exist_ok=True)
+    doc = {"schema": "fidelity.report-dir/1", "suite_token_sha256": plan.suite_sha256, "config": str(plan.path)}
+    atomic_write_text(report_dir / STAMP, json.dumps(doc, indent=2, sort_keys=True) + "\n")
+
+
 @dataclass(eq=False)  # a plugin object: hashed by identity
 class FidelityRun:
     """One pytest run of a fidelity configuration (see the module docstring)."""
@@ -219,6 +251,7 @@ class FidelityRun:
                 if other.suffix == ".toml" and other != path:
                     raise pytest.UsageError(f"pytest was pointed at {other} but --fidelity-config names {path}: give one")
         plan = FidelityPlan.load(config, path, how)
+        check_report_dir(Path(config.getoption("fidelity_report_dir")), plan)
         if how == "option":
             _collect_config(config, path)
         return cls(config, plan)
@@ -327,6 +360,8 @@ class FidelityRun:
     def pytest_sessionfinish(self) -> None:
         if self.is_worker:
             return
+        if self.collector.reports or self.extras:
+            stamp_report_dir(self.collector.report_dir, self.plan)
         if self.collector.reports:
             self.collector.finish(update_baselines=self.pytest_config.getoption("fidelity_update_baselines"),
                                   config=self.plan.full)
