@@ -32,6 +32,14 @@ def _save(fig: Any, path: Path) -> None:
     atomic_write_bytes(path, buf.getvalue())
 
 
+def candidate_colors(names: Sequence[str]) -> dict[str, Any]:
+    """One colour per candidate, the same in every figure of a report set (sorted names on tab20)."""
+    import matplotlib
+
+    cmap = matplotlib.colormaps["tab20" if len(set(names)) > 10 else "tab10"]
+    return {n: cmap(i % cmap.N) for i, n in enumerate(sorted(set(names)))}
+
+
 def plot_ccdf(curves: Mapping[str, Mapping[str, Sequence[float]]], path: str | Path) -> Path:
     """KLD complementary CDF, log-log, one step curve per candidate: ``curves[name] = {"x": edges, "y": P(KLD >= x)}``."""
     plt = _plt()
@@ -40,9 +48,10 @@ def plot_ccdf(curves: Mapping[str, Mapping[str, Sequence[float]]], path: str | P
         xs = [x for x, y in zip(item[1]["x"], item[1]["y"]) if y <= 0.5]
         return (xs[0] if xs else float("inf"), item[0])
 
+    colors = candidate_colors(list(curves))
     for name, c in sorted(curves.items(), key=median_x):  # legend from the closest candidate to the farthest
         if c["x"]:
-            ax.step(c["x"], c["y"], where="post", label=name, linewidth=1.6)
+            ax.step(c["x"], c["y"], where="post", label=name, linewidth=1.6, color=colors[name])
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("KLD threshold x (nats)")
@@ -76,7 +85,8 @@ def pareto_front(points: Sequence[tuple[float, float, str]]) -> list[tuple[float
 
 
 def _labels(pts: Sequence[Mapping[str, Any]], scale: float) -> list[tuple[tuple[float, float], str, int]]:
-    """Point labels: coincident points share one label; a label near an earlier one moves down a line."""
+    """One label per point (name, mean KLD and the interval's half-width); a label near an earlier one
+    moves down a line, so near-identical points keep their own labels."""
     import math
 
     if not pts:
@@ -85,22 +95,15 @@ def _labels(pts: Sequence[Mapping[str, Any]], scale: float) -> list[tuple[tuple[
     ys = [math.log10(p["mean_kld"]) for p in pts]
     sx = (max(xs) - min(xs)) or 1.0
     sy = (max(ys) - min(ys)) or 1.0
-    groups: list[list[int]] = []
-    for i in sorted(range(len(pts)), key=lambda i: (xs[i], -ys[i])):
-        for g in groups:
-            if abs(xs[g[0]] - xs[i]) / sx < 0.01 and abs(ys[g[0]] - ys[i]) / sy < 0.02:
-                g.append(i)
-                break
-        else:
-            groups.append([i])
     out: list[tuple[tuple[float, float], str, int]] = []
     placed: list[tuple[float, float, int]] = []
-    for g in groups:
-        i = g[0]
+    for i in sorted(range(len(pts)), key=lambda i: (xs[i], -ys[i], pts[i]["candidate"])):
         nx, ny = xs[i] / sx, ys[i] / sy
         k = sum(1 for px, py, _ in placed if abs(px - nx) < 0.12 and abs(py - ny) < 0.06)
         placed.append((nx, ny, k))
-        out.append(((xs[i], pts[i]["mean_kld"]), ", ".join(sorted(pts[j]["candidate"] for j in g)), k))
+        lo, hi = pts[i]["ci95"]
+        half = 100.0 * (hi - lo) / 2.0 / pts[i]["mean_kld"]
+        out.append(((xs[i], pts[i]["mean_kld"]), f"{pts[i]['candidate']} {pts[i]['mean_kld']:.3g} ±{half:.1f}%", k))
     return out
 
 
@@ -115,23 +118,26 @@ def plot_kld_vs_size(points: Sequence[Mapping[str, Any]], path: str | Path) -> P
     pts = [p for p in points if p.get("size_gib") is not None and p["mean_kld"] > 0]
     scale, unit = (1.0, "GiB") if not pts or max(p["size_gib"] for p in pts) >= 1.0 else (1024.0, "MiB")
     front = pareto_front([(p["size_gib"], p["mean_kld"], p["candidate"]) for p in pts])
-    on_front = {n for _, _, n in front}
+    colors = candidate_colors([p["candidate"] for p in pts])  # the same colours as the tail plot
+    if front:
+        ax.plot([f[0] * scale for f in front], [f[1] for f in front], "--", color="0.35", linewidth=1.2,
+                label="Pareto frontier (no other candidate is both smaller and closer)", zorder=1)
     for p in pts:
         lo, hi = p["ci95"]
         x, y = p["size_gib"] * scale, p["mean_kld"]
-        color = "tab:orange" if p["candidate"] in on_front else "tab:blue"
-        ax.errorbar([x], [y], yerr=[[max(y - lo, 0.0)], [max(hi - y, 0.0)]], fmt="o", color=color, ecolor=color,
-                    capsize=4, markersize=6)
+        color = colors[p["candidate"]]
+        # the interval is often a few % of the mean: narrower than a marker on a log axis, so the marker is
+        # hollow, the bar thick with wide caps, and the label states the half-width
+        ax.errorbar([x], [y], yerr=[[max(y - lo, 0.0)], [max(hi - y, 0.0)]], fmt="o", mfc="none", color=color,
+                    ecolor=color, elinewidth=2.2, capsize=7, capthick=1.6, markersize=7, zorder=3)
     for (x, y), text, k in _labels(pts, scale):
-        ax.annotate(text, (x, y), textcoords="offset points", xytext=(7, 5 - 13 * k), fontsize=9)
+        ax.annotate(text, (x, y), textcoords="offset points", xytext=(8, 4 - 12 * k), fontsize=8)
     if front:
-        ax.plot([f[0] * scale for f in front], [f[1] for f in front], "--", color="tab:orange", linewidth=1.4,
-                marker="o", label="Pareto frontier (no other candidate is both smaller and closer)")
         ax.legend(loc="upper right", fontsize=9)
     ax.set_yscale("log")
     ax.ticklabel_format(axis="x", useOffset=False, style="plain")
     ax.set_xlabel(f"on-disk size ({unit})")
-    ax.set_ylabel("mean KLD vs BF16 (nats, log scale; bars: 95% interval)")
+    ax.set_ylabel("mean KLD vs BF16 (nats, log scale; bars and ±: 95% interval)")
     ax.set_title("Fidelity versus size")
     ax.grid(True, which="both", alpha=0.3)
     if pts:
