@@ -1,0 +1,197 @@
+"""Weight-swap ablations on one model in memory: capture, score, per-context KLD sums.
+
+The candidate is loaded once (through :func:`harness.engines.transformers.load_model`: plain
+transformers folders, the project's simulated format of :mod:`harness.engines.quantized`, and
+compressed-tensors checkpoints that transformers loads decompressed) and the reference's weights
+once. Both must have the same parameters (names and shapes); the parameters whose values differ
+are the ones an attribution can act on. A *variant* is the candidate model with a chosen set of
+those parameters set to the reference's values; every variant is made by copying tensors in place
+(no reload), captured on the suite's contexts and scored against the reference -- which is itself
+the variant with every differing parameter restored, captured by the same module in the same
+process, so engine and kernel differences cannot enter the comparison.
+
+* leave-one-in (``restore``) for group g: restore g, keep the rest quantized;
+* leave-one-out (``only``) for group g: restore everything except g (the reference with only g's
+  weights taken from the candidate: for a quantized candidate, its dequantized weights).
+
+Capture point: the input of the LM head (the project's capture point); the forward stops there
+(the head GEMM is not run), and the variant is scored through its own head
+(:func:`harness.scoring.scorer.score_hidden` with ``cand_head`` when the head differs).
+Computation runs in ``dtype`` (default float32: the weights keep their stored values exactly,
+activations are not rounded to bf16 between layers, and CPUs run it several times faster).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from harness.errors import FidelityError, VerificationError
+
+#: Contexts per forward pass.
+BATCH = 16
+
+
+class _Stop(Exception):
+    """Raised by the capture hook to end a forward pass at the LM head's input."""
+
+
+@dataclass
+class ContextKLD:
+    """Per-context sums of one variant, in the order of ``AblationModels.indices``."""
+
+    sum_kld: np.ndarray  # float64 [n_contexts]
+    top1: np.ndarray  # int64 [n_contexts], positions whose argmax agrees with the reference
+
+
+@dataclass
+class AblationModels:
+    """One model in memory plus both weight sets of every differing parameter."""
+
+    model: torch.nn.Module
+    ref_values: dict[str, torch.Tensor]
+    cand_values: dict[str, torch.Tensor]
+    params: list[str]  # differing parameters, in the model's order
+    device: torch.device
+    reference_dir: Path
+    candidate_dir: Path
+    _live: dict[str, str] = field(default_factory=dict)  # param -> "ref" | "cand" currently in the model
+
+    def set_variant(self, restored: Iterable[str]) -> None:
+        """Put the reference's values into ``restored`` parameters and the candidate's into the rest."""
+        want = set(restored)
+        unknown = want - set(self.params)
+        if unknown:
+            raise FidelityError(f"not a differing parameter: {sorted(unknown)[:3]}")
+        named = dict(self.model.named_parameters())
+        with torch.no_grad():
+            for p in self.params:
+                side = "ref" if p in want else "cand"
+                if self._live.get(p) != side:
+                    named[p].copy_((self.ref_values if side == "ref" else self.cand_values)[p])
+                    self._live[p] = side
+
+    def head_weight(self) -> torch.Tensor:
+        head = self.model.get_output_embeddings()  # type: ignore[operator]
+        return head.weight.detach()
+
+
+def _architecture(path: Path) -> dict[str, Any]:
+    import json
+
+    try:
+        cfg = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise VerificationError(path / "config.json", "model config", "readable JSON", repr(exc)) from None
+    keys = ("model_type", "hidden_size", "num_hidden_layers", "intermediate_size", "num_attention_heads",
+            "num_key_value_heads", "vocab_size", "head_dim", "tie_word_embeddings")
+    return {k: cfg.get(k) for k in keys}
+
+
+def load_models(reference_dir: str | Path, candidate_dir: str | Path, *, device: str = "cpu",
+                dtype: str = "float32") -> AblationModels:
+    """Load the candidate (kept in memory) and the reference's weights; verify they share an architecture."""
+    from harness.engines.transformers import load_model, parse_dtype
+
+    ref_dir, cand_dir = Path(reference_dir), Path(candidate_dir)
+    a_ref, a_cand = _architecture(ref_dir), _architecture(cand_dir)
+    if a_ref != a_cand:
+        diff = {k: (a_ref[k], a_cand[k]) for k in a_ref if a_ref[k] != a_cand[k]}
+        raise VerificationError(cand_dir / "config.json", "architecture differs from the reference's",
+                                {k: v[0] for k, v in diff.items()}, {k: v[1] for k, v in diff.items()})
+    tdtype = parse_dtype(dtype)
+    ref_model = load_model(ref_dir, device="cpu", dtype="bfloat16")
+    ref_params = {k: v.detach() for k, v in ref_model.named_parameters()}
+    model = load_model(cand_dir, device="cpu", dtype="bfloat16")
+    cand_params = dict(model.named_parameters())
+    if set(ref_params) != set(cand_params):
+        only_ref = sorted(set(ref_params) - set(cand_params))[:3]
+        only_cand = sorted(set(cand_params) - set(ref_params))[:3]
+        raise VerificationError(cand_dir, "parameters differ from the reference's",
+                                f"the reference's names (missing here: {only_ref})", f"extra: {only_cand}")
+    params = []
+    ref_values: dict[str, torch.Tensor] = {}
+    cand_values: dict[str, torch.Tensor] = {}
+    dev = torch.device(device)
+    for name, p in cand_params.items():
+        r = ref_params[name]
+        if tuple(r.shape) != tuple(p.shape):
+            raise VerificationError(cand_dir, f"shape of {name}", tuple(r.shape), tuple(p.shape))
+        if not p.is_floating_point():
+            raise VerificationError(cand_dir, f"dtype of {name}", "a floating-point (decompressed) weight", p.dtype,
+                                    "load compressed checkpoints decompressed")
+        if not torch.equal(r, p.detach()):
+            params.append(name)
+            ref_values[name] = r.to(dev, tdtype).clone()
+            cand_values[name] = p.detach().to(dev, tdtype).clone()
+    del ref_model
+    model = model.to(dev, tdtype).eval()
+    out = AblationModels(model, ref_values, cand_values, params, dev, ref_dir, cand_dir)
+    out._live = {p: "cand" for p in params}
+    return out
+
+
+def capture(models: AblationModels, tokens: np.ndarray, batch: int = BATCH) -> torch.Tensor:
+    """LM-head inputs ``[n_contexts * (n_ctx - 1), hidden]`` of the model as it is now (rows 0 .. n_ctx-2)."""
+    model = models.model
+    grabbed: list[torch.Tensor] = []
+
+    def hook(_m: torch.nn.Module, args: tuple[Any, ...]) -> None:
+        grabbed.append(args[0].detach()[:, :-1])
+        raise _Stop
+
+    handle = model.get_output_embeddings().register_forward_pre_hook(hook)  # type: ignore[operator]
+    parts = []
+    try:
+        with torch.inference_mode():
+            for i in range(0, len(tokens), batch):
+                ids = torch.as_tensor(np.asarray(tokens[i : i + batch], dtype=np.int64), device=models.device)
+                grabbed.clear()
+                try:
+                    model(input_ids=ids, use_cache=False)
+                except _Stop:
+                    pass
+                if len(grabbed) != 1:
+                    raise FidelityError(f"LM head was called {len(grabbed)} times in one forward pass; expected once")
+                parts.append(grabbed[0].reshape(-1, grabbed[0].shape[-1]))
+    finally:
+        handle.remove()
+    return torch.cat(parts)
+
+
+@dataclass
+class ReferenceCapture:
+    """The reference variant's capture and head, shared by every scored variant."""
+
+    hidden: torch.Tensor
+    head: torch.Tensor
+    targets: torch.Tensor
+    n_contexts: int
+    rows: int
+
+
+def capture_reference(models: AblationModels, tokens: np.ndarray) -> ReferenceCapture:
+    """Restore every differing parameter and capture the reference."""
+    models.set_variant(models.params)
+    hidden = capture(models, tokens)
+    targets = torch.from_numpy(np.asarray(tokens[:, 1:], dtype=np.int64).reshape(-1))
+    return ReferenceCapture(hidden, models.head_weight().clone(), targets, len(tokens), tokens.shape[1] - 1)
+
+
+def score_variant(models: AblationModels, ref: ReferenceCapture, tokens: np.ndarray, restored: Sequence[str]) -> ContextKLD:
+    """Set the variant, capture it and score it against the reference: per-context KLD sums."""
+    from harness.scoring.scorer import score_hidden
+
+    models.set_variant(restored)
+    hidden = capture(models, tokens)
+    head = models.head_weight()
+    cand_head = None if torch.equal(head, ref.head) else head.clone()
+    s = score_hidden(ref.hidden, hidden, ref.head, ref.targets, cand_head=cand_head, device=models.device)
+    kld = np.asarray(s.kld, dtype=np.float64).reshape(ref.n_contexts, ref.rows)
+    top1 = np.asarray(s.top1).reshape(ref.n_contexts, ref.rows)
+    return ContextKLD(kld.sum(axis=1), top1.sum(axis=1).astype(np.int64))

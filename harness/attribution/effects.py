@@ -1,0 +1,144 @@
+"""Group effects with paired cluster-bootstrap intervals (numpy only).
+
+Every variant is scored on the same positions as the candidate, so each effect is a difference of
+two token means over the same positions and its interval applies the *same* cluster draws to both
+(common random numbers, :mod:`harness.metrics.bootstrap`): per source cluster ``c`` the effect's
+numerator is a sum ``d_c`` and the positions ``n_c`` are shared, so the effect is the ratio mean
+``sum d_c / sum n_c`` of the bootstrap's own ratio machinery.
+
+Fields (KLD in nats, token means over the scored positions):
+
+* ``whole`` -- KLD(candidate): the reference with every differing parameter restored scores 0;
+* per group, ``restore`` -- ΔKLD = KLD(candidate) - KLD(candidate with the group restored to the
+  reference's weights) (leave-one-in: how much drift goes away when this group gets its bits back);
+* per group, ``only`` -- KLD(reference with only this group quantized) (leave-one-out: the drift this
+  group causes on its own);
+* ``additivity`` (partitions only) -- ``sum_restore`` = Σ ΔKLD and ``interaction_restore`` =
+  whole - Σ ΔKLD (interval included): zero when the groups' effects add up, positive when restoring
+  one group alone recovers less than its part of the whole (errors that compound), negative when
+  they overlap (errors that partly cancel or saturate); likewise ``sum_only`` / ``interaction_only``;
+  ``explained_restore`` = Σ ΔKLD / whole;
+* per group, ``bytes`` -- the group's stored bytes in the candidate, ``byte_share`` of the candidate's
+  stored bytes, ``restore_cost_bytes`` = the reference's bytes of the group minus the candidate's,
+  ``restore_per_mib`` = ΔKLD per MiB of the group's candidate bytes;
+* ``bits_to_spend`` -- groups whose ΔKLD interval lies above zero, by ``restore_per_mib`` (highest
+  first): where extra bits buy the most KLD.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from harness.metrics.bootstrap import (
+    DEFAULT_N_BOOT,
+    DEFAULT_SEED,
+    LEVEL,
+    draw_cluster_weights,
+    percentile_interval,
+    ratio_replicates,
+)
+
+MIB = 2**20
+INTERVAL_METHOD = "source-cluster bootstrap, common random numbers, percentile interval"
+
+
+@dataclass(frozen=True)
+class GroupData:
+    """One group's inputs: parameters, bytes, and the per-context KLD sums of its variants."""
+
+    name: str
+    params: tuple[str, ...]
+    bytes: int
+    reference_bytes: int
+    restore_sum_kld: np.ndarray  # per context: KLD sums of the candidate with this group restored
+    only_sum_kld: np.ndarray | None  # per context: KLD sums of the reference with only this group quantized
+
+
+def cluster_ids(clusters: Sequence[Any]) -> tuple[np.ndarray, int]:
+    """Dense cluster id per context and the number of clusters."""
+    names: dict[str, int] = {}
+    ids = np.array([names.setdefault(str(c), len(names)) for c in clusters], dtype=np.int64)
+    return ids, len(names)
+
+
+class PairedMeans:
+    """Token means of per-context sums over the same positions, with common-random-number intervals."""
+
+    def __init__(self, clusters: Sequence[Any], positions: np.ndarray, n_boot: int = DEFAULT_N_BOOT, seed: int = DEFAULT_SEED) -> None:
+        self.ids, self.n_clusters = cluster_ids(clusters)
+        self.positions = np.asarray(positions, dtype=np.float64)
+        self.n_positions = float(self.positions.sum())
+        self.cluster_positions = np.bincount(self.ids, weights=self.positions, minlength=self.n_clusters)
+        self.weights = draw_cluster_weights(self.n_clusters, n_boot, seed)
+        self.n_boot, self.seed = n_boot, seed
+
+    def estimate(self, per_context: np.ndarray) -> dict[str, Any]:
+        """``{"value", "ci95"}`` of ``sum(per_context) / positions`` (a difference when the sums are differences)."""
+        sums = np.bincount(self.ids, weights=np.asarray(per_context, dtype=np.float64), minlength=self.n_clusters)
+        rep = ratio_replicates(self.weights, sums, self.cluster_positions)
+        return {"value": float(sums.sum() / self.n_positions), "ci95": percentile_interval(rep, LEVEL)}
+
+
+def _excludes_zero(ci: list[float] | None) -> bool:
+    return ci is not None and (ci[0] > 0 or ci[1] < 0)
+
+
+def grouping_effects(pm: PairedMeans, candidate_sum_kld: np.ndarray, rule: str, partition: bool,
+                     groups: Sequence[GroupData], candidate_bytes: int) -> dict[str, Any]:
+    """Effects, ranking, additivity and bits-to-spend of one grouping (see the module docstring)."""
+    cand = np.asarray(candidate_sum_kld, dtype=np.float64)
+    whole = pm.estimate(cand)
+    rows = []
+    for g in groups:
+        restore = pm.estimate(cand - g.restore_sum_kld)
+        row: dict[str, Any] = {
+            "group": g.name,
+            "n_params": len(g.params),
+            "params": list(g.params),
+            "bytes": int(g.bytes),
+            "byte_share": g.bytes / candidate_bytes if candidate_bytes else None,
+            "restore_cost_bytes": int(g.reference_bytes - g.bytes),
+            "restore": {**restore, "excludes_zero": _excludes_zero(restore["ci95"])},
+            "restore_share_of_whole": restore["value"] / whole["value"] if whole["value"] else None,
+            "restore_per_mib": restore["value"] / (g.bytes / MIB) if g.bytes else None,
+        }
+        if g.only_sum_kld is not None:
+            only = pm.estimate(g.only_sum_kld)
+            row["only"] = {**only, "excludes_zero": _excludes_zero(only["ci95"])}
+        rows.append(row)
+    rows.sort(key=lambda r: (-r["restore"]["value"], r["group"]))
+    for i, r in enumerate(rows, 1):
+        r["rank"] = i
+    out: dict[str, Any] = {"rule": rule, "partition": partition, "groups": rows}
+    if partition:
+        restored_all = sum((np.asarray(g.restore_sum_kld, dtype=np.float64) for g in groups), np.zeros_like(cand))
+        k = len(groups)
+        # whole - sum_g (cand - restore_g) = restore-sum - (k - 1) * cand, per context
+        inter = pm.estimate(restored_all - (k - 1) * cand)
+        sum_restore = pm.estimate(k * cand - restored_all)
+        add: dict[str, Any] = {
+            "sum_restore": sum_restore,
+            "interaction_restore": {**inter, "excludes_zero": _excludes_zero(inter["ci95"])},
+            "explained_restore": sum_restore["value"] / whole["value"] if whole["value"] else None,
+        }
+        if all(g.only_sum_kld is not None for g in groups):
+            only_all = sum((np.asarray(g.only_sum_kld, dtype=np.float64) for g in groups), np.zeros_like(cand))
+            inter_o = pm.estimate(cand - only_all)
+            add["sum_only"] = pm.estimate(only_all)
+            add["interaction_only"] = {**inter_o, "excludes_zero": _excludes_zero(inter_o["ci95"])}
+            add["explained_only"] = add["sum_only"]["value"] / whole["value"] if whole["value"] else None
+        out["additivity"] = add
+    else:
+        out["additivity"] = None
+    spend = [r for r in rows if r["restore"]["ci95"] is not None and r["restore"]["ci95"][0] > 0 and r["restore_per_mib"] is not None]
+    spend.sort(key=lambda r: (-r["restore_per_mib"], r["group"]))
+    out["bits_to_spend"] = [
+        {"group": r["group"], "restore_per_mib": r["restore_per_mib"], "restore": r["restore"]["value"],
+         "restore_cost_bytes": r["restore_cost_bytes"]}
+        for r in spend
+    ]
+    return out

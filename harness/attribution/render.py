@@ -1,0 +1,113 @@
+"""The attribution's files: ``attribution.json``, ``attribution.md`` (ranked tables) and ``attribution.png``.
+
+Everything is rendered in memory first and then written, each file atomically, so an interrupted
+or refused run leaves no partial output.
+"""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+from typing import Any
+
+from harness.io.atomic import atomic_write_bytes, atomic_write_json, atomic_write_text
+
+
+def _g(x: float | None) -> str:
+    if x is None:
+        return "—"
+    return f"{x:.3e}" if x != 0 and (abs(x) < 1e-2 or abs(x) >= 1e4) else f"{x:.4f}"
+
+
+def _pct(x: float | None) -> str:
+    return "—" if x is None else f"{100 * x:.1f}%"
+
+
+def _ci(d: dict[str, Any] | None) -> str:
+    if not d:
+        return "—"
+    ci = d.get("ci95")
+    return f"{_g(d['value'])} [{_g(ci[0])}, {_g(ci[1])}]" if ci else f"{_g(d['value'])} [not estimable]"
+
+
+def render_markdown(r: dict[str, Any]) -> str:
+    """Ranked tables per grouping, additivity and the bits-to-spend suggestion."""
+    lines = [
+        f"# Attribution: {r['candidate']['path']} vs {r['reference']['path']}", "",
+        (f"Suite {r['suite']['path']} shards {r['suite']['shards']}: {r['n_positions']} positions, "
+        f"{r['n_contexts']} contexts, {r['n_clusters']} source clusters; {r['differing_params']} parameters differ. "
+        f"KLD(candidate) = {_ci(r['whole'])} nats (95% {r['bootstrap']['method']}, {r['bootstrap']['n_boot']} replicates)."), "",
+        ("ΔKLD restore = KLD(candidate) − KLD(candidate with the group restored to the reference's weights); "
+        "KLD only = KLD(reference with only this group taken from the candidate)."), "",
+    ]
+    for g in r["groupings"]:
+        lines += [f"## By {g['rule']}", "",
+                  "| rank | group | params | bytes | share of bytes | ΔKLD restore [95% CI] | share of whole | KLD only [95% CI] | ΔKLD per MiB |",
+                  "|---|---|---|---|---|---|---|---|---|"]
+        for row in g["groups"]:
+            lines.append(
+                f"| {row['rank']} | {row['group']} | {row['n_params']} | {row['bytes']} | "
+                f"{_pct(row['byte_share'])} | {_ci(row.get('restore'))} | "
+                f"{_pct(row.get('restore_share_of_whole'))} | {_ci(row.get('only'))} | {_g(row.get('restore_per_mib'))} |"
+            )
+        add = g.get("additivity")
+        lines.append("")
+        if add:
+            lines.append(f"Additivity: Σ ΔKLD restore = {_ci(add['sum_restore'])} = {100 * (add['explained_restore'] or 0):.1f}% of the whole; "
+                         f"interaction (whole − Σ) = {_ci(add['interaction_restore'])}"
+                         + (" — the effects do not add up: interactions are real." if add["interaction_restore"]["excludes_zero"] else " — consistent with additive effects."))
+            if "sum_only" in add:
+                lines.append(f"Σ KLD only = {_ci(add['sum_only'])} ({100 * (add['explained_only'] or 0):.1f}% of the whole); "
+                             f"interaction = {_ci(add['interaction_only'])}.")
+        else:
+            lines.append("Additivity: not computed (the groups overlap or leave parameters out).")
+        spend = g.get("bits_to_spend") or []
+        lines += ["", "Bits to spend (ΔKLD per MiB of the group's bytes, groups whose interval lies above zero):"]
+        lines += [f"{i}. {s['group']}: {_g(s['restore_per_mib'])} nats/MiB (ΔKLD {_g(s['restore'])}; restoring it to the "
+                  f"reference costs {s['restore_cost_bytes']} more bytes)" for i, s in enumerate(spend[:5], 1)] or ["none resolved on this suite"]
+        lines.append("")
+    return "\n".join(lines) + "\n"
+
+
+def render_plot(r: dict[str, Any]) -> bytes:
+    """Horizontal bars of ΔKLD restore (and KLD only) per group with their 95% intervals, one panel per grouping."""
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    gs = r["groupings"]
+    fig, axes = plt.subplots(len(gs), 1, figsize=(8, 1.2 + 0.45 * sum(len(g["groups"]) for g in gs) + 0.6 * len(gs)), squeeze=False)
+    for ax, g in zip(axes[:, 0], gs):
+        rows = g["groups"]
+        y = np.arange(len(rows))
+        for off, key, label in ((-0.2, "restore", "ΔKLD restore (leave-one-in)"), (0.2, "only", "KLD only this group (leave-one-out)")):
+            if not all(key in row for row in rows):
+                continue
+            v = np.array([row[key]["value"] for row in rows])
+            ci = [row[key]["ci95"] or [row[key]["value"]] * 2 for row in rows]
+            err = np.array([[max(vi - c[0], 0.0) for vi, c in zip(v, ci)], [max(c[1] - vi, 0.0) for vi, c in zip(v, ci)]])
+            ax.barh(y + off, v, height=0.38, xerr=err, capsize=3, label=label)
+        ax.set_yticks(y, [row["group"] for row in rows])
+        ax.invert_yaxis()
+        ax.axvline(0.0, color="black", linewidth=0.8)
+        ax.set_title(f"by {g['rule']} (whole KLD {r['whole']['value']:.3g} nats)")
+        ax.set_xlabel("nats (95% paired cluster-bootstrap intervals)")
+        ax.legend(fontsize=8, loc="lower right")
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110, metadata={"Software": None})
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def write_attribution(r: dict[str, Any], out_dir: str | Path) -> list[Path]:
+    """Render everything, then write the three files atomically; returns their paths."""
+    out = Path(out_dir)
+    md, png = render_markdown(r), render_plot(r)
+    paths = [out / "attribution.json", out / "attribution.md", out / "attribution.png"]
+    atomic_write_json(paths[0], r)
+    atomic_write_text(paths[1], md)
+    atomic_write_bytes(paths[2], png)
+    return paths

@@ -1,0 +1,67 @@
+"""Bytes of a model's stored tensors, read from the safetensors headers (no tensor is loaded).
+
+A stored tensor belongs to the module its name starts with: ``m.qweight``, ``m.scales``,
+``m.zeros`` (the project's simulated format), ``m.weight_packed``, ``m.weight_scale`` ...
+(compressed-tensors) and ``m.weight`` (plain folders) all count for module ``m``. A group's bytes
+are the bytes of every stored tensor of its modules; the candidate's bytes are all its stored
+tensor bytes (the headers themselves and ``config.json`` are not counted).
+
+The header format is safetensors' own: 8 bytes little-endian header length, then a JSON object
+mapping each tensor name to ``{"dtype", "shape", "data_offsets": [begin, end]}``.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+from harness.errors import VerificationError
+
+_MAX_HEADER = 100 * 2**20
+
+
+def tensor_bytes(path: Path) -> dict[str, int]:
+    """``{tensor name: bytes}`` of one safetensors file, from its header (verified for shape and bounds)."""
+    try:
+        with open(path, "rb") as fh:
+            raw = fh.read(8)
+            if len(raw) != 8:
+                raise VerificationError(path, "safetensors header", "8-byte length", f"{len(raw)} bytes")
+            (n,) = struct.unpack("<Q", raw)
+            if n > _MAX_HEADER:
+                raise VerificationError(path, "safetensors header length", f"<= {_MAX_HEADER}", n)
+            head = json.loads(fh.read(n).decode("utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise VerificationError(path, "safetensors header", "a readable JSON header", repr(exc)) from None
+    size = path.stat().st_size - 8 - n
+    out: dict[str, int] = {}
+    if not isinstance(head, dict):
+        raise VerificationError(path, "safetensors header", "a JSON object", type(head).__name__)
+    for name, spec in head.items():
+        if name == "__metadata__":
+            continue
+        off = spec.get("data_offsets") if isinstance(spec, dict) else None
+        if not (isinstance(off, list) and len(off) == 2 and all(isinstance(x, int) for x in off) and 0 <= off[0] <= off[1] <= size):
+            raise VerificationError(path, f"data_offsets of {name!r}", f"[begin, end] within {size} data bytes", off)
+        out[name] = off[1] - off[0]
+    return out
+
+
+def folder_tensor_bytes(model_dir: Path) -> dict[str, int]:
+    """``{tensor name: bytes}`` over every ``*.safetensors`` file of a model folder."""
+    files = sorted(Path(model_dir).glob("*.safetensors"))
+    if not files:
+        raise VerificationError(model_dir, "weight files", "*.safetensors", "none")
+    out: dict[str, int] = {}
+    for f in files:
+        for k, v in tensor_bytes(f).items():
+            if k in out:
+                raise VerificationError(f, f"tensor {k!r}", "stored once", "in two weight files")
+            out[k] = v
+    return out
+
+
+def module_bytes(stored: dict[str, int], modules: set[str]) -> int:
+    """Bytes of the stored tensors that belong to any of ``modules`` (see the module docstring)."""
+    return sum(b for name, b in stored.items() if name.rsplit(".", 1)[0] in modules)

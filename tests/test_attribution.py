@@ -1,0 +1,115 @@
+"""``fidelity attribute`` on a candidate whose drift was planted in one known group.
+
+The candidate is built here from ``fixtures/model`` with the project's own quantization code
+(``fixtures/make_candidates.py``: ``quant_int_sym``, packed by ``harness.engines.quantized``): every
+decoder linear is int8 (group 32) except the ``v_proj`` of every layer, which gets int3 codes (same
+8-bit container). The attribution by module kind must rank ``v_proj`` first with an interval above zero.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+MODEL = ROOT / "fixtures" / "model"
+PLANTED = "v_proj"
+
+
+def _planted_candidate(out: Path) -> Path:
+    import torch
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    sys.path.insert(0, str(ROOT / "fixtures"))
+    from make_candidates import (  # the project's quantization code
+        LINEARS,
+        quant_int_sym,
+    )
+
+    from harness.engines.quantized import pack_codes
+
+    out.mkdir(parents=True)
+    tensors, layers = {}, []
+    with safe_open(str(MODEL / "model.safetensors"), framework="pt") as fh:
+        for key in fh.keys():  # noqa: SIM118 (safe_open is not a mapping)
+            t = fh.get_tensor(key)
+            prefix = key.removesuffix(".weight")
+            kind = prefix.rsplit(".", 1)[-1]
+            if key.endswith(".weight") and kind in LINEARS:
+                bits = 3 if kind == PLANTED else 8
+                q = quant_int_sym(t.double(), bits, 32)
+                codes = q["codes"].long() - (1 << (bits - 1)) + 128  # value = code - 128 in the 8-bit container
+                tensors[prefix + ".qweight"] = torch.from_numpy(pack_codes(codes.numpy().astype(np.uint8), 8))
+                tensors[prefix + ".scales"] = q["scales"].reshape(t.shape[0], -1).to(torch.bfloat16).contiguous()
+                layers.append(prefix)
+            else:
+                tensors[key] = t.contiguous()
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    shutil.copyfile(MODEL / "config.json", out / "config.json")
+    meta = {"method": "rtn_sym_group_planted", "bits": 8, "group_size": 32, "code_kind": "int",
+            "library": "harness-rtn", "simulated": False, "layers": sorted(layers)}
+    (out / "quantization.json").write_text(json.dumps(meta), encoding="utf-8")
+    return out
+
+
+@pytest.fixture(scope="module")
+def planted(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    import torch
+
+    from harness.attribution.run import attribute, request_from
+
+    torch.set_num_threads(2)
+    cand = _planted_candidate(tmp_path_factory.mktemp("planted") / "cand")
+    req = request_from(MODEL, cand, ROOT / "fixtures" / "suite", shards="0", by="kind", modes="restore", n_boot=2000, progress=False)
+    return attribute(req)
+
+
+def test_planted_group_ranks_first(planted: dict) -> None:
+    (g,) = planted["groupings"]
+    first = g["groups"][0]
+    assert first["group"] == PLANTED
+    lo, hi = first["restore"]["ci95"]
+    assert 0 < lo <= first["restore"]["value"] <= hi
+    assert g["bits_to_spend"][0]["group"] == PLANTED
+    # the planted group is the largest part of the whole and every other group is far smaller
+    assert first["restore"]["value"] > 0.5 * planted["whole"]["value"]
+    assert all(r["restore"]["value"] < 0.2 * first["restore"]["value"] for r in g["groups"][1:])
+
+
+def test_effects_match_an_independent_computation(planted: dict) -> None:
+    """Byte shares against the safetensors file sizes; additivity identity in plain arithmetic."""
+    (g,) = planted["groupings"]
+    assert sum(r["byte_share"] for r in g["groups"]) < 1.0  # embeddings and norms are outside the groups
+    add = g["additivity"]
+    total = sum(r["restore"]["value"] for r in g["groups"])
+    assert add["sum_restore"]["value"] == pytest.approx(total, rel=1e-9)
+    assert add["interaction_restore"]["value"] == pytest.approx(planted["whole"]["value"] - total, rel=1e-6, abs=1e-12)
+
+
+def test_cli_writes_all_files(planted: dict, tmp_path: Path) -> None:
+    from harness.attribution.render import write_attribution
+
+    paths = write_attribution(planted, tmp_path)
+    assert [p.name for p in paths] == ["attribution.json", "attribution.md", "attribution.png"]
+    assert json.loads(paths[0].read_text())["groupings"][0]["groups"][0]["group"] == PLANTED
+    assert "| 1 | v_proj |" in paths[1].read_text()
+    assert paths[2].read_bytes()[:4] == b"\x89PNG"
+
+
+def test_refuses_other_architecture(tmp_path: Path) -> None:
+    from harness.attribution.ablation import load_models
+    from harness.errors import VerificationError
+
+    other = tmp_path / "other"
+    shutil.copytree(MODEL, other)
+    cfg = json.loads((other / "config.json").read_text())
+    cfg["num_hidden_layers"] = 3
+    (other / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(VerificationError, match="num_hidden_layers"):
+        load_models(MODEL, other)
