@@ -123,10 +123,10 @@ def quantization_identity(model_dir: Path) -> dict[str, Any]:
     }
 
 
-def _read_tensors(path: Path) -> dict[str, np.ndarray | torch.Tensor]:
+def _read_tensors(path: Path) -> dict[str, torch.Tensor]:
     """All tensors of a safetensors file (torch; verified readable)."""
     try:
-        out: dict[str, Any] = {}
+        out: dict[str, torch.Tensor] = {}
         with safe_open(str(path), framework="pt") as fh:
             for key in fh.keys():
                 out[key] = fh.get_tensor(key)
@@ -145,9 +145,9 @@ def _code_values(kind: str, codes: np.ndarray, bits: int) -> np.ndarray:
         return (codes - (1 << (bits - 1))).astype(np.float64)
     if kind == "int_asym":
         return codes.astype(np.float64)
-    if kind == "fp8_e4m3":
-        return fp8_e4m3_table()[codes]
-    return e2m1_table()[codes]
+    table = fp8_e4m3_table() if kind == "fp8_e4m3" else e2m1_table()
+    values: np.ndarray = table[codes]
+    return values
 
 
 def dequantize_layer(
@@ -195,7 +195,8 @@ def dequantize_layer(
         w = w * float(gs[0])
     if not np.isfinite(w).all():
         raise VerificationError(path, f"{prefix} dequantized weight", "finite values", "NaN/Inf")
-    return w
+    weight: np.ndarray = w
+    return weight
 
 
 def load_quantized(
@@ -215,8 +216,8 @@ def load_quantized(
     config = AutoConfig.from_pretrained(str(model_dir))
     config._attn_implementation = "eager"
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config)
-    expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+        meta_model: torch.nn.Module = AutoModelForCausalLM.from_config(config)  # type: ignore[no-untyped-call]
+    expected = {k: tuple(v.shape) for k, v in meta_model.state_dict().items()}
     if getattr(config, "tie_word_embeddings", False):
         expected.pop("lm_head.weight", None)
     layers = set(q["layers"])
@@ -240,8 +241,8 @@ def load_quantized(
     missing = sorted(set(expected) - set(state))
     if missing:
         raise VerificationError(wpath, "missing tensors", "every model parameter", f"{len(missing)} absent: {missing[:3]}")
-    model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    model: torch.nn.Module = AutoModelForCausalLM.from_config(config, dtype=dtype)  # type: ignore[no-untyped-call]
     model.load_state_dict(state, strict=False)
     if getattr(config, "tie_word_embeddings", False):
-        model.tie_weights()
+        model.tie_weights()  # type: ignore[operator]
     return model.to(device).eval()

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from harness.errors import FidelityError
 from harness.inputs.identity import QUANTIZATION_JSON, model_identity, quantized_module, runtime_identity
@@ -62,13 +62,15 @@ def load_model(model_dir: str | Path, device: str = "cpu", dtype: str | torch.dt
     root = check_model_dir(model_dir)
     tdtype = parse_dtype(dtype)
     if (root / QUANTIZATION_JSON).is_file():
-        model = quantized_module().load_quantized(root, device, tdtype)
+        model: torch.nn.Module = quantized_module().load_quantized(root, device, tdtype)
         model.eval()
         return model
     from transformers import AutoModelForCausalLM
 
     try:
-        model = AutoModelForCausalLM.from_pretrained(root, dtype=tdtype, use_safetensors=True, trust_remote_code=trust_remote_code)
+        # cast: transformers types .to()/.eval() of a PreTrainedModel through an untyped wrapper
+        model = cast("torch.nn.Module", AutoModelForCausalLM.from_pretrained(
+            root, dtype=tdtype, use_safetensors=True, trust_remote_code=trust_remote_code))
     except (OSError, ValueError) as e:
         raise FidelityError(f"{root}: transformers could not load the model ({e})") from None
     model.to(device)
@@ -131,7 +133,8 @@ def capture_logits(model: torch.nn.Module, token_ids: np.ndarray | torch.Tensor 
     ids = _as_input(model, token_ids)
     with torch.inference_mode():
         out = model(input_ids=ids, use_cache=False)
-    return out.logits[0, :-1].to(device="cpu", dtype=torch.float32).contiguous()
+    logits: torch.Tensor = out.logits[0, :-1].to(device="cpu", dtype=torch.float32).contiguous()
+    return logits
 
 
 def engine_identity() -> dict[str, str]:

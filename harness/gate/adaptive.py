@@ -114,8 +114,9 @@ def threshold_for(baselines_dir: Any, candidate: str, shards: Sequence[int]) -> 
         return None
     if "max_mean_kld" in b.default:
         return b.default["max_mean_kld"]
-    vals = [b.thresholds(s).get("max_mean_kld") for s in shards]
-    if not vals or any(v is None for v in vals):
+    found = [b.thresholds(s).get("max_mean_kld") for s in shards]
+    vals = [v for v in found if v is not None]
+    if not vals or len(vals) != len(found):
         return None
     return float(np.mean(vals))
 

@@ -203,7 +203,7 @@ def write_kld(
     if int(toks.min()) < 0 or int(toks.max()) >= n_vocab:
         raise FidelityError(f"tokens: ids must lie in [0, {n_vocab}), found [{int(toks.min())}, {int(toks.max())}]")
     first, nr = first_scored(n_ctx), rows_per_chunk(n_ctx)
-    get = chunk_logits if callable(chunk_logits) else iter(chunk_logits).__next__
+    get_next = (lambda: np.empty(0)) if callable(chunk_logits) else iter(chunk_logits).__next__
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
@@ -213,7 +213,7 @@ def write_kld(
             fh.write(np.array([n_ctx, n_vocab, n_chunk], dtype="<i4").tobytes())
             fh.write(np.ascontiguousarray(toks, dtype="<i4").tobytes())
             for i in range(n_chunk):
-                lg = np.asarray(get(i) if callable(chunk_logits) else get(), dtype=np.float32)
+                lg = np.asarray(chunk_logits(i) if callable(chunk_logits) else get_next(), dtype=np.float32)
                 if lg.shape == (n_ctx - 1, n_vocab):
                     lg = lg[first:]
                 if lg.shape != (nr, n_vocab):

@@ -9,24 +9,31 @@
   the file: the earlier rows are stored as zeros (a uniform distribution) and must be dropped
   with the window ``score_from = n_ctx/2`` (``--window``); the store's model identity records
   ``scored_from_row``.
-* :func:`llamacpp_block` — the llama.cpp statistics block from a ``.kld`` file and candidate logits.
+* :func:`llamacpp_positions` — llama.cpp's per-position values of a candidate store against a ``.kld``
+  base; :mod:`harness.llamacpp.stats` turns them into llama-perplexity's statistics block.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from harness.errors import FidelityError, VerificationError
 from harness.llamacpp.kld_file import KldFile, first_scored, read_kld, write_kld
 
+if TYPE_CHECKING:
+    from harness.capture.store import CaptureStore
+    from harness.inputs.head import HeadTensor
+    from harness.inputs.suite import Suite
+    from harness.llamacpp.stats import LlamaPositions
+
 KLD_ENGINE = {"name": "llama.cpp-kld", "version": "1"}
 
 
-def store_logits(store: Any, index: int, head: Any = None, rows: slice | None = None) -> np.ndarray:
+def store_logits(store: CaptureStore, index: int, head: HeadTensor | None = None, rows: slice | None = None) -> np.ndarray:
     """float32 logits ``[rows, vocab]`` of context ``index`` of a capture store: a logits store as
     stored, a hidden-state store through ``head`` (fp32 logits from bf16 operands, like the scorer)."""
     import torch
@@ -35,7 +42,8 @@ def store_logits(store: Any, index: int, head: Any = None, rows: slice | None = 
     if rows is not None:
         t = t[rows]
     if store.kind == "logits":
-        return t.to(torch.float32).numpy()
+        logits: np.ndarray = t.to(torch.float32).numpy()
+        return logits
     if head is None:
         raise FidelityError(f"{store.root}: a hidden-state store needs the shared head (--head) to give logits")
     from harness.scoring.scorer import gemm_operand, logits_gemm
@@ -46,7 +54,7 @@ def store_logits(store: Any, index: int, head: Any = None, rows: slice | None = 
         return logits_gemm(t, w, out).numpy().copy()
 
 
-def export_kld(suite: Any, store: Any, out: str | Path, head: Any = None, indices: Sequence[int] | None = None) -> Path:
+def export_kld(suite: Suite, store: CaptureStore, out: str | Path, head: HeadTensor | None = None, indices: Sequence[int] | None = None) -> Path:
     """Write ``store``'s logits over ``suite`` (all contexts, or ``indices``) as a ``.kld`` file."""
     idx = list(range(suite.n_contexts)) if indices is None else list(indices)
     missing = store.missing(idx)
@@ -60,7 +68,7 @@ def export_kld(suite: Any, store: Any, out: str | Path, head: Any = None, indice
     return write_kld(out, tokens, vocab, lambda i: store_logits(store, idx[i], head, slice(first, None)))
 
 
-def import_kld(path: str | Path, out: str | Path, n_shards: int = 1) -> tuple[Any, Any]:
+def import_kld(path: str | Path, out: str | Path, n_shards: int = 1) -> tuple[Suite, CaptureStore]:
     """A ``.kld`` file -> ``out/suite`` and ``out/reference`` (logits store). Returns (suite, store)."""
     import torch
 
@@ -113,7 +121,7 @@ def _refuse_other_import(kf: KldFile, path: Path, out: Path, n_shards: int) -> N
 
 
 def suite_from_tokens(tokens: np.ndarray, vocab: int, out: str | Path, n_shards: int = 1, source: str = "tokens",
-                      tokenizer_sha256: str = "unknown") -> Any:
+                      tokenizer_sha256: str = "unknown") -> Suite:
     """A suite whose contexts are the rows of ``tokens`` (each its own source cluster, stratum ``kld``)."""
     import io
     from dataclasses import asdict
@@ -153,7 +161,7 @@ def suite_from_tokens(tokens: np.ndarray, vocab: int, out: str | Path, n_shards:
     return load_suite(out, verify=True)
 
 
-def check_tokens(kf: KldFile, suite: Any) -> None:
+def check_tokens(kf: KldFile, suite: Suite) -> None:
     """The ``.kld`` file's chunks must be exactly the suite's contexts."""
     if (kf.n_chunk, kf.n_ctx) != (suite.n_contexts, suite.n_ctx) or not np.array_equal(kf.tokens, suite.tokens.astype(np.int64)):
         raise VerificationError(kf.path, "tokens", f"the {suite.n_contexts} x {suite.n_ctx} contexts of {suite.root}",
@@ -161,7 +169,8 @@ def check_tokens(kf: KldFile, suite: Any) -> None:
                                 "the .kld file was written for other tokens")
 
 
-def llamacpp_positions(kf: KldFile, suite: Any, candidate: Any, head: Any = None, indices: Sequence[int] | None = None) -> Any:
+def llamacpp_positions(kf: KldFile, suite: Suite, candidate: CaptureStore, head: HeadTensor | None = None,
+                       indices: Sequence[int] | None = None) -> LlamaPositions:
     """llama.cpp's per-position values of ``candidate`` (capture store) against the ``.kld`` base."""
     from harness.llamacpp.stats import LlamaPositions, positions_from_kld
 

@@ -37,7 +37,7 @@ def cvar(values: np.ndarray, alpha: float = 0.01) -> float:
     s = float(top[:kf].sum())
     if kf < n:
         s += (k - kf) * float(top[kf])
-    return s / k
+    return float(s / k)
 
 
 def _rank_index(cum: np.ndarray, ranks: np.ndarray) -> np.ndarray:
@@ -48,7 +48,8 @@ def _rank_index(cum: np.ndarray, ranks: np.ndarray) -> np.ndarray:
     span = float(cum[:, -1].max()) + float(np.max(ranks, initial=0.0)) + 2.0
     off = np.arange(b, dtype=np.float64) * span
     flat = (cum + off[:, None]).ravel()
-    return np.searchsorted(flat, ranks + off, side="right") - np.arange(b) * m
+    idx: np.ndarray = np.searchsorted(flat, ranks + off, side="right") - np.arange(b) * m
+    return idx
 
 
 def weighted_tail_stats(

@@ -24,11 +24,12 @@ import importlib
 import json
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import pluggy
 import pytest
 
 if TYPE_CHECKING:
@@ -321,7 +322,7 @@ class FidelityRun:
     def pytest_collect_file(self, file_path: Path, parent: pytest.Collector) -> ConfigCases | None:
         """The configuration file's cases, wherever pytest meets the file."""
         if file_path.resolve() == self.plan.path:
-            return ConfigCases.from_parent(parent, path=file_path)  # type: ignore[no-any-return]
+            return ConfigCases.from_parent(parent, path=file_path)
         return None
 
     def pytest_generate_tests(self, metafunc: pytest.Metafunc) -> None:
@@ -339,7 +340,9 @@ class FidelityRun:
             self.session.plan([(n, s) for n, shards in self.planned.items() for s in shards])
 
     @pytest.hookimpl(hookwrapper=True)
-    def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    def pytest_runtest_makereport(
+        self, item: pytest.Item, call: pytest.CallInfo[None]
+    ) -> Generator[None, pluggy.Result[pytest.TestReport], None]:
         outcome = yield
         report = outcome.get_result()
         if call.when == "call" and _PAYLOAD in item.stash:

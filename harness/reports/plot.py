@@ -77,7 +77,7 @@ def plot_ccdf(curves: Mapping[str, Mapping[str, Sequence[float]]], path: str | P
 
 def pareto_front(points: Sequence[tuple[float, float, str]]) -> list[tuple[float, float, str]]:
     """Points not dominated by another (smaller or equal size *and* smaller or equal KLD, one strictly)."""
-    front = []
+    front: list[tuple[float, float, str]] = []
     for x, y, n in sorted(points, key=lambda p: (p[0], p[1])):
         if not front or y < front[-1][1]:
             front.append((x, y, n))

@@ -93,7 +93,8 @@ def compare_windows(base: int, by_window: Mapping[int, Mapping[str, Mapping[str,
     for k in sorted(by_window):
         cur = by_window[k]
         rank = sorted(cur, key=lambda c: (cur[c]["mean_kld"], c))
-        failures, warnings = [], []
+        failures: list[list[str]] = []
+        warnings: list[list[str]] = []
         for i, a in enumerate(rank0):
             for b in rank0[i + 1 :]:
                 if a in cur and b in cur and rank.index(a) > rank.index(b):

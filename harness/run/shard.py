@@ -142,7 +142,7 @@ def shard_positions(
     t1 = time.perf_counter()
     if mixed:
         from harness.scoring.gemm import gemm_mode
-        from harness.scoring.scorer import gemm_operand, gemm_path, logits_gemm
+        from harness.scoring.torch_path import gemm_operand, gemm_path, logits_gemm
 
         cpu = torch.device("cpu")
         path = gemm_path(cpu, ref, head.weight)

@@ -117,7 +117,8 @@ def measure_memory(n: int, hidden: int, vocab: int, *, tile_rows: int | None = N
     if backend:
         cmd += ["--backend", backend]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
-    return json.loads(out.strip().splitlines()[-1])
+    result: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
+    return result
 
 
 def bench_bootstrap(n_contexts: int, n_clusters: int, positions_per_context: int) -> dict[str, float]:

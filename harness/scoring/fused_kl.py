@@ -275,7 +275,8 @@ def _env_blocks() -> tuple[int, int, int, int, int] | None:
     parts = tuple(int(x) for x in spec.split(","))
     if len(parts) != 5:
         raise ValueError(f"FIDELITY_FUSED_BLOCKS: expected BM,BN,BK,warps,stages, found {spec!r}")
-    return parts  # type: ignore[return-value]
+    a, b, c, d, e = parts
+    return a, b, c, d, e
 
 
 def _launch_args(blocks: tuple[int, int, int, int, int] | None, dev: torch.device, w: torch.Tensor, K: int) -> dict[str, Any]:
@@ -332,7 +333,7 @@ def fused_score(
     jsd_ear: bool = True,
     blocks: tuple[int, int, int, int, int] | None = None,
     fallback: bool = True,
-) -> Any:
+) -> PositionScores:
     """Score ``[N, H]`` hidden states through ``[V, H]`` head(s) with the fused kernel.
 
     Returns :class:`harness.scoring.scorer.PositionScores`. Inputs are assumed checked by the caller

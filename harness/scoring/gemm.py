@@ -40,7 +40,8 @@ GEMM_PATHS = ("cuda-out-dtype", "onednn-bf16", "fp32")
 def native_bf16_cpu() -> bool:
     """Whether this CPU has native bf16 for oneDNN (torch's own check: avx512bw/vl/dq or Arm bf16)."""
     try:
-        return bool(torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported())
+        return bool(torch.backends.mkldnn.is_available()  # type: ignore[no-untyped-call]  # untyped in torch
+                    and torch.ops.mkldnn._is_mkldnn_bf16_supported())
     except (AttributeError, RuntimeError):
         return False
 
@@ -48,7 +49,8 @@ def native_bf16_cpu() -> bool:
 def onednn_bf16_available() -> bool:
     """Whether torch exposes oneDNN's fp32-matmul precision switch at all."""
     try:
-        return bool(torch.backends.mkldnn.is_available()) and hasattr(torch.backends.mkldnn, "matmul")
+        return bool(torch.backends.mkldnn.is_available()) and hasattr(  # type: ignore[no-untyped-call]
+            torch.backends.mkldnn, "matmul")
     except AttributeError:
         return False
 
@@ -78,7 +80,7 @@ def gemm_mode(path: str) -> Iterator[None]:
     if path != "onednn-bf16":
         yield
         return
-    prop = torch.backends.mkldnn.matmul
+    prop = torch.backends.mkldnn.matmul  # type: ignore[attr-defined]  # torch >= 2.9, not in its stubs
     old = prop.fp32_precision
     prop.fp32_precision = "bf16"
     try:

@@ -23,15 +23,20 @@ class PositionScores:
     @property
     def top1(self) -> np.ndarray:
         """Boolean array: the two argmaxes agree."""
-        return self.argmax_ref == self.argmax_cand
+        agree: np.ndarray = self.argmax_ref == self.argmax_cand
+        return agree
 
     def __len__(self) -> int:
         return int(self.kld.shape[0])
 
     @classmethod
     def empty(cls, n: int) -> PositionScores:
-        f = lambda: np.zeros(n, dtype=np.float64)  # noqa: E731
-        i = lambda: np.zeros(n, dtype=np.int64)  # noqa: E731
+        def f() -> np.ndarray:
+            return np.zeros(n, dtype=np.float64)
+
+        def i() -> np.ndarray:
+            return np.zeros(n, dtype=np.int64)
+
         return cls(f(), f(), f(), f(), f(), i(), i())
 
     @classmethod
