@@ -78,7 +78,8 @@ class AblationModels:
 
     def head_weight(self) -> torch.Tensor:
         head = self.model.get_output_embeddings()  # type: ignore[operator]
-        return head.weight.detach()
+        weight: torch.Tensor = head.weight.detach()
+        return weight
 
 
 def _architecture(path: Path) -> dict[str, Any]:
