@@ -203,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     s = min(a.subset_positions, n)
     steps += [
         (f"torch scorer (x{n / s:g} from {s})", lambda: timed(lambda: score_hidden(ref[:s], cand[:s], head, y[:s], backend="torch", tile_rows=2048), sync, 1), n / s),
-        (f"two-pass method (x{n / s:g} from {s})", lambda: timed(lambda: score_two_pass(ref[:s], cand[:s], head, y[:s], tile_rows=2048, vocab_chunk=32768), sync, 1), n / s),
+        (f"two-pass method (x{n / s:g} from {s})", lambda: timed(lambda: score_two_pass(ref[:s], cand[:s], head, tile_rows=2048, vocab_chunk=32768), sync, 1), n / s),
     ]
     for name, fn, scale in steps:
         try:

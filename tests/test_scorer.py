@@ -190,7 +190,7 @@ def test_two_pass_matches_single_pass() -> None:
     head = torch.randn(v, h, generator=g) * 0.3
     y = torch.randint(0, v, (n,), generator=g)
     np.testing.assert_allclose(
-        score_two_pass(rh, ch, head, y, vocab_chunk=300), score_hidden(rh, ch, head, y).kld, rtol=1e-5
+        score_two_pass(rh, ch, head, vocab_chunk=300), score_hidden(rh, ch, head, y).kld, rtol=1e-5
     )
 
 

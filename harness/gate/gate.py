@@ -59,10 +59,3 @@ class Gate:
         lines.append(f"baseline: {path}")
         lines.append(f"if this change is intended, update with: {update_command(name, self.selector)}")
         return "\n".join(lines)
-
-    def check(self, scored: Any) -> None:
-        """Assert that ``scored`` meets its baseline (pytest-friendly: hides this frame)."""
-        __tracebackhide__ = True
-        message = self.failure(scored)
-        if message is not None:
-            raise AssertionError(message)

@@ -45,7 +45,7 @@ from typing import Any
 
 from harness.errors import FidelityError
 
-#: Engines a candidate may name. ``llamacpp`` arrives with the llama.cpp issue.
+#: Engines a candidate may name (``harness/engines/``).
 ENGINES = ("transformers", "llamacpp")
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+]*$")

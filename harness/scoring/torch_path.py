@@ -67,7 +67,6 @@ __all__ = [
     "score_two_pass",
     "bare_gemms",
     "default_tile_rows",
-    "scorer_settings",
     "gemm_path",
     "MEMORY_BUDGET_BYTES",
 ]
@@ -91,16 +90,6 @@ def _default_chunk_rows(vocab: int, device: torch.device, tile_rows: int) -> int
         return tile_rows
     return int(max(1, min(tile_rows, CPU_CHUNK_BYTES // (6 * 4 * vocab))))
 
-
-def scorer_settings(tile_rows: int, chunk_rows: int, head_dtype: torch.dtype) -> dict[str, Any]:
-    """Scorer settings recorded in a report's comparability block (results do not depend on tiling)."""
-    return {
-        "method": "single-pass-tiled",
-        "gemm_dtype": str(head_dtype).replace("torch.", ""),
-        "softmax_dtype": "float32",
-        "tile_rows": int(tile_rows),
-        "chunk_rows": int(chunk_rows),
-    }
 
 
 @contextmanager
@@ -388,7 +377,6 @@ def score_two_pass(
     ref_hidden: torch.Tensor,
     cand_hidden: torch.Tensor,
     head: torch.Tensor,
-    targets: torch.Tensor,
     *,
     tile_rows: int | None = None,
     vocab_chunk: int = 16384,
@@ -426,7 +414,6 @@ def score_two_pass(
                 lq = logits_gemm(b, w, buf_b[:, :k]).sub_(lse_b[:, None])
                 acc += (lp.exp() * (lp - lq)).sum(1).double()
             kld[r0 : r0 + a.shape[0]] = acc.cpu().numpy()
-    _ = targets
     return kld
 
 
