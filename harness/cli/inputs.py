@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from harness.cli.registry import Builder, SubParsers, device_arg, formatter, nonneg_int, positive_int
+from harness.errors import FidelityError
 
 # ----------------------------------------------------------------------------- suite
 
@@ -13,7 +14,8 @@ from harness.cli.registry import Builder, SubParsers, device_arg, formatter, non
 def _suite_build(a: argparse.Namespace) -> int:
     from harness.inputs.suite import build_suite, describe
 
-    s = build_suite(a.corpus, a.tokenizer, a.n_ctx, a.contexts, a.shards, a.seed, a.out, grouping_file=a.grouping, documents=a.documents)
+    s = build_suite(a.corpus, a.tokenizer, a.n_ctx, a.contexts, a.shards, a.seed, a.out, grouping_file=a.grouping, documents=a.documents,
+                    provenance=a.provenance, source=a.source, licence=a.licence)
     print(describe(s))
     return 0
 
@@ -23,6 +25,13 @@ def _suite_verify(a: argparse.Namespace) -> int:
 
     s = Suite.load(a.suite, verify=True)
     print(f"{s.root}: OK ({s.n_contexts} contexts x {s.n_ctx} tokens, {s.n_shards} shards, suite_token_sha256 {s.suite_token_sha256})")
+    if a.corpus is not None:
+        from harness.inputs.provenance import format_corpus_check, rederive_contexts
+
+        if a.tokenizer is None:
+            raise FidelityError("suite verify --corpus needs --tokenizer (the suite's tokenizer.json) to re-derive the contexts")
+        for line in format_corpus_check(s, a.corpus, rederive_contexts(s, a.corpus, a.tokenizer)):
+            print(line)
     return 0
 
 
@@ -59,10 +68,24 @@ def add_suite(sub: SubParsers) -> None:
     b.add_argument("--out", required=True, type=Path, help="suite folder to write")
     b.add_argument("--documents", type=Path, help="file listing the relative document paths to use (e.g. a held-out list)")
     b.add_argument("--grouping", type=Path, help='JSON {"relative/doc/path": "cluster-name"} grouping documents into source clusters')
+    b.add_argument("--provenance", type=Path, default=None,
+                   help="provenance sidecar (schema fidelity.corpus-provenance/1: source and licence per document; "
+                        "default: <corpus>/provenance.json when present)")
+    b.add_argument("--source", default=None, help="source of documents the sidecar does not attribute (e.g. a URL)")
+    b.add_argument("--licence", default=None, help="licence of documents the sidecar does not attribute (e.g. CC-BY-4.0)")
     b.set_defaults(func=_suite_build)
     v = ss.add_parser("verify", help="re-hash a suite; exit 1 on any mismatch", formatter_class=formatter,
-                      description="example:\n  fidelity suite verify suites/s512")
+                      description=(
+                          "Re-hash the manifest, the tokens and every shard. With --corpus, also check every\n"
+                          "recorded document's sha256 (exit 1 on a different text) and re-derive every context\n"
+                          "from its document with the suite's tokenizer, listing the contexts that match the\n"
+                          "authoritative token ids and those that do not (a tokenizer that does not round-trip\n"
+                          "is reported, not refused: the stored ids stay authoritative).\n\n"
+                          "examples:\n  fidelity suite verify suites/s512\n"
+                          "  fidelity suite verify fixtures/suite --corpus fixtures/corpus --tokenizer fixtures/model/tokenizer.json"))
     v.add_argument("suite", type=Path, help="suite folder")
+    v.add_argument("--corpus", type=Path, default=None, help="folder holding the suite's documents (re-derive the contexts)")
+    v.add_argument("--tokenizer", type=Path, default=None, help="the suite's tokenizer.json (with --corpus)")
     v.set_defaults(func=_suite_verify)
     s = ss.add_parser("show", help="geometry, strata, clusters and shards of a suite", formatter_class=formatter,
                       description="example:\n  fidelity suite show suites/s512")

@@ -14,8 +14,8 @@ The token ids are authoritative: nothing is re-tokenized at scoring time.
 Selection rules (``build_suite``):
 
 * documents are the text files below the corpus folder (recursively), sorted by relative path;
-  hidden files/folders and ``LICENSE*``/``COPYING*`` files are skipped, as are files that are not
-  UTF-8 text;
+  hidden files/folders, ``LICENSE*``/``COPYING*`` files and the provenance sidecar
+  (``provenance.json``) are skipped, as are files that are not UTF-8 text;
 * the first path component below the corpus folder is the *stratum* (``"root"`` for files
   directly in it);
 * the *source cluster* is the document's relative path unless a grouping file maps it to a name;
@@ -25,7 +25,10 @@ Selection rules (``build_suite``):
   round-robin, and windows are taken one per document per round (each document's windows in a
   seeded order) until ``n_contexts`` are chosen: contexts are spread across documents and strata;
 * contexts keep that selection order (deterministic given the seed) and are split into shards of
-  ``ceil(n_contexts / n_shards)`` contexts; the last shard may be shorter.
+  ``ceil(n_contexts / n_shards)`` contexts; the last shard may be shorter;
+* every document the suite was cut from is recorded in ``suite.json`` ``documents`` with its
+  sha256, size, source and licence (:mod:`harness.inputs.provenance`); the record does not change
+  the token ids or any token/shard hash.
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ import numpy as np
 
 from harness import PROTOCOL_VERSION
 from harness.errors import FidelityError, VerificationError
+from harness.inputs.provenance import PROVENANCE_FILE, check_records, document_records
 from harness.io.atomic import dumps_json
 from harness.io.hashing import sha256_bytes, sha256_file, tokens_sha256
 
@@ -221,6 +225,8 @@ def load_suite(path: str | Path, verify: bool = True) -> Suite:
     except (KeyError, TypeError, ValueError) as e:
         raise VerificationError(sj, f"malformed field {e}") from None
     _check_field_types(sj, doc, contexts, shards)
+    if "documents" in doc:
+        check_records(sj, doc["documents"])
     if not tf.is_file():
         raise VerificationError(tf, "token array missing")
     try:
@@ -288,6 +294,8 @@ def _is_skipped(rel: Path) -> bool:
     if any(part.startswith(".") for part in rel.parts):
         return True
     name = rel.name.lower()
+    if rel.as_posix() == PROVENANCE_FILE:
+        return True
     return name.startswith(_SKIP_PREFIXES) or rel.suffix.lower() in _BINARY_SUFFIXES
 
 
@@ -353,11 +361,16 @@ def build_suite(
     out: str | Path,
     grouping_file: str | Path | None = None,
     documents: str | Path | list[str] | None = None,
+    *,
+    provenance: str | Path | None = None,
+    source: str | None = None,
+    licence: str | None = None,
 ) -> Suite:
     """Cut a suite from a corpus folder and write it to ``out`` (see the module docstring).
 
     ``documents`` restricts the suite to the listed relative paths (a file with one per line, or a
-    list), e.g. a held-out split. Raises ``FidelityError`` if the corpus has fewer non-overlapping
+    list), e.g. a held-out split. ``provenance``/``source``/``licence`` attribute the documents
+    (:func:`harness.inputs.provenance.document_records`). Raises ``FidelityError`` if the corpus has fewer non-overlapping
     windows than ``n_contexts`` or the geometry is invalid.
     """
     from tokenizers import Tokenizer
@@ -450,6 +463,7 @@ def build_suite(
         "suite_token_sha256": tokens_sha256(tokens),
         "contexts": [asdict(c) for c in contexts],
         "shards": [asdict(s) for s in shards],
+        "documents": dict(document_records(corpus_dir, list(docs), provenance=provenance, source=source, licence=licence)),
     }
     doc["manifest_sha256"] = manifest_sha256(doc)
     out_dir = Path(out)
