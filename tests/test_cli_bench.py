@@ -23,7 +23,7 @@ def test_bench_command_prints_every_figure(capsys: pytest.CaptureFixture[str]) -
     code = main(["bench", "--positions", "64", "--hidden", "64", "--vocab", "512", "--reps", "1", "--threads", "1", "--json"])
     out = capsys.readouterr().out
     assert code == 0, out
-    for key in ("scorer / bare fp32 GEMMs", "scorer / bare bf16 GEMMs", "scorer / two-pass", "positions/s",
+    for key in ("scorer / bare fp32-output GEMMs", "scorer / bare bf16 GEMMs", "two-pass / scorer", "metric pass share", "positions/s",
                 "peak extra memory", "projection: seed suite, 10,480,640 positions"):
         assert key in out, key
     d = json.loads(out.strip().splitlines()[-1])

@@ -1,9 +1,13 @@
 """Scorer benchmark library (docs/design.md, section 6), shared by ``benchmarks/bench_scorer.py`` and
 ``fidelity bench``.
 
-Figures are ratios measured side by side in one run (the machines are noisy): the scorer's time
-over the two bare GEMMs (fp32 logits, as the scorer needs, and bf16 logits for reference), over
-the two-pass method, positions per second, and the peak extra memory at N and 4N positions.
+Figures are ratios measured side by side in one run (the machines are noisy; repetitions are
+interleaved and each figure is the median, with min and max): the scorer's time over the two
+bare bf16 GEMMs (bf16 logits: the hardware's fastest product, inexact), over the two bare
+fp32-output GEMMs on the scorer's own GEMM path (:mod:`harness.scoring.gemm`; the difference is
+the metric pass), the two-pass method over the scorer, positions per second, and the peak extra
+memory at N and 4N positions. The default shape (:data:`SHAPES` ``"default"``) is
+Qwen-proportioned: 2,048 positions, hidden 2,048, vocab 65,536.
 
 Peak memory on a CPU is measured in a fresh child process (``python -m harness.scoring.bench
 --_child-memory N ...``): with inputs, head and torch resident, the kernel's peak-RSS mark
@@ -33,14 +37,24 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["make_inputs", "measure_memory", "bench_bootstrap", "run_bench", "BenchResult", "format_bench",
-           "SEED_POSITIONS", "SEED_SHAPE", "SHAPES"]
+__all__ = [
+    "SEED_POSITIONS",
+    "SEED_SHAPE",
+    "SHAPES",
+    "BenchResult",
+    "bench_bootstrap",
+    "format_bench",
+    "make_inputs",
+    "measure_memory",
+    "run_bench",
+]
 
 #: Positions per candidate of the seed suite, and its head shape (vocab, hidden).
 SEED_POSITIONS = 10_480_640
 SEED_SHAPE = (248_320, 5120)
 #: Named shapes: (positions, hidden, vocab).
 SHAPES: dict[str, tuple[int, int, int]] = {
+    "default": (2048, 2048, 65_536),
     "small": (1024, 512, 16_384),
     "scaled": (4096, 2048, 65_536),
     "qwen": (65_536, 5120, 248_320),
@@ -124,7 +138,12 @@ def measure_memory(n: int, hidden: int, vocab: int, *, tile_rows: int | None = N
 def bench_bootstrap(n_contexts: int, n_clusters: int, positions_per_context: int) -> dict[str, float]:
     """Bootstrap timings for a suite of ``n_contexts`` contexts in ``n_clusters`` source clusters."""
     from harness.metrics import ContextLabel, summarize
-    from harness.metrics.bootstrap import TailData, draw_cluster_weights, ratio_replicates, tail_replicates
+    from harness.metrics.bootstrap import (
+        TailData,
+        draw_cluster_weights,
+        ratio_replicates,
+        tail_replicates,
+    )
     from harness.scoring.scores import PositionScores
 
     rng = np.random.default_rng(0)
@@ -161,7 +180,9 @@ class BenchResult:
     threads: int
     tile_rows: int
     reps: int
-    t_gemm: list[float] = field(default_factory=list)
+    gemm_path: str = ""  #: the scorer's GEMM path (harness.scoring.gemm.GEMM_PATHS)
+    t_gemm: list[float] = field(default_factory=list)  #: two fp32-output GEMMs on the scorer's path
+    t_gemm_fp32: list[float] = field(default_factory=list)  #: two plain fp32 GEMMs (when the path is not fp32)
     t_gemm_bf16: list[float] = field(default_factory=list)
     t_score: list[float] = field(default_factory=list)
     t_score_phase1: list[float] = field(default_factory=list)  # triton only: KL/top-1/NLL pass alone
@@ -172,19 +193,32 @@ class BenchResult:
 
     @property
     def gemm(self) -> float:
-        return min(self.t_gemm)
+        return float(np.median(self.t_gemm))
 
     @property
     def gemm_bf16(self) -> float:
-        return min(self.t_gemm_bf16)
+        return float(np.median(self.t_gemm_bf16))
 
     @property
     def score(self) -> float:
-        return min(self.t_score)
+        return float(np.median(self.t_score))
 
     @property
     def two_pass(self) -> float:
-        return min(self.t_two_pass)
+        return float(np.median(self.t_two_pass))
+
+    def ratios(self) -> dict[str, list[float]]:
+        """Per-repetition ratios (each from one interleaved repetition): name -> values."""
+        out = {
+            "scorer / bare bf16 GEMMs": [s / g for s, g in zip(self.t_score, self.t_gemm_bf16)],
+            "scorer / bare fp32-output GEMMs": [s / g for s, g in zip(self.t_score, self.t_gemm)],
+            "metric pass share of the scorer": [max(0.0, 1 - g / s) for s, g in zip(self.t_score, self.t_gemm)],
+        }
+        if self.t_gemm_fp32:
+            out["scorer / bare plain fp32 GEMMs"] = [s / g for s, g in zip(self.t_score, self.t_gemm_fp32)]
+        if self.t_two_pass:
+            out["two-pass / scorer"] = [t / s for s, t in zip(self.t_score, self.t_two_pass)]
+        return out
 
     @property
     def positions_per_s(self) -> float:
@@ -197,8 +231,13 @@ class BenchResult:
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
-        d.update(positions_per_s=self.positions_per_s, projection_seed_candidate_s=self.projection_s())
+        d.update(positions_per_s=self.positions_per_s, projection_seed_candidate_s=self.projection_s(),
+                 ratios={k: _stats(v) for k, v in self.ratios().items()})
         return d
+
+
+def _stats(v: list[float]) -> dict[str, float]:
+    return {"median": float(np.median(v)), "min": float(min(v)), "max": float(max(v))}
 
 
 def _sync(dev: torch.device) -> None:
@@ -211,7 +250,13 @@ def run_bench(positions: int, hidden: int, vocab: int, *, device: str = "cpu", b
               two_pass: bool = True) -> BenchResult:
     """Time the scorer, the bare GEMMs and the two-pass method side by side (interleaved reps)."""
     from harness.scoring.backends import choose_backend
-    from harness.scoring.scorer import bare_gemms, default_tile_rows, score_hidden, score_two_pass
+    from harness.scoring.scorer import (
+        bare_gemms,
+        default_tile_rows,
+        score_hidden,
+        score_two_pass,
+        scorer_run,
+    )
 
     threads = int(threads or torch.get_num_threads())
     torch.set_num_threads(threads)
@@ -220,6 +265,7 @@ def run_bench(positions: int, hidden: int, vocab: int, *, device: str = "cpu", b
     tile = int(tile_rows or default_tile_rows(vocab, 4))
     res = BenchResult(positions, hidden, vocab, str(dev), chosen, threads, tile, reps)
     ref, cand, head, targets = make_inputs(positions, hidden, vocab, device=dev)
+    res.gemm_path = scorer_run(ref, cand, head, device=dev, backend=chosen).gemm
     score_hidden(ref[:16], cand[:16], head, targets[:16], backend=chosen)  # warm-up (and kernel compile)
     if chosen == "triton":
         from harness.scoring.fused_kl import fused_score
@@ -227,6 +273,8 @@ def run_bench(positions: int, hidden: int, vocab: int, *, device: str = "cpu", b
         fused_score(ref[:16], cand[:16], head, targets[:16], jsd_ear=False)
     for _ in range(reps):
         res.t_gemm.append(bare_gemms(ref, cand, head, tile_rows=tile))
+        if res.gemm_path not in ("fp32", "triton-dot"):
+            res.t_gemm_fp32.append(bare_gemms(ref, cand, head, tile_rows=tile, gemm="fp32"))
         res.t_gemm_bf16.append(bare_gemms(ref, cand, head, tile_rows=tile, fp32_logits=False))
         _sync(dev)
         t0 = time.perf_counter()
@@ -262,28 +310,37 @@ def _fmt_s(sec: float) -> str:
     return f"{sec:.2f} s"
 
 
+def _mmm(v: list[float], unit: str = "s") -> str:
+    st = _stats(v)
+    if unit == "s":
+        return f"{st['median']:9.3f} s  (min {st['min']:.3f}, max {st['max']:.3f})"
+    return f"{st['median']:.3f}  (min {st['min']:.3f}, max {st['max']:.3f})"
+
+
 def format_bench(r: BenchResult) -> list[str]:
-    """Human-readable lines for :func:`run_bench`'s result."""
+    """Human-readable lines for :func:`run_bench`'s result (medians of interleaved reps, min and max)."""
     lines = [
-        f"shape: positions {r.positions}, hidden {r.hidden}, vocab {r.vocab}, bf16; device {r.device}; backend {r.backend}; "
-        f"tile_rows {r.tile_rows}; threads {r.threads}; torch {torch.__version__}; min of {r.reps} interleaved reps",
-        f"bare GEMMs (fp32 logits)  {r.gemm:9.4f} s",
-        f"bare GEMMs (bf16 logits)  {r.gemm_bf16:9.4f} s   (inexact; the hardware's fastest product, for reference)",
-        f"scorer                    {r.score:9.4f} s",
+        (f"shape: positions {r.positions}, hidden {r.hidden}, vocab {r.vocab}, bf16; device {r.device}; backend {r.backend}; "
+         f"GEMM path {r.gemm_path}; tile_rows {r.tile_rows}; threads {r.threads}; torch {torch.__version__}; "
+         f"median of {len(r.t_score)} interleaved reps (min, max)"),
+        f"bare GEMMs, fp32 logits ({r.gemm_path})  {_mmm(r.t_gemm)}",
+    ]
+    if r.t_gemm_fp32:
+        lines.append(f"bare GEMMs, fp32 logits (plain fp32)  {_mmm(r.t_gemm_fp32)}")
+    lines += [
+        f"bare GEMMs, bf16 logits               {_mmm(r.t_gemm_bf16)}   (inexact; for reference)",
+        f"scorer (every metric)                 {_mmm(r.t_score)}",
     ]
     if r.t_score_phase1:
-        lines.append(f"scorer phase 1 only       {min(r.t_score_phase1):9.4f} s   (KL, top-1, NLL; no JSD/EAR)")
+        lines.append(f"scorer phase 1 only                   {_mmm(r.t_score_phase1)}   (KL, top-1, NLL; no JSD/EAR)")
     if r.t_two_pass:
-        lines.append(f"two-pass method           {r.two_pass:9.4f} s")
-    lines += [
-        f"scorer / bare fp32 GEMMs  = {r.score / r.gemm:.3f}",
-        f"scorer / bare bf16 GEMMs  = {r.score / r.gemm_bf16:.3f}",
-    ]
+        lines.append(f"two-pass method (KL only)             {_mmm(r.t_two_pass)}")
+    for name, vals in r.ratios().items():
+        lines.append(f"{name:<37} = {_mmm(vals, '')}")
     if r.t_score_phase1:
         lines.append(f"phase 1 / bare bf16 GEMMs = {min(r.t_score_phase1) / r.gemm_bf16:.3f}   (fused kernel goal <= 1.15)")
     if r.t_two_pass:
-        lines.append(f"scorer / two-pass         = {r.score / r.two_pass:.3f}   (two-pass / scorer = {r.two_pass / r.score:.2f}; "
-                     f"max |two-pass - scorer| KLD {r.max_two_pass_diff:.1e})")
+        lines.append(f"max |two-pass - scorer| KLD = {r.max_two_pass_diff:.1e}")
     lines.append(f"positions/s               = {r.positions_per_s:,.0f}   (mean KLD {r.mean_kld:.3e})")
     if r.memory:
         m1, m4 = r.memory

@@ -27,8 +27,14 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from functools import lru_cache
+from typing import Any
 
 import torch
+
+
+def _mkldnn() -> Any:
+    """``torch.backends.mkldnn`` (a property module whose attributes mypy cannot see)."""
+    return torch.backends.mkldnn
 
 __all__ = ["GEMM_PATHS", "choose_gemm", "gemm_mode", "native_bf16_cpu", "onednn_bf16_available"]
 
@@ -40,8 +46,7 @@ GEMM_PATHS = ("cuda-out-dtype", "onednn-bf16", "fp32")
 def native_bf16_cpu() -> bool:
     """Whether this CPU has native bf16 for oneDNN (torch's own check: avx512bw/vl/dq or Arm bf16)."""
     try:
-        return bool(torch.backends.mkldnn.is_available()  # type: ignore[no-untyped-call]  # untyped in torch
-                    and torch.ops.mkldnn._is_mkldnn_bf16_supported())
+        return bool(_mkldnn().is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported())
     except (AttributeError, RuntimeError):
         return False
 
@@ -49,8 +54,7 @@ def native_bf16_cpu() -> bool:
 def onednn_bf16_available() -> bool:
     """Whether torch exposes oneDNN's fp32-matmul precision switch at all."""
     try:
-        return bool(torch.backends.mkldnn.is_available()) and hasattr(  # type: ignore[no-untyped-call]
-            torch.backends.mkldnn, "matmul")
+        return bool(_mkldnn().is_available()) and hasattr(_mkldnn(), "matmul")
     except AttributeError:
         return False
 
@@ -80,7 +84,7 @@ def gemm_mode(path: str) -> Iterator[None]:
     if path != "onednn-bf16":
         yield
         return
-    prop = torch.backends.mkldnn.matmul  # type: ignore[attr-defined]  # torch >= 2.9, not in its stubs
+    prop = _mkldnn().matmul
     old = prop.fp32_precision
     prop.fp32_precision = "bf16"
     try:
