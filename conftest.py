@@ -6,8 +6,20 @@ default: the fixture model's BF16 reference and its quantized candidates.
 
 from __future__ import annotations
 
+import pytest
+
 # Benchmark scripts are run by hand (``python benchmarks/bench_scorer.py``), not collected.
 collect_ignore = ["benchmarks", "fixtures"]
 
 # pytester drives the plugin's own tests (tests/test_plugin.py).
 pytest_plugins = ["pytester"]
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The ladders (the cases the plugin collects from fidelity.toml / fidelity-gguf.toml, and the
+    cross-engine floor) belong to the slow tier of this repository: ``pytest -m "not slow"`` is the
+    quick run of the harness's own tests."""
+    ladder = ("fidelity", "fidelity_tails", "fidelity_window", "fidelity_paired", "fidelity_cross_engine")
+    for item in items:
+        if any(item.get_closest_marker(m) for m in ladder):
+            item.add_marker(pytest.mark.slow)

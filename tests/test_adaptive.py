@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from harness.gate.adaptive import ALPHA, AdaptiveMonitor, decide
 
@@ -31,6 +32,7 @@ def _run(rng: np.random.Generator, true_mean: float, threshold: float, alpha: fl
     return None
 
 
+@pytest.mark.slow
 def test_error_rate_at_the_boundary_is_within_nominal() -> None:
     """True mean exactly at the threshold (the worst case): any early stop is an error."""
     rng = np.random.default_rng(7)

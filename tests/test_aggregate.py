@@ -17,6 +17,8 @@ from harness.errors import VerificationError
 from harness.reports.aggregate import aggregate
 from harness.reports.shard import ShardReport
 
+pytestmark = pytest.mark.slow  # its fixture runs the tiny project through pytester (captures and scoring)
+
 
 @pytest.fixture(scope="module")
 def shard_reports(tmp_path_factory: pytest.TempPathFactory, fidelity_project: Path) -> dict[str, list[dict[str, Any]]]:
@@ -165,6 +167,7 @@ def test_cli_groups_candidates_and_fails_closed(tmp_path: Path, shard_reports: d
     assert "missing 02, 03" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # three runs of the tiny project through pytester
 def test_two_machines_equal_one_full_run(pytester: pytest.Pytester, fidelity_project: Path) -> None:
     """Shards 0,1 on machine A and 2,3 on machine B aggregate to exactly the single full run."""
     shutil.copytree(fidelity_project, pytester.path, dirs_exist_ok=True)

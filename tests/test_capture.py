@@ -120,6 +120,7 @@ def _listed(store: Path) -> int:
         return 0
 
 
+@pytest.mark.slow
 def test_concurrent_captures_and_kill_9(tmp_path: Path, ref_store: Path, tiny_suite: Path, tiny_model: Path) -> None:
     """Two processes capture into one store; one is killed with SIGKILL mid-way. The survivor
     finishes, the store verifies and equals a clean capture, and a re-run recaptures nothing."""

@@ -19,6 +19,7 @@ def test_projection_scales_by_flops() -> None:
     assert flops_per_position(5120, 248_320) == 4 * 5120 * 248_320
 
 
+@pytest.mark.slow
 def test_bench_command_prints_every_figure(capsys: pytest.CaptureFixture[str]) -> None:
     code = main(["bench", "--positions", "64", "--hidden", "64", "--vocab", "512", "--reps", "1", "--threads", "1", "--json"])
     out = capsys.readouterr().out

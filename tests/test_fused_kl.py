@@ -20,10 +20,13 @@ import pytest
 
 from harness.scoring.backends import triton_available
 
-pytestmark = pytest.mark.skipif(
-    not triton_available(),
-    reason="triton is not installed (optional: pip install --no-deps 'triton==3.8.0'); the fused kernel is untested here",
-)
+pytestmark = [
+    pytest.mark.skipif(
+        not triton_available(),
+        reason="triton is not installed (optional: pip install --no-deps 'triton==3.8.0'); the fused kernel is untested here",
+    ),
+    pytest.mark.slow,  # the Triton kernel under the CPU interpreter (a subprocess, minutes on 2 cores)
+]
 
 CASES = ["random", "own_head", "identical", "ties", "peaked", "flat", "odd_hidden", "overflow"]
 FIELDS = ["kld", "jsd_bits", "ear", "nll_ref", "nll_cand", "argmax_ref", "argmax_cand"]

@@ -24,6 +24,8 @@ from hypothesis import strategies as st
 
 from harness.errors import FidelityError
 
+pytestmark = pytest.mark.slow  # hypothesis fuzzing of every parser (hundreds of examples each)
+
 FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 
 scalars = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=12)

@@ -23,6 +23,8 @@ from typing import Any
 
 import pytest
 
+pytestmark = pytest.mark.slow  # kill -9 of captures and pytest runs, then reruns
+
 _SLOW_CLI_CAPTURE = textwrap.dedent(
     """
     import sys, time

@@ -9,6 +9,8 @@ from typing import Any
 
 import pytest
 
+pytestmark = pytest.mark.slow  # full tiny-project runs through pytester (captures, every report case, xdist)
+
 
 @pytest.fixture
 def project(pytester: pytest.Pytester, fidelity_project: Path) -> pytest.Pytester:

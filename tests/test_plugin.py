@@ -25,12 +25,14 @@ def _load(p: Path) -> dict[str, Any]:
     return json.loads(p.read_text())
 
 
+@pytest.mark.slow  # runs cases of the tiny project (captures and scoring)
 def test_missing_baseline_fails_and_says_how_to_create_it(project: pytest.Pytester) -> None:
     result = project.runpytest("-m", "fidelity", "--fidelity-candidates", "good")
     result.assert_outcomes(failed=4)
     result.stdout.fnmatch_lines(["*no baseline for candidate 'good'*pytest fidelity.toml --fidelity-candidates good --fidelity-update-baselines*"])
 
 
+@pytest.mark.slow  # runs cases of the tiny project (captures and scoring)
 def test_update_writes_baselines_then_cases_pass(project: pytest.Pytester) -> None:
     result = _update(project)
     result.assert_outcomes(passed=8)
@@ -47,6 +49,7 @@ def test_update_writes_baselines_then_cases_pass(project: pytest.Pytester) -> No
     again.assert_outcomes(passed=13, skipped=1)
 
 
+@pytest.mark.slow  # runs cases of the tiny project (captures and scoring)
 def test_worse_candidate_with_copied_baseline_fails_with_field_value_limit(project: pytest.Pytester) -> None:
     _update(project, "-k", "good").assert_outcomes(passed=4)
     good = _load(project.path / "baselines" / "good.json")
@@ -98,6 +101,7 @@ def test_device_and_window_options_are_validated(project: pytest.Pytester) -> No
     r.stderr.fnmatch_lines(["*expected a row count >= 0*"])
 
 
+@pytest.mark.slow  # runs cases of the tiny project (captures and scoring)
 def test_window_is_recorded_in_reports(project: pytest.Pytester) -> None:
     _update(project, "-k", "good and shard00", "--fidelity-window", "8", "--fidelity-report-dir", "win")
     rep = _load(project.path / "win" / "good" / "shard-00.json")
@@ -105,6 +109,7 @@ def test_window_is_recorded_in_reports(project: pytest.Pytester) -> None:
     assert rep["metrics"]["n_positions"] == 2 * (31 - 8)
 
 
+@pytest.mark.slow  # runs cases of the tiny project (captures and scoring)
 def test_reports_and_junit_properties(project: pytest.Pytester) -> None:
     _update(project, "-k", "good")
     result = project.runpytest("-m", "fidelity", "-k", "good", "--junitxml", "junit.xml", "--fidelity-report-dir", "out")
@@ -118,12 +123,14 @@ def test_reports_and_junit_properties(project: pytest.Pytester) -> None:
     result.stdout.fnmatch_lines(["*fidelity ladder*", "*| candidate*mean KLD [[]95% CI[]]*", "*| good *pass*"])
 
 
+@pytest.mark.slow  # runs cases of the tiny project (captures and scoring)
 def test_ladder_sorted_by_kld(project: pytest.Pytester) -> None:
     result = _update(project)
     lines = [l for l in result.stdout.lines if l.startswith("| good") or l.startswith("| bad")]
     assert [l.split()[1] for l in lines] == ["good", "bad"]
 
 
+@pytest.mark.slow  # runs cases of the tiny project (captures and scoring)
 def test_unused_baseline_is_reported(project: pytest.Pytester) -> None:
     _update(project, "-k", "good")
     (project.path / "baselines" / "ghost.json").write_text("{}")
@@ -131,6 +138,7 @@ def test_unused_baseline_is_reported(project: pytest.Pytester) -> None:
     result.stdout.fnmatch_lines(["*unused baseline (no such candidate in the config): *ghost.json*"])
 
 
+@pytest.mark.slow  # runs cases of the tiny project (captures and scoring)
 def test_baseline_with_typo_fails_naming_the_field(project: pytest.Pytester) -> None:
     _update(project, "-k", "good")
     path = project.path / "baselines" / "good.json"
@@ -162,6 +170,7 @@ def test_missing_config_is_a_usage_error(project: pytest.Pytester) -> None:
     result.stderr.fnmatch_lines(["*nowhere.toml: configuration file not found*"])
 
 
+@pytest.mark.slow  # runs cases of the tiny project (captures and scoring)
 def test_reference_store_of_another_suite_fails_the_case(project: pytest.Pytester, tiny_corpus: Path, tiny_tokenizer: Path) -> None:
     from harness.inputs.suite import build_suite
 
@@ -181,6 +190,7 @@ def _strip(d: dict[str, Any]) -> dict[str, Any]:
     return d
 
 
+@pytest.mark.slow  # runs cases of the tiny project (captures and scoring)
 def test_xdist_matches_serial(project: pytest.Pytester) -> None:
     _update(project)
     serial = project.runpytest_subprocess("-m", "fidelity", "--fidelity-report-dir", "serial")
@@ -225,6 +235,7 @@ def test_inert_in_a_foreign_project_with_benchmarks(pytester: pytest.Pytester) -
     assert "@pytest.mark.slow" not in markers and "@pytest.mark.gpu" not in markers
 
 
+@pytest.mark.slow  # runs cases of the tiny project (captures and scoring)
 def test_cases_from_a_config_in_an_empty_folder(pytester: pytest.Pytester, fidelity_project: Path) -> None:
     """`pytest --fidelity-config my.toml` where no test file exists: the installed plugin collects the
     file's cases; the header names the file; fix-it hints carry the configuration."""
@@ -266,6 +277,7 @@ def test_missing_candidate_folder_is_one_usage_error(project: pytest.Pytester) -
     assert "Traceback" not in result.stderr.str() and len(result.stderr.lines) <= 3
 
 
+@pytest.mark.slow  # runs cases of the tiny project (captures and scoring)
 def test_report_folder_of_another_suite_is_refused(project: pytest.Pytester, tiny_corpus: Path, tiny_tokenizer: Path) -> None:
     """Reports of two suites never pile up in one folder: the folder is stamped with its suite's hash and a
     run of another suite into it is a usage error naming the stamp, the expected and the found hash."""

@@ -11,6 +11,8 @@ import pytest
 
 from harness.cli.main import main
 
+pytestmark = pytest.mark.slow  # a full tiny-project run through pytester, then publish
+
 
 @pytest.fixture
 def run(pytester: pytest.Pytester, fidelity_project: Path) -> Path:

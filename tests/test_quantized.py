@@ -220,6 +220,7 @@ def test_no_pickle_files_in_candidates() -> None:
         assert p.suffix not in (".bin", ".pt", ".pth", ".pkl"), p
 
 
+@pytest.mark.slow
 def test_kld_ordering(models) -> None:
     from tokenizers import Tokenizer
     from transformers import AutoModelForCausalLM

@@ -809,6 +809,7 @@ def _tiny_world(root: Path, n_contexts: int, n_ctx: int = 4, vocab: int = 48, hi
     return {"suite": root / "suite", "reference": root / "reference", "cand": root / "cand", "head": root / "lm_head.safetensors"}
 
 
+@pytest.mark.slow
 def test_a_101_shard_suite_runs_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """101 shards (shard 100 included): replay, aggregate, a baseline for shard 100, publish, verify."""
     from harness.gate.baselines import Baseline, Headline, write_baseline
