@@ -26,7 +26,7 @@ tail of the interval rests on at least 20 replicates.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -139,7 +139,7 @@ class AdaptiveMonitor:
         verdict = "passes" if d.side == "below" else "fails"
         return f"adaptive stop ({candidate} {verdict}): {d.describe()}; alpha spent {ALPHA}/{d.looks} per look"
 
-    def observe(self, candidate: str, shard: int, metrics: dict[str, Any]) -> Decision:
+    def observe(self, candidate: str, shard: int, metrics: Mapping[str, Any]) -> Decision:
         """Record a scored shard (its report's ``metrics``) and take a look."""
         self.rows.setdefault(candidate, []).extend(metrics["contexts"])
         self.seen.setdefault(candidate, []).append(int(shard))

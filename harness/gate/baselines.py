@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import difflib
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -257,7 +257,7 @@ def unused_baselines(directory: Path, candidates: Iterable[str]) -> list[Path]:
     return sorted(p for p in directory.glob("*.json") if p.stem not in names)
 
 
-def headline_of(metrics: dict[str, Any]) -> Headline:
+def headline_of(metrics: Mapping[str, Any]) -> Headline:
     """The numbers baselines gate on, taken from a metrics dict."""
     kld = metrics["kld"]
     return Headline(

@@ -5,6 +5,7 @@
 * :mod:`~harness.metrics.tails` — quantiles and CVaR, plain and multiplicity-weighted
 * :mod:`~harness.metrics.bootstrap` — the source-cluster bootstrap
 * :mod:`~harness.metrics.summary` — ``summarize``: everything a report holds
+* :mod:`~harness.metrics.records` — the JSON shape of that, as TypedDicts (``ShardSummary``, ``Totals``)
 * :mod:`~harness.metrics.paired` — ``paired``: two candidates on the same positions
 """
 

@@ -13,10 +13,13 @@ returns the bin edges that must contain numpy's "linear" quantile.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+
+from harness.metrics.records import HistogramJSON, HistogramSpec
 
 LO_EXP = -12
 HI_EXP = 2
@@ -27,7 +30,7 @@ EDGES = 10.0 ** (LO_EXP + np.arange(N_BINS + 1, dtype=np.float64) / BINS_PER_DEC
 #: Thresholds (nats) with exact exceedance counts (``x > t``), computed from the raw values.
 EXCEEDANCE_THRESHOLDS = (1e-4, 1e-3, 1e-2, 1e-1, 1.0)
 
-SPEC = {
+SPEC: HistogramSpec = {
     "kind": "log10",
     "lo": 10.0**LO_EXP,
     "hi": 10.0**HI_EXP,
@@ -88,11 +91,11 @@ class LogHistogram:
             out[f"{t:g}"] = int(self.counts[1 + k :].sum())
         return out
 
-    def to_json(self) -> dict[str, Any]:
-        return {"spec": dict(SPEC), "counts": [int(c) for c in self.counts]}
+    def to_json(self) -> HistogramJSON:
+        return {"spec": HistogramSpec(**SPEC), "counts": [int(c) for c in self.counts]}
 
     @classmethod
-    def from_json(cls, d: dict[str, Any]) -> LogHistogram:
+    def from_json(cls, d: Mapping[str, Any]) -> LogHistogram:
         spec = d.get("spec", {})
         for k in ("lo", "hi", "bins_per_decade", "n_counts"):
             if spec.get(k) != SPEC[k]:

@@ -45,6 +45,7 @@ from harness.metrics.bootstrap import (
 )
 from harness.metrics.histogram import LogHistogram, exceedance_counts
 from harness.metrics.positions import ContextLabel, Layout, layout
+from harness.metrics.records import ContextRow, Headline, ShardSummary, StratumRow, Totals
 from harness.metrics.tails import cvar, quantile
 from harness.scoring.scores import PositionScores
 
@@ -69,7 +70,7 @@ def position_arrays(s: PositionScores) -> dict[str, np.ndarray]:
     }
 
 
-def totals(s: PositionScores) -> dict[str, Any]:
+def totals(s: PositionScores) -> Totals:
     """Additive totals of a set of positions (merge with :func:`merge_totals`)."""
     a = position_arrays(s)
     return {
@@ -88,25 +89,30 @@ def totals(s: PositionScores) -> dict[str, Any]:
     }
 
 
-def merge_totals(parts: Sequence[dict[str, Any]]) -> dict[str, Any]:
+def merge_totals(parts: Sequence[Totals]) -> Totals:
     """Combine the totals of disjoint position sets (shards): sums add, max is the max, counts add."""
     if not parts:
         raise ValueError("merge_totals: nothing to merge")
-    out: dict[str, Any] = {}
-    for k in ("n_positions", "top1_count"):
-        out[k] = int(sum(p[k] for p in parts))
-    for k in ("sum_kld", "sum_jsd_bits", "sum_ear", "sum_nll_ref", "sum_nll_cand", "sum_delta_p", "sum_delta_p_sq"):
-        out[k] = math.fsum(p[k] for p in parts)
-    out["max_kld"] = max(p["max_kld"] for p in parts)
-    out["exceedance"] = {t: int(sum(p["exceedance"][t] for p in parts)) for t in parts[0]["exceedance"]}
     hist = LogHistogram.from_json(parts[0]["histogram"])
     for p in parts[1:]:
         hist = hist + LogHistogram.from_json(p["histogram"])
-    out["histogram"] = hist.to_json()
-    return out
+    return {
+        "n_positions": int(sum(p["n_positions"] for p in parts)),
+        "top1_count": int(sum(p["top1_count"] for p in parts)),
+        "sum_kld": math.fsum(p["sum_kld"] for p in parts),
+        "sum_jsd_bits": math.fsum(p["sum_jsd_bits"] for p in parts),
+        "sum_ear": math.fsum(p["sum_ear"] for p in parts),
+        "sum_nll_ref": math.fsum(p["sum_nll_ref"] for p in parts),
+        "sum_nll_cand": math.fsum(p["sum_nll_cand"] for p in parts),
+        "sum_delta_p": math.fsum(p["sum_delta_p"] for p in parts),
+        "sum_delta_p_sq": math.fsum(p["sum_delta_p_sq"] for p in parts),
+        "max_kld": max(p["max_kld"] for p in parts),
+        "exceedance": {t: int(sum(p["exceedance"][t] for p in parts)) for t in parts[0]["exceedance"]},
+        "histogram": hist.to_json(),
+    }
 
 
-def headline_from_totals(t: dict[str, Any]) -> dict[str, float]:
+def headline_from_totals(t: Totals) -> Headline:
     """Means recomputed from totals (e.g. of merged shards)."""
     n = t["n_positions"]
     return {
@@ -119,13 +125,13 @@ def headline_from_totals(t: dict[str, Any]) -> dict[str, float]:
     }
 
 
-def _context_table(L: Layout, a: dict[str, np.ndarray]) -> tuple[list[dict[str, Any]], dict[str, np.ndarray]]:
+def _context_table(L: Layout, a: dict[str, np.ndarray]) -> tuple[list[ContextRow], dict[str, np.ndarray]]:
     nc = len(L.contexts)
     pos = np.bincount(L.ctx, minlength=nc).astype(np.int64)
     sums = {k: np.bincount(L.ctx, weights=v, minlength=nc) for k, v in a.items()}
     mx = np.full(nc, -np.inf)
     np.maximum.at(mx, L.ctx, a["kld"])
-    rows = []
+    rows: list[ContextRow] = []
     for i, c in enumerate(L.contexts):
         rows.append(
             {
@@ -147,10 +153,11 @@ def _context_table(L: Layout, a: dict[str, np.ndarray]) -> tuple[list[dict[str, 
     return rows, sums
 
 
-def _per_stratum(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    out: dict[str, dict[str, Any]] = {}
+def _per_stratum(rows: list[ContextRow]) -> dict[str, StratumRow]:
+    out: dict[str, StratumRow] = {}
     for r in rows:
-        d = out.setdefault(r["stratum"], {"contexts": 0, "positions": 0, "sum_kld": 0.0, "top1_count": 0})
+        d = out.setdefault(r["stratum"], {"contexts": 0, "positions": 0, "sum_kld": 0.0, "top1_count": 0,
+                                          "mean_kld": 0.0, "top1": 0.0})
         d["contexts"] += 1
         d["positions"] += r["positions"]
         d["sum_kld"] += r["sum_kld"]
@@ -177,7 +184,7 @@ def summarize(
     n_boot: int = DEFAULT_N_BOOT,
     n_boot_tails: int = DEFAULT_N_BOOT_TAILS,
     seed: int = DEFAULT_SEED,
-) -> dict[str, Any]:
+) -> ShardSummary:
     """All per-report statistics as a JSON-ready dict (see the module docstring for each field)."""
     L = layout(scores, context_index, row, contexts, score_from)
     s = L.scores

@@ -24,10 +24,13 @@ import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from harness.errors import VerificationError
 from harness.io.atomic import atomic_write_files, dumps_json
+
+if TYPE_CHECKING:
+    from harness.metrics.records import ShardSummary
 
 SCHEMA = "fidelity.shard-report/1"
 
@@ -97,7 +100,7 @@ def _freeze(v: Any) -> Any:
 class ShardReport:
     candidate: str
     comparability: dict[str, Any]
-    metrics: dict[str, Any]
+    metrics: ShardSummary
     timing: dict[str, Any] = field(default_factory=dict, compare=False)
     created: str = field(default_factory=_now, compare=False)
     schema: str = SCHEMA
@@ -158,7 +161,7 @@ class ShardReport:
             return cls(
                 candidate=d["candidate"],
                 comparability=comp,
-                metrics=m,
+                metrics=cast("ShardSummary", m),  # checked field by field above
                 timing=d.get("timing", {}),
                 created=d.get("created", ""),
             )
@@ -303,8 +306,8 @@ def render_markdown(r: ShardReport) -> str:
         lines.append("")
     if m.get("worst_contexts"):
         lines += ["## Worst contexts", "", "| context | cluster | stratum | mean KLD | max KLD |", "|---|---|---|---|---|"]
-        for c in m["worst_contexts"]:
-            lines.append(f"| {c['index']} | {c['cluster']} | {c['stratum']} | {_g(c['mean_kld'])} | {_g(c.get('max_kld'))} |")
+        for row in m["worst_contexts"]:
+            lines.append(f"| {row['index']} | {row['cluster']} | {row['stratum']} | {_g(row['mean_kld'])} | {_g(row.get('max_kld'))} |")
         lines.append("")
     lines += ["## Identity", "", "| field | value |", "|---|---|"]
     for key in COMPARABILITY_KEYS:

@@ -12,12 +12,15 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from harness.errors import FidelityError
 from harness.gate.baselines import Headline, headline_of
 from harness.inputs.config import CandidateConfig, FidelityConfig
 from harness.run.shard import ShardPositions, score_shard, shard_positions
+
+if TYPE_CHECKING:
+    from harness.reports.shard import ShardReport
 
 
 def resolve_device(spec: str, worker_index: int | None = None) -> str:
@@ -57,7 +60,7 @@ class ScoredShard:
 
     candidate: str
     shard: int
-    report: Any  # harness.reports.shard.ShardReport
+    report: ShardReport
     headline: Headline
     size_bytes: int | None
 

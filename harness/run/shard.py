@@ -9,11 +9,15 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from harness.errors import FidelityError
+
+if TYPE_CHECKING:
+    from harness.metrics.positions import ContextLabel
+    from harness.scoring.scores import PositionScores
 
 
 def score_shard(
@@ -83,10 +87,10 @@ def score_shard(
 class ShardPositions:
     """The scored positions of one candidate x shard, before any window or statistic."""
 
-    scores: Any  # harness.scoring.scorer.PositionScores
+    scores: PositionScores
     context_index: np.ndarray
     row: np.ndarray
-    labels: list[Any]  # harness.metrics.ContextLabel per context of the shard
+    labels: list[ContextLabel]  # one per context of the shard
     mode: str
     head_sha256: str | None
     cand_head_sha256: str | None
