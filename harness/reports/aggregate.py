@@ -264,7 +264,10 @@ def aggregate(reports: Sequence[Any], *, n_shards: int | None = None, suite: Any
 # ------------------------------------------------------------------ ladder (one row per candidate)
 def ladder_rows(reports: Sequence[Any], verdicts: dict[tuple[str, int], bool] | None = None, *,
                 suite: Any = None) -> list[dict[str, Any]]:
-    """One aggregated row per candidate, sorted by mean KLD (best first); ``suite`` as in :func:`aggregate`."""
+    """One aggregated row per candidate, sorted by mean KLD (best first); ``suite`` as in :func:`aggregate`.
+    ``resolvable_delta``: the difference in mean KLD this suite resolves (:mod:`harness.planning.design`)."""
+    from harness.planning.design import single_run_resolvable_delta
+
     by_cand: dict[str, list[Any]] = {}
     for r in reports:
         by_cand.setdefault(r.candidate, []).append(r)
@@ -286,6 +289,7 @@ def ladder_rows(reports: Sequence[Any], verdicts: dict[tuple[str, int], bool] | 
                 "max_kld": agg["kld"]["max"],
                 "top1": agg["top1"]["agreement"],
                 "verdict": verdict,
+                "resolvable_delta": single_run_resolvable_delta([row for r in group for row in r.metrics["contexts"]]),
                 "aggregate": agg,
             }
         )

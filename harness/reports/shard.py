@@ -273,6 +273,9 @@ def render_markdown(r: ShardReport) -> str:
         f"({bs.get('n_boot_tails', '?')} for tails), seed {bs.get('seed', '?')}. "
         f"Naive i.i.d. SE of the mean (for comparison only): {_g(k.get('se_iid'))}.",
         "",
+        f"Resolvable δ (95% confidence, 80% power, two independent candidates with this run's cluster spread; "
+        f"a paired comparison resolves less): {_g(m.get('resolvable_delta'))} nats.",
+        "",
         "## Tails",
         "",
         "| median | p95 | p99 | p99.9 | CVaR1% | max |",

@@ -54,6 +54,10 @@ def score_shard(
     mode, head_sha, cand_head_sha = pos.mode, pos.head_sha256, pos.cand_head_sha256
     t2 = time.perf_counter()
     metrics = summarize(pos.scores, pos.context_index, pos.row, pos.labels, score_from=score_from, n_boot=n_boot)
+    from harness.planning.design import single_run_resolvable_delta
+
+    # the smallest difference in mean KLD this run resolves (95% confidence, 80% power; see harness.planning)
+    metrics["resolvable_delta"] = single_run_resolvable_delta(metrics["contexts"])
     t3 = time.perf_counter()
     comparability = make_comparability(
         suite_token_sha256=suite.suite_token_sha256,
