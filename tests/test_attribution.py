@@ -16,6 +16,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+pytestmark = pytest.mark.slow  # captures the fixture model in-process
+
 ROOT = Path(__file__).resolve().parent.parent
 MODEL = ROOT / "fixtures" / "model"
 PLANTED = "v_proj"

@@ -24,6 +24,8 @@ from harness.planning.design import (
     resolvable_delta,
 )
 
+pytestmark = pytest.mark.slow  # captures the fixture model in-process
+
 ROOT = Path(__file__).resolve().parent.parent
 
 

@@ -31,6 +31,8 @@ MARKERS = {
     "fidelity_window": "fidelity scoring-window controls",
     "fidelity_paired": "fidelity paired comparisons of two candidates",
     "fidelity_cross_engine": "fidelity cross-engine floor (same weights, two engines)",
+    "fidelity_attribute": "fidelity_attribute(candidate, by='layer,kind', shards=None, modes='restore,only', globs=()): "
+                          "attribute the candidate's drift to tensor groups (fixture fidelity_attribution)",
 }
 
 
@@ -165,3 +167,26 @@ def fidelity_pair(request: pytest.FixtureRequest) -> PairConfig:
 def fidelity_paired(request: pytest.FixtureRequest, fidelity_pair: PairConfig) -> PairCase:
     """The pair compared on the same positions (:class:`harness.plugin.cases.PairCase`)."""
     return active_run(request.config).paired(request, fidelity_pair)
+
+
+@pytest.fixture
+def fidelity_attribution(request: pytest.FixtureRequest) -> dict[str, Any]:
+    """The ``fidelity_attribute`` marker's attribution (:func:`harness.attribution.run.attribute`) of a configured
+    candidate against the configured reference model; written to ``<report dir>/attribution/<candidate>/``."""
+    from harness.attribution.render import write_attribution
+    from harness.attribution.run import attribute, request_from
+
+    mark = request.node.get_closest_marker("fidelity_attribute")
+    if mark is None or not (mark.args or "candidate" in mark.kwargs):
+        pytest.fail("fidelity_attribution needs @pytest.mark.fidelity_attribute(candidate=NAME, ...)", pytrace=False)
+    kw = dict(mark.kwargs)
+    name = kw.pop("candidate", mark.args[0] if mark.args else "")
+    cfg = active_run(request.config).plan.config
+    cand = cfg.candidate(name)
+    if cfg.reference.model is None or cand.model is None:
+        pytest.fail(f"attribution of {name!r} needs reference.model and the candidate's model in the configuration", pytrace=False)
+    result = attribute(request_from(cfg.reference.model, cand.model, cfg.suite, progress=False, **kw))
+    from pathlib import Path
+
+    write_attribution(result, Path(request.config.getoption("fidelity_report_dir")) / "attribution" / name)
+    return result
