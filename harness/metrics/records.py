@@ -7,7 +7,7 @@ nothing on disk. Field meanings are in :mod:`harness.metrics.summary`. Intervals
 
 from __future__ import annotations
 
-from typing import TypedDict
+from typing import NotRequired, TypedDict
 
 
 class HistogramSpec(TypedDict):
@@ -168,6 +168,9 @@ class ShardSummary(TypedDict):
     worst_contexts: list[ContextRow]
     contexts: list[ContextRow]
     totals: Totals
+    #: the smallest difference in mean KLD this run resolves (harness.planning.design); reports written
+    #: before it existed lack the key, and None when the run has too few clusters
+    resolvable_delta: NotRequired[float | None]
 
 
 __all__ = [

@@ -22,7 +22,7 @@ pilot's clusters.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,7 +43,7 @@ class ClusterPilot:
     contexts: np.ndarray
 
     @classmethod
-    def from_rows(cls, rows: Sequence[dict[str, Any]], other: Sequence[dict[str, Any]] | None = None) -> ClusterPilot:
+    def from_rows(cls, rows: Sequence[Mapping[str, Any]], other: Sequence[Mapping[str, Any]] | None = None) -> ClusterPilot:
         """From per-context report rows (``cluster``, ``positions``, ``sum_kld``); with ``other``, the paired
         differences ``self - other`` (contexts matched by ``index``; both must hold the same contexts)."""
         sub: dict[int, float] = {}
@@ -134,7 +134,7 @@ def achievable_eps(p: ClusterPilot, clusters: int | None = None, level: float = 
     return float(_t(0.5 + level / 2, c) * p.se(c) / abs(p.mean)) if p.mean else math.inf
 
 
-def single_run_resolvable_delta(rows: Sequence[dict[str, Any]], level: float = LEVEL, power: float = POWER) -> float | None:
+def single_run_resolvable_delta(rows: Sequence[Mapping[str, Any]], level: float = LEVEL, power: float = POWER) -> float | None:
     """Resolvable delta of one run alone: two *independent* candidates with this run's cluster spread
     (``sqrt(2) x`` its standard error). A paired comparison on the same positions resolves less."""
     p = ClusterPilot.from_rows(rows)
