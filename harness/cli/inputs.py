@@ -203,6 +203,18 @@ def add_store(sub: SubParsers) -> None:
 def _replay(a: argparse.Namespace) -> int:
     from harness.run.replay import replay
 
+    if a.dataset is not None:  # a downloaded reference dataset supplies suite, reference and head
+        from harness.dataset.replay import replay_dataset
+
+        if a.suite or a.reference or a.head:
+            raise FidelityError("replay --dataset takes the suite, reference and head from the dataset: drop --suite/--reference/--head")
+        paths = replay_dataset(a.dataset, a.candidate, a.out, shards=a.shards, score_from=a.window, name=a.name,
+                               n_boot=a.n_boot, device=a.device)
+        for p in paths:
+            print(f"{p}: written (+ {p.with_suffix('.md').name})")
+        return 0
+    if a.suite is None or a.reference is None or a.head is None:
+        raise FidelityError("replay needs --suite, --reference and --head (or --dataset DATASET)")
     paths = replay(a.suite, a.reference, a.candidate, a.head, a.out, cand_head_path=a.candidate_head, shards=a.shards,
                    score_from=a.window, n_boot=a.n_boot, device=a.device, candidate_name=a.name, reference_name=a.reference_name,
                    reference_model=a.reference_model)
@@ -226,10 +238,13 @@ def add_replay(sub: SubParsers) -> None:
             "      --head heads/lm_head.safetensors --shards 0 --out reports/q4-shard00.json"
         ),
     )
-    p.add_argument("--suite", required=True, type=Path, help="suite folder")
-    p.add_argument("--reference", required=True, type=Path, help="reference capture store")
-    p.add_argument("--candidate", required=True, type=Path, help="candidate capture store")
-    p.add_argument("--head", required=True, type=Path, help="shared lm_head.safetensors")
+    p.add_argument("--dataset", type=Path, default=None,
+                   help="a reference dataset (fidelity dataset build): verified whole, then supplies suite, reference and head; "
+                        "--candidate may then also be a model folder, captured on the dataset's reference shards")
+    p.add_argument("--suite", type=Path, default=None, help="suite folder")
+    p.add_argument("--reference", type=Path, default=None, help="reference capture store")
+    p.add_argument("--candidate", required=True, type=Path, help="candidate capture store (with --dataset: or a model folder)")
+    p.add_argument("--head", type=Path, default=None, help="shared lm_head.safetensors")
     p.add_argument("--candidate-head", type=Path, default=None, dest="candidate_head", help="the candidate's own head (head attribution)")
     p.add_argument("--reference-model", type=Path, default=None, dest="reference_model",
                    help="the reference model folder: its identity must be the one the reference store recorded")

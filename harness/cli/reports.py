@@ -163,6 +163,13 @@ def add_publish(sub: SubParsers) -> None:
 def _verify(a: argparse.Namespace) -> int:
     from harness.reports.publish import rederive_set, verify_set
 
+    if (a.dir / "dataset.json").is_file():  # a reference dataset (fidelity dataset build)
+        from harness.dataset.verify import verify_dataset
+
+        doc = verify_dataset(a.dir)
+        print(f"{a.dir}: OK (dataset: checksums, suite, shard views, reference shard(s) {doc['reference']['shards']}, "
+              f"head, tokenizer, corpus and {sum(len(v) for v in doc['candidates'].values())} reports agree)")
+        return 0
     problems = verify_set(a.dir)
     if not problems:
         problems = rederive_set(a.dir)

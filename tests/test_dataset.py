@@ -1,0 +1,75 @@
+"""End to end: build a dataset from the embedded default, move it, verify it, replay a candidate
+there with the same numbers as inside the project; one flipped byte anywhere is refused."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from harness.cli.main import main
+
+ROOT = Path(__file__).resolve().parents[1]
+FIX = ROOT / "fixtures"
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """In-project reports of int8 on shard 0 (capture + replay with the fixture's own paths), and a
+    dataset built from them and moved to another folder."""
+    tmp = tmp_path_factory.mktemp("ds")
+    assert main(["capture", "--model", str(FIX / "candidates" / "int8"), "--suite", str(FIX / "suite"),
+                 "--out", str(tmp / "cap" / "int8"), "--shards", "0", "--quiet"]) == 0
+    assert main(["replay", "--suite", str(FIX / "suite"), "--reference", str(FIX / "reference"), "--candidate",
+                 str(tmp / "cap" / "int8"), "--head", str(FIX / "lm_head.safetensors"), "--shards", "0",
+                 "--name", "int8", "--reference-name", "bf16", "--out", str(tmp / "reports" / "int8")]) == 0
+    assert main(["dataset", "build", "--config", str(ROOT / "fidelity.toml"), "--reports", str(tmp / "reports"),
+                 "--corpus", str(FIX / "corpus"), "--tokenizer", str(FIX / "model" / "tokenizer.json"),
+                 "--reference-shards", "0", "--out", str(tmp / "built")]) == 0
+    moved = tmp / "elsewhere" / "dataset"
+    moved.parent.mkdir()
+    shutil.move(str(tmp / "built"), moved)
+    return tmp, moved
+
+
+def test_moved_dataset_verifies_and_replays_identically(built: tuple[Path, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    tmp, ds = built
+    assert main(["verify", str(ds)]) == 0
+    assert "OK (dataset" in capsys.readouterr().out
+    assert main(["replay", "--dataset", str(ds), "--candidate", str(FIX / "candidates" / "int8"), "--name", "int8",
+                 "--out", str(tmp / "replayed")]) == 0
+    mine = json.loads((tmp / "replayed" / "shard-00.json").read_text())
+    ours = json.loads((tmp / "reports" / "int8" / "shard-00.json").read_text())
+    assert mine["metrics"] == ours["metrics"]
+    for key in ("suite_token_sha256", "shard", "score_from", "reference", "head_sha256", "scorer"):
+        assert mine["comparability"][key] == ours["comparability"][key]
+    assert mine["comparability"]["candidate"]["identity"] == ours["comparability"]["candidate"]["identity"]
+
+
+def test_shard_without_reference_and_other_window_refused(built: tuple[Path, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    tmp, ds = built
+    assert main(["replay", "--dataset", str(ds), "--candidate", str(tmp / "cap" / "int8"), "--shards", "1",
+                 "--out", str(tmp / "no")]) == 1
+    assert "reference.shards (shards this dataset can replay): expected [0], found [1]" in capsys.readouterr().err
+    assert main(["replay", "--dataset", str(ds), "--candidate", str(tmp / "cap" / "int8"), "--window", "3",
+                 "--out", str(tmp / "no")]) == 1
+    assert "score_from (the window of the dataset's reports): expected [0], found 3" in capsys.readouterr().err
+    assert not (tmp / "no").exists()
+
+
+@pytest.mark.parametrize("rel", ["dataset.json", "suite/tokens.npy", "shards/shard-02.npy", "reference/ctx-000003.safetensors",
+                                 "head/lm_head.safetensors", "corpus/faq/design.txt", "reports/int8/shard-00.json",
+                                 "PROTOCOL.md", "checksums.txt"])
+def test_one_flipped_byte_is_refused(built: tuple[Path, Path], tmp_path: Path, rel: str, capsys: pytest.CaptureFixture[str]) -> None:
+    _tmp, ds = built
+    copy = tmp_path / "ds"
+    shutil.copytree(ds, copy)
+    p = copy / rel
+    data = bytearray(p.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    p.write_bytes(bytes(data))
+    assert main(["verify", str(copy)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("fidelity: error: ") and "expected" in err
