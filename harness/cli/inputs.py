@@ -101,20 +101,14 @@ def _capture(a: argparse.Namespace) -> int:
         import torch
 
         torch.set_num_threads(a.threads)
-    from harness.engines.transformers import capture
+    from harness.capture.engine import EngineOptions
+    from harness.capture.loop import capture
     from harness.inputs.suite import Suite
 
     suite = Suite.load(a.suite)
     shards = suite.parse_shards(a.shards)
-    if getattr(a, "engine", "transformers") == "llamacpp":
-        from harness.engines.llamacpp import capture as capture_gguf
-
-        store = capture_gguf(a.model, suite, a.out, shards=shards, progress=not a.quiet, threads=a.threads,
-                             kind=a.kind or "logits")
-        print(f"{store.root}: {len(store.indices)}/{suite.n_contexts} contexts captured ({store.kind}, width {store.width})")
-        return 0
-    store = capture(a.model, suite, a.out, shards=shards, device=a.device, dtype=a.dtype, progress=not a.quiet,
-                    kind=a.kind or "hidden_states", trust_remote_code=a.trust_remote_code)
+    opts = EngineOptions(device=a.device, dtype=a.dtype, threads=a.threads, trust_remote_code=a.trust_remote_code)
+    store = capture(a.engine, a.model, suite, a.out, shards=shards, kind=a.kind, options=opts, progress=not a.quiet)
     print(f"{store.root}: {len(store.indices)}/{suite.n_contexts} contexts captured ({store.kind}, width {store.width})")
     return 0
 
@@ -136,12 +130,14 @@ def add_capture(sub: SubParsers) -> None:
     p.add_argument("--model", required=True, type=Path, help="model folder (config.json + *.safetensors), or a .gguf file with --engine llamacpp")
     p.add_argument("--suite", required=True, type=Path, help="suite folder")
     p.add_argument("--out", required=True, type=Path, help="capture store folder (created or resumed)")
-    p.add_argument("--engine", default="transformers", choices=["transformers", "llamacpp"],
-                   help="transformers (default) or llamacpp (a GGUF via llama-cpp-python; default kind logits)")
+    p.add_argument("--engine", default="transformers",
+                   help="an engine of harness/engines/ (each module defining ENGINE): transformers (default; kinds "
+                        "hidden_states, logits) or llamacpp (a GGUF via llama-cpp-python; default kind logits); an unknown "
+                        "name is refused with the registered names")
     p.add_argument("--shards", default=None, help="shards to capture, e.g. 0,2-3 (default: all)")
     p.add_argument("--device", default="cpu", type=device_arg, help="cpu, cuda or cuda:N (default cpu)")
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"], help="compute dtype (default bfloat16)")
-    p.add_argument("--kind", default=None, choices=["hidden_states", "logits"], help="what to store (default hidden_states; llamacpp: logits)")
+    p.add_argument("--kind", default=None, choices=["hidden_states", "logits"], help="what to store (default: the engine's first kind, see --engine)")
     p.add_argument("--trust-remote-code", action="store_true", dest="trust_remote_code", help="allow the model's own Python code")
     p.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads")
     p.add_argument("--quiet", action="store_true", help="no progress bar")

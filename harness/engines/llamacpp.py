@@ -27,6 +27,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from harness.capture.engine import EngineOptions
 from harness.errors import FidelityError
 
 if TYPE_CHECKING:
@@ -160,6 +161,50 @@ def capture_hidden(model: Any, token_ids: np.ndarray | Sequence[int]) -> Any:
     return torch.from_numpy(e[:-1].copy()).to(torch.bfloat16)
 
 
+class LlamaCppLoaded:
+    """A GGUF model loaded through llama.cpp (see :class:`harness.capture.engine.LoadedModel`)."""
+
+    def __init__(self, model: Any, extra_bufts: bool | None) -> None:
+        self.model = model
+        self.extra_bufts = extra_bufts
+        self.hidden_size = int(model.n_embd())
+        self.vocab_size = int(model.n_vocab())
+        self.device = "cpu"
+
+    def identity(self) -> dict[str, str]:
+        return engine_identity(self.extra_bufts)
+
+    def forward(self, token_ids: np.ndarray, kind: str) -> Any:
+        fn = capture_hidden if kind == "hidden_states" else capture_logits
+        return fn(self.model, token_ids)
+
+    def close(self) -> None:
+        if hasattr(self.model, "close"):
+            self.model.close()
+
+
+class LlamaCppEngine:
+    """Engine ``llamacpp``: a GGUF file through llama-cpp-python (logits by default, or hidden states)."""
+
+    name = ENGINE_NAME
+    kinds = ("logits", "hidden_states")
+    install_hint = INSTALL_HINT
+
+    def available(self) -> bool:
+        return available()
+
+    def model_identity(self, model: Path) -> dict[str, Any]:
+        return gguf_identity(model)
+
+    def load(self, model: Path, n_ctx: int, kind: str, options: EngineOptions) -> LlamaCppLoaded:
+        m, extra = load_model(model, n_ctx, options.threads, hidden=kind == "hidden_states")
+        return LlamaCppLoaded(m, extra)
+
+
+#: The registered engine (see harness.capture.engine).
+ENGINE = LlamaCppEngine()
+
+
 def capture(
     model_path: str | Path,
     suite: Suite | str | Path,
@@ -172,36 +217,8 @@ def capture(
     """Capture ``suite`` contexts (all, or the given shards) of a GGUF model into a store at ``out``:
     ``kind="logits"`` (float32, default) or ``"hidden_states"`` (llama.cpp's per-token embeddings
     without pooling = the output of the final norm, rounded to bf16, scored through the shared head).
-    Resumable like the transformers capture."""
-    from tqdm import tqdm
+    The shared loop (:func:`harness.capture.loop.capture`) with engine ``llamacpp``; resumable."""
+    from harness.capture.loop import capture as capture_loop
 
-    from harness.capture.store import CaptureStore, StoreWriter
-    from harness.inputs.identity import runtime_identity
-    from harness.inputs.suite import Suite as SuiteCls
-
-    if not isinstance(suite, SuiteCls):
-        suite = SuiteCls.load(suite)
-    indices = suite.context_indices(shards)
-    if kind not in ("logits", "hidden_states"):
-        raise FidelityError(f"unknown capture kind {kind!r}: choose logits or hidden_states")
-    ident = gguf_identity(model_path)
-    hidden = kind == "hidden_states"
-    model, extra = load_model(model_path, suite.n_ctx, threads, hidden=hidden)
-    try:
-        vocab = int(model.n_vocab())
-        if vocab < suite.vocab_size:
-            raise FidelityError(f"{model_path}: model vocab {vocab} is smaller than the suite's tokenizer vocab {suite.vocab_size}")
-        if hidden:
-            width, dtype, fn = int(model.n_embd()), "bfloat16", capture_hidden
-        else:
-            width, dtype, fn = vocab, "float32", capture_logits
-        writer = StoreWriter(out, suite, kind, width, dtype, ident, engine_identity(extra), runtime_identity(), "cpu")
-        with writer:
-            bar = tqdm(indices, desc=f"capture {Path(model_path).name}", unit="ctx", disable=not progress)
-            for i in bar:
-                if writer.done(i):
-                    continue
-                writer.write(i, fn(model, suite.tokens[i]))
-    finally:
-        model.close() if hasattr(model, "close") else None
-    return CaptureStore.open(out, suite)
+    opts = EngineOptions(threads=threads)
+    return capture_loop(ENGINE_NAME, model_path, suite, out, shards=shards, kind=kind, options=opts, progress=progress)

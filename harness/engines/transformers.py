@@ -12,8 +12,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
+from harness.capture.engine import EngineOptions
 from harness.errors import FidelityError
-from harness.inputs.identity import QUANTIZATION_JSON, model_identity, quantized_module, runtime_identity
+from harness.inputs.identity import QUANTIZATION_JSON, model_identity, quantized_module
 
 if TYPE_CHECKING:
     import numpy as np
@@ -56,6 +57,68 @@ def check_model_dir(model_dir: str | Path) -> Path:
     return root
 
 
+#: ``quantization_config.quant_method`` -> (importable module, pip package) of the packages transformers
+#: needs to load such a checkpoint. Methods transformers handles alone (``fp8``) are not listed.
+QUANT_PACKAGES: dict[str, tuple[str, str]] = {
+    "compressed-tensors": ("compressed_tensors", "compressed-tensors"),
+    "compressed_tensors": ("compressed_tensors", "compressed-tensors"),
+    "gptq": ("gptqmodel", "gptqmodel"),
+    "awq": ("awq", "autoawq"),
+    "auto-round": ("auto_round", "auto-round"),
+    "bitsandbytes": ("bitsandbytes", "bitsandbytes"),
+    "hqq": ("hqq", "hqq"),
+    "quanto": ("optimum.quanto", "optimum-quanto"),
+    "torchao": ("torchao", "torchao"),
+    "aqlm": ("aqlm", "aqlm"),
+    "eetq": ("eetq", "eetq"),
+    "vptq": ("vptq", "vptq"),
+}
+
+
+def check_quantization_package(root: Path) -> None:
+    """A checkpoint whose ``quantization_config.quant_method`` needs a package that does not import is a
+    FidelityError naming the method and the install command (instead of an ImportError from deep inside)."""
+    import importlib.util
+    import json
+
+    try:
+        cfg = json.loads((root / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError, UnicodeDecodeError) as e:
+        raise FidelityError(f"{root / 'config.json'}: not a readable JSON file ({e})") from None
+    qc = cfg.get("quantization_config") if isinstance(cfg, dict) else None
+    if not isinstance(qc, dict):
+        return
+    method = str(qc.get("quant_method", ""))
+    if method not in QUANT_PACKAGES:
+        return
+    module, package = QUANT_PACKAGES[method]
+    try:
+        found = importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        found = False
+    if not found:
+        raise FidelityError(
+            f"{root / 'config.json'}: quantization_config.quant_method {method!r} needs the package {package!r}, "
+            f"which is not installed: install it with: pip install {package}"
+        )
+
+
+def check_loading_info(root: Path, info: dict[str, Any]) -> None:
+    """Refuse a load that left weights missing (randomly initialised) or ignored stored tensors: transformers
+    reports them in ``output_loading_info`` and would otherwise run a partly random model silently."""
+    problems = []
+    for field in ("missing_keys", "unexpected_keys", "mismatched_keys"):
+        keys = sorted(str(k) for k in (info.get(field) or ()))
+        if keys:
+            shown = ", ".join(keys[:5]) + (f", ... ({len(keys)} in all)" if len(keys) > 5 else "")
+            problems.append(f"{field}: {shown}")
+    if problems:
+        raise FidelityError(
+            f"{root}: transformers could not interpret the checkpoint fully ({'; '.join(problems)}): "
+            "expected every weight loaded and every stored tensor used; refusing to capture a partly random model"
+        )
+
+
 def load_model(model_dir: str | Path, device: str = "cpu", dtype: str | torch.dtype = "bfloat16", trust_remote_code: bool = False) -> torch.nn.Module:
     """Load a causal LM in eval mode from safetensors; quantized checkpoints (``quantization.json``)
     go to ``harness.engines.quantized.load_quantized``."""
@@ -65,14 +128,20 @@ def load_model(model_dir: str | Path, device: str = "cpu", dtype: str | torch.dt
         model: torch.nn.Module = quantized_module().load_quantized(root, device, tdtype)
         model.eval()
         return model
+    check_quantization_package(root)
     from transformers import AutoModelForCausalLM
 
     try:
         # cast: transformers types .to()/.eval() of a PreTrainedModel through an untyped wrapper
-        model = cast("torch.nn.Module", AutoModelForCausalLM.from_pretrained(
-            root, dtype=tdtype, use_safetensors=True, trust_remote_code=trust_remote_code))
+        loaded, info = AutoModelForCausalLM.from_pretrained(
+            root, dtype=tdtype, use_safetensors=True, trust_remote_code=trust_remote_code, output_loading_info=True
+        )
+        model = cast("torch.nn.Module", loaded)
+    except ImportError as e:
+        raise FidelityError(f"{root / 'config.json'}: a package this checkpoint needs is missing ({e})") from None
     except (OSError, ValueError) as e:
         raise FidelityError(f"{root}: transformers could not load the model ({e})") from None
+    check_loading_info(root, info)
     model.to(device)
     model.eval()
     return model
@@ -143,6 +212,55 @@ def engine_identity() -> dict[str, str]:
     return {"name": ENGINE_NAME, "version": transformers.__version__}
 
 
+class TransformersLoaded:
+    """A transformers model loaded for capture (see :class:`harness.capture.engine.LoadedModel`)."""
+
+    def __init__(self, model: torch.nn.Module, device: str) -> None:
+        self.model: torch.nn.Module | None = model
+        self.hidden_size = model_hidden_size(model)
+        self.vocab_size = model_vocab_size(model)
+        self.device = device
+
+    def identity(self) -> dict[str, str]:
+        return engine_identity()
+
+    def forward(self, token_ids: np.ndarray, kind: str) -> torch.Tensor:
+        assert self.model is not None, "model was closed"
+        fn = capture_hidden if kind == "hidden_states" else capture_logits
+        return fn(self.model, token_ids)
+
+    def close(self) -> None:
+        self.model = None
+
+
+class TransformersEngine:
+    """Engine ``transformers``: a Hugging Face model folder (safetensors), any format transformers loads."""
+
+    name = ENGINE_NAME
+    kinds = ("hidden_states", "logits")
+    install_hint = "pip install transformers"
+
+    def available(self) -> bool:
+        try:
+            import transformers  # noqa: F401
+        except ImportError:
+            return False
+        return True
+
+    def model_identity(self, model: Path) -> dict[str, Any]:
+        return model_identity(model)
+
+    def load(self, model: Path, n_ctx: int, kind: str, options: EngineOptions) -> TransformersLoaded:
+        import torch
+
+        m = load_model(model, device=options.device, dtype=options.dtype, trust_remote_code=options.trust_remote_code)
+        return TransformersLoaded(m, str(torch.device(options.device)))
+
+
+#: The registered engine (see harness.capture.engine).
+ENGINE = TransformersEngine()
+
+
 def capture(
     model_dir: str | Path,
     suite: Suite | str | Path,
@@ -154,43 +272,9 @@ def capture(
     kind: str = "hidden_states",
     trust_remote_code: bool = False,
 ) -> CaptureStore:
-    """Capture ``suite`` contexts (all, or the given shards) of a model into the store at ``out``.
+    """Capture ``suite`` contexts of a transformers model into the store at ``out`` (the shared loop,
+    :func:`harness.capture.loop.capture`, with engine ``transformers``)."""
+    from harness.capture.loop import capture as capture_loop
 
-    Resumable: contexts already in the store whose files verify are skipped. Concurrent runs into
-    one store are safe (see ``harness.capture.store.StoreWriter``). Returns the opened store.
-    """
-    import torch
-    from tqdm import tqdm
-
-    from harness.capture.store import CaptureStore, StoreWriter
-    from harness.inputs.suite import Suite as SuiteCls
-
-    if not isinstance(suite, SuiteCls):
-        suite = SuiteCls.load(suite)
-    indices = suite.context_indices(shards)
-    if kind not in ("hidden_states", "logits"):
-        raise FidelityError(f"unknown capture kind {kind!r}: choose hidden_states or logits")
-
-    ident = model_identity(model_dir)
-    model = load_model(model_dir, device=device, dtype=dtype, trust_remote_code=trust_remote_code)
-    vocab = model_vocab_size(model)
-    if vocab < suite.vocab_size:
-        raise FidelityError(
-            f"{model_dir}: model vocab {vocab} is smaller than the suite's tokenizer vocab {suite.vocab_size} "
-            f"({suite.root / 'suite.json'}): token ids could exceed the model's embedding"
-        )
-    if kind == "hidden_states":
-        width, store_dtype, fn = model_hidden_size(model), "bfloat16", capture_hidden
-    else:
-        width, store_dtype, fn = vocab, "float32", capture_logits
-    writer = StoreWriter(out, suite, kind, width, store_dtype, ident, engine_identity(), runtime_identity(), str(torch.device(device)))
-    with writer:
-        bar = tqdm(indices, desc=f"capture {Path(model_dir).name}", unit="ctx", disable=not progress)
-        skipped = 0
-        for i in bar:
-            if writer.done(i):
-                skipped += 1
-                bar.set_postfix(skipped=skipped)
-                continue
-            writer.write(i, fn(model, suite.tokens[i]))
-    return CaptureStore.open(out, suite)
+    opts = EngineOptions(device=device, dtype=dtype, trust_remote_code=trust_remote_code)
+    return capture_loop(ENGINE_NAME, model_dir, suite, out, shards=shards, kind=kind, options=opts, progress=progress)

@@ -45,8 +45,6 @@ from typing import Any
 
 from harness.errors import FidelityError
 
-#: Engines a candidate may name (``harness/engines/``).
-ENGINES = ("transformers", "llamacpp")
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+]*$")
 
@@ -181,12 +179,16 @@ def _candidate(path: Path, raw: Any, i: int) -> CandidateConfig:
             "(it becomes a pytest id and a folder name)"
         )
     engine = r.string("engine", required=False) or "transformers"
-    if engine not in ENGINES:
-        close = difflib.get_close_matches(engine, ENGINES, n=1)
+    from harness.capture.engine import engine_names, get_engine
+
+    try:
+        get_engine(engine)
+    except FidelityError:
+        close = difflib.get_close_matches(engine, engine_names(), n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
         raise ConfigError(
-            f"{path}: candidates[{i}].engine: expected one of {', '.join(ENGINES)}, found {engine!r}{hint}"
-        )
+            f"{path}: candidates[{i}].engine: expected one of {', '.join(engine_names())}, found {engine!r}{hint}"
+        ) from None
     model = r.path_("model", required=False)
     store = r.path_("store", required=False)
     if (model is None) == (store is None):

@@ -134,9 +134,11 @@ class FidelitySession:
                         f"{ref.store}: reference capture store is missing and no reference.model is "
                         f"configured in {self.config.path} to capture it from"
                     )
-                from harness.engines.transformers import capture
+                from harness.capture.engine import EngineOptions
+                from harness.capture.loop import capture
 
-                capture(ref.model, self.suite, ref.store, device=self.device, progress=self.progress)
+                capture("transformers", ref.model, self.suite, ref.store, options=EngineOptions(device=self.device),
+                        progress=self.progress)
             store = CaptureStore.open(ref.store, self.suite, verify=True)
             from harness.inputs.verify import check_reference_identity
 
@@ -172,15 +174,11 @@ class FidelitySession:
 
     def live_store_path(self, cand: CandidateConfig) -> Path:
         """Cache folder of a live candidate's capture, keyed by its identity (by content)."""
-        from harness.inputs.identity import identity_key, model_identity
+        from harness.capture.engine import get_engine
+        from harness.inputs.identity import identity_key
 
         assert cand.model is not None
-        if cand.engine == "llamacpp":
-            from harness.engines.llamacpp import gguf_identity
-
-            ident = gguf_identity(cand.model)
-        else:
-            ident = model_identity(cand.model)
+        ident = get_engine(cand.engine, str(self.config.path)).model_identity(cand.model)
         key = identity_key({"model": ident, "engine": cand.engine, "device": self.device})
         return self.config.cache_dir / "captures" / f"{cand.name}-{key[:16]}"
 
@@ -189,23 +187,19 @@ class FidelitySession:
         from harness.capture.store import CaptureStore
 
         assert cand.model is not None
-        if cand.engine not in ("transformers", "llamacpp"):
-            raise FidelityError(
-                f"{self.config.path}: engine {cand.engine!r} of candidate {cand.name!r} is not available in this build"
-            )
+        from harness.capture.engine import EngineOptions, get_engine, require
+
+        require(get_engine(cand.engine, str(self.config.path)))
         out = self.live_store_path(cand)
         if (out / "capture.json").exists():
             store = CaptureStore.open(out, self.suite, verify=True)
             if not store.missing(self.shard_indices(shard)):
                 return store
         shards = sorted(self._planned.get(cand.name, set()) | {shard})
-        if cand.engine == "llamacpp":
-            from harness.engines.llamacpp import capture as capture_gguf
+        from harness.capture.loop import capture
 
-            return capture_gguf(cand.model, self.suite, out, shards=shards, progress=self.progress)
-        from harness.engines.transformers import capture
-
-        return capture(cand.model, self.suite, out, shards=shards, device=self.device, progress=self.progress)
+        return capture(cand.engine, cand.model, self.suite, out, shards=shards, options=EngineOptions(device=self.device),
+                       progress=self.progress)
 
     # ------------------------------------------------------------------ scoring
     def positions(self, cand: CandidateConfig, shard: int) -> ShardPositions:

@@ -1,0 +1,74 @@
+"""The one capture loop every engine shares.
+
+``capture(engine, model, suite, out)`` loads the model through its engine
+(:mod:`harness.capture.engine`), checks its vocabulary against the suite's, opens a resumable
+:class:`~harness.capture.store.StoreWriter` with the model's and the engine's identity, and writes
+one context file per suite context of the chosen shards, skipping contexts already stored and
+verified. Engines implement only load and forward-to-capture-point.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from harness.capture.engine import STORE_DTYPES, EngineOptions, get_engine, require
+from harness.errors import FidelityError
+
+if TYPE_CHECKING:
+    from harness.capture.store import CaptureStore
+    from harness.inputs.suite import Suite
+
+
+def capture(
+    engine: str,
+    model: str | Path,
+    suite: Suite | str | Path,
+    out: str | Path,
+    shards: Sequence[int] | str | None = None,
+    kind: str | None = None,
+    options: EngineOptions | None = None,
+    progress: bool = True,
+) -> CaptureStore:
+    """Capture ``suite`` contexts (all, or the given shards) of ``model`` through ``engine`` into the
+    store at ``out``; ``kind`` defaults to the engine's first kind. Resumable: contexts already in the
+    store whose files verify are skipped. Returns the opened store."""
+    from tqdm import tqdm
+
+    from harness.capture.store import CaptureStore, StoreWriter
+    from harness.inputs.identity import runtime_identity
+    from harness.inputs.suite import Suite as SuiteCls
+
+    eng = get_engine(engine)
+    kind = kind or eng.kinds[0]
+    if kind not in eng.kinds:
+        raise FidelityError(f"engine {eng.name!r} cannot capture kind {kind!r}: choose {' or '.join(eng.kinds)}")
+    require(eng)
+    options = options or EngineOptions()
+    if not isinstance(suite, SuiteCls):
+        suite = SuiteCls.load(suite)
+    indices = suite.context_indices(shards)
+    model = Path(model)
+    ident = eng.model_identity(model)
+    loaded = eng.load(model, suite.n_ctx, kind, options)
+    try:
+        if loaded.vocab_size < suite.vocab_size:
+            raise FidelityError(
+                f"{model}: model vocab {loaded.vocab_size} is smaller than the suite's tokenizer vocab {suite.vocab_size} "
+                f"({suite.root / 'suite.json'}): token ids could exceed the model's embedding"
+            )
+        width = loaded.hidden_size if kind == "hidden_states" else loaded.vocab_size
+        writer = StoreWriter(out, suite, kind, width, STORE_DTYPES[kind], ident, loaded.identity(), runtime_identity(), loaded.device)
+        with writer:
+            bar = tqdm(indices, desc=f"capture {model.name} ({eng.name})", unit="ctx", disable=not progress)
+            skipped = 0
+            for i in bar:
+                if writer.done(i):
+                    skipped += 1
+                    bar.set_postfix(skipped=skipped)
+                    continue
+                writer.write(i, loaded.forward(suite.tokens[i], kind))
+    finally:
+        loaded.close()
+    return CaptureStore.open(out, suite)
