@@ -133,10 +133,11 @@ def load_model(model_dir: str | Path, device: str = "cpu", dtype: str | torch.dt
 
     try:
         # cast: transformers types .to()/.eval() of a PreTrainedModel through an untyped wrapper
-        loaded, info = AutoModelForCausalLM.from_pretrained(
+        result: Any = AutoModelForCausalLM.from_pretrained(
             root, dtype=tdtype, use_safetensors=True, trust_remote_code=trust_remote_code, output_loading_info=True
         )
-        model = cast("torch.nn.Module", loaded)
+        model = cast("torch.nn.Module", result[0])
+        info: dict[str, Any] = result[1]
     except ImportError as e:
         raise FidelityError(f"{root / 'config.json'}: a package this checkpoint needs is missing ({e})") from None
     except (OSError, ValueError) as e:
