@@ -45,7 +45,6 @@ from typing import Any
 
 from harness.errors import FidelityError
 
-
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+]*$")
 
 
