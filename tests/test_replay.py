@@ -73,7 +73,7 @@ def test_trust_remote_code_only_from_the_cli_flag() -> None:
     for p, i, c in _code_lines():
         for m in re.finditer(r"trust_remote_code\s*[=:]\s*([^,)\n]+)", c):
             value = m.group(1).strip()
-            assert value in ("bool = False", "trust_remote_code", "a.trust_remote_code", '"trust_remote_code"'), f"{p.name}:{i}: {c.strip()}"
+            assert value in ("bool = False", "trust_remote_code", "a.trust_remote_code", "options.trust_remote_code", '"trust_remote_code"'), f"{p.name}:{i}: {c.strip()}"
             seen += 1
     assert seen >= 4  # the check is not vacuous
     cfg = (Path(harness.__file__).parent / "inputs" / "config.py").read_text()

@@ -132,7 +132,8 @@ def add_capture(sub: SubParsers) -> None:
     p.add_argument("--out", required=True, type=Path, help="capture store folder (created or resumed)")
     p.add_argument("--engine", default="transformers",
                    help="an engine of harness/engines/ (each module defining ENGINE): transformers (default; kinds "
-                        "hidden_states, logits) or llamacpp (a GGUF via llama-cpp-python; default kind logits); an unknown "
+                        "hidden_states, logits), llamacpp (a GGUF via llama-cpp-python; default kind logits) or vllm "
+                        "(a model folder through vLLM's pooling runner; hidden_states); an unknown "
                         "name is refused with the registered names")
     p.add_argument("--shards", default=None, help="shards to capture, e.g. 0,2-3 (default: all)")
     p.add_argument("--device", default="cpu", type=device_arg, help="cpu, cuda or cuda:N (default cpu)")

