@@ -257,7 +257,7 @@ def test_positions_from_scores() -> None:
 # ----------------------------------------------------------------------------- export / import
 
 
-def test_export_import_round_trip(fidelity_project: Path, tmp_path: Path) -> None:
+def test_export_import_round_trip(fidelity_project: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from harness.capture.store import CaptureStore
     from harness.cli.main import main
     from harness.inputs.head import load_head
@@ -269,6 +269,8 @@ def test_export_import_round_trip(fidelity_project: Path, tmp_path: Path) -> Non
     out = tmp_path / "ref.kld"
     assert main(["kld", "export", "--suite", str(root / "suite"), "--reference", str(root / "reference"),
                  "--head", str(root / "lm_head.safetensors"), "--out", str(out)]) == 0
+    # the printed llama-perplexity command must match the engine's settings (no flash attention, no repacking)
+    assert " -fa off -nr" in capsys.readouterr().out
     suite = Suite.load(root / "suite")
     head = load_head(root / "lm_head.safetensors")
     ref = CaptureStore.open(root / "reference", suite)

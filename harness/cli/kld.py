@@ -23,7 +23,9 @@ def _export(a: argparse.Namespace) -> int:
         head = load_head(a.head)
     path = export_kld(suite, store, a.out, head=head)
     print(f"{path}: {suite.n_contexts} chunks x n_ctx {suite.n_ctx} ({path.stat().st_size} bytes); score a GGUF with:\n"
-          f"  llama-perplexity -m CANDIDATE.gguf --kl-divergence --kl-divergence-base {path} -c {suite.n_ctx} -b {suite.n_ctx}")
+          f"  llama-perplexity -m CANDIDATE.gguf --kl-divergence --kl-divergence-base {path} -c {suite.n_ctx} -b {suite.n_ctx} -fa off -nr\n"
+          "(-fa off -nr: no flash attention, no weight repacking -- the settings of the harness's llamacpp engine; "
+          "llama.cpp's defaults change its logits)")
     return 0
 
 
