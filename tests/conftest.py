@@ -183,3 +183,48 @@ def fidelity_project(tmp_path_factory: pytest.TempPathFactory, tiny_corpus: Path
     capture(ref, suite, root / "reference", progress=False)
     (root / "fidelity.toml").write_text(FIDELITY_TOML, "utf-8")
     return root
+
+
+def _reference_studentized_interval(values: Any, cluster: Any, weights: Any, level: float = 0.95) -> list[float]:
+    """Independent float64 implementation of the harness's 95 % studentized cluster interval of a
+    token mean, from raw positions: every replicate is expanded into its resampled positions and
+    its mean and cluster-robust standard error are computed directly, with plain loops (no matrix
+    products, no residual expansion). Per side the wider of bootstrap-t and percentile; the
+    bootstrap-t quantiles at alpha * C / (C + 28) (the documented small-sample calibration)."""
+    import math
+
+    import numpy as np
+
+    vals = [float(v) for v in values]
+    cl = [int(c) for c in cluster]
+    C = max(cl) + 1
+    members: list[list[float]] = [[] for _ in range(C)]
+    for v, c in zip(vals, cl):
+        members[c].append(v)
+    s = [math.fsum(m) for m in members]
+    n = [float(len(m)) for m in members]
+
+    def mean_se(mult: list[int]) -> tuple[float, float]:
+        tot = math.fsum(w * n[c] for c, w in enumerate(mult))
+        r = math.fsum(w * s[c] for c, w in enumerate(mult)) / tot
+        q = math.fsum(w * (s[c] - r * n[c]) ** 2 for c, w in enumerate(mult))  # drawn cluster c, w times
+        return r, math.sqrt(C / (C - 1) * q) / tot
+
+    r, se = mean_se([1] * C)
+    reps, ts = [], []
+    for row in np.asarray(weights):
+        rb, seb = mean_se([int(w) for w in row])
+        reps.append(rb)
+        ts.append((rb - r) / seb)
+    a = (1.0 - level) / 2.0
+    a_t = a * C / (C + 28.0)
+    lo_t = r - float(np.quantile(ts, 1.0 - a_t)) * se
+    hi_t = r - float(np.quantile(ts, a_t)) * se
+    lo_p, hi_p = (float(x) for x in np.quantile(reps, [a, 1.0 - a]))
+    return [min(lo_t, lo_p), max(hi_t, hi_p)]
+
+
+@pytest.fixture
+def reference_interval() -> Any:
+    """:func:`_reference_studentized_interval` (an independent check of the bootstrap module)."""
+    return _reference_studentized_interval

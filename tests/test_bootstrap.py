@@ -1,16 +1,18 @@
-"""Validity of the source-cluster bootstrap by simulation, and the i.i.d. interval's failure on clustered data.
+"""Validity of the source-cluster bootstrap: simulation, independent float64 checks, the not-estimable rule.
 
-The percentile interval of a cluster bootstrap undercovers a little when clusters are few and
-their effects skewed (its variance carries a (C-1)/C factor): with 80 clusters and a lognormal
-cluster effect of sigma 0.8 this simulation gives about 0.915. The protocol's suites have
-hundreds of clusters (842 in the default), which is what this test models (300 clusters).
+The percentile interval alone undercovers when clusters are few and their effects skewed; the
+harness's interval is studentized (``harness.metrics.bootstrap.ratio_intervals``). The coverage
+at 16, 47 and 800 clusters is measured in the ``slow`` tier (``tests/test_coverage.py``); this
+module keeps a quick check at 300 clusters against the i.i.d. interval's failure.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from harness.metrics.bootstrap import draw_cluster_weights, percentile_interval, ratio_replicates
+import pytest
+
+from harness.metrics.bootstrap import MIN_CLUSTERS, draw_cluster_weights, ratio_interval, ratio_intervals, ratio_replicates
 
 N_REPEATS = 400
 N_BOOT = 1000
@@ -40,7 +42,7 @@ def test_cluster_bootstrap_covers_truth_iid_does_not() -> None:
         sums = np.bincount(cluster, weights=values, minlength=N_CLUSTERS)
         counts = np.bincount(cluster, minlength=N_CLUSTERS)
         w = draw_cluster_weights(N_CLUSTERS, N_BOOT, seed=rep)
-        lo, hi = percentile_interval(ratio_replicates(w, sums, counts))
+        lo, hi = ratio_interval(w, sums, counts)
         cover_cluster += lo <= TRUE_MEAN <= hi
         se = values.std(ddof=1) / np.sqrt(values.size)  # the i.i.d. interval (llama.cpp's)
         m = values.mean()
@@ -69,3 +71,35 @@ def test_ratio_of_sums_equals_expanded_mean() -> None:
     for b in range(5):
         expanded = np.repeat(values, w[b][cluster])
         assert abs(rep[b] - expanded.mean()) < 1e-12
+
+
+@pytest.mark.parametrize("n_clusters", [8, 16, 47])
+def test_studentized_interval_matches_an_independent_float64_implementation(reference_interval, n_clusters: int) -> None:
+    """ratio_interval (matrix products, expanded residual sums) against explicit resampled positions."""
+    rng = np.random.default_rng(n_clusters)
+    cluster = rng.integers(0, n_clusters, 600)
+    cluster[:n_clusters] = np.arange(n_clusters)  # every cluster present
+    values = rng.lognormal(-7, 1.5, 600) * rng.lognormal(0, 0.7, n_clusters)[cluster]
+    w = draw_cluster_weights(n_clusters, 400, seed=5)
+    sums = np.bincount(cluster, weights=values, minlength=n_clusters)
+    counts = np.bincount(cluster, minlength=n_clusters)
+    got = ratio_interval(w, sums, counts)
+    want = reference_interval(values, cluster, w)
+    assert got == pytest.approx(want, rel=1e-9)
+    assert got[1] - got[0] > 0
+
+
+def test_below_the_minimum_clusters_nothing_is_estimable() -> None:
+    w = draw_cluster_weights(MIN_CLUSTERS - 1, 100, seed=1)
+    assert ratio_intervals(w, np.ones((MIN_CLUSTERS - 1, 3)), np.ones(MIN_CLUSTERS - 1)) == [None, None, None]
+
+
+def test_one_sided_bounds_and_identical_clusters() -> None:
+    w = draw_cluster_weights(10, 500, seed=2)
+    counts = np.full(10, 5.0)
+    (iv,) = ratio_intervals(w, counts * 0.3, counts)  # every cluster has mean 0.3: nothing to resample
+    assert iv == pytest.approx([0.3, 0.3])
+    sums = np.arange(1.0, 11.0) * 5
+    (one,) = ratio_intervals(w, sums, counts, alpha_lo=0.0, alpha_hi=0.025)
+    two = ratio_interval(w, sums, counts)
+    assert one[0] == -np.inf and one[1] == pytest.approx(two[1])

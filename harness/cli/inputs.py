@@ -14,9 +14,18 @@ from harness.errors import FidelityError
 def _suite_build(a: argparse.Namespace) -> int:
     from harness.inputs.suite import build_suite, describe
 
+    import sys
+
+    from harness.metrics.bootstrap import MIN_CLUSTERS
+
     s = build_suite(a.corpus, a.tokenizer, a.n_ctx, a.contexts, a.shards, a.seed, a.out, grouping_file=a.grouping, documents=a.documents,
                     provenance=a.provenance, source=a.source, licence=a.licence)
     print(describe(s))
+    per_shard = [len({s.contexts[i].source_cluster for i in s.shard_indices(k)}) for k in range(s.n_shards)]
+    total = len({c.source_cluster for c in s.contexts})
+    if min(per_shard + [total]) < MIN_CLUSTERS:
+        print(f"fidelity: warning: {a.out}: {total} source clusters in the suite, {min(per_shard)} in the smallest shard; "
+              f"intervals need at least {MIN_CLUSTERS} and are reported as not estimable below that", file=sys.stderr)
     return 0
 
 

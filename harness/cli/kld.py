@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from pathlib import Path
 
 from harness.cli.registry import Builder, SubParsers, formatter, positive_int
@@ -75,13 +76,13 @@ def _stats(a: argparse.Namespace) -> int:
         keep = row >= first
         exact = compute_stats(positions_from_scores(scores.select(keep)))
         m = summarize(scores, ctx, row, labels, score_from=first, n_boot=a.n_boot)
-        lo, hi = m["kld"]["ci95"]
+        lo, hi = m["kld"]["ci95"] or (math.nan, math.nan)  # nan: fewer clusters than an interval needs
         print(f"\n# exact (harness scorer, full vocabulary, fp32 logits) through the same formulas, rows >= {first}")
         print(print_block(exact), end="")
-        print(f"\n# harness: mean KLD {m['kld']['mean']:.6f}, 95% cluster-bootstrap CI [{lo:.6f}, {hi:.6f}] "
+        print(f"\n# harness: mean KLD {m['kld']['mean']:.6f}, 95% studentized cluster-bootstrap CI [{lo:.6f}, {hi:.6f}] "
               f"({m['n_clusters']} clusters, {m['n_positions']} positions); llama.cpp's i.i.d. SE {approx['kld_mean'][1]:.6f}")
         out["exact"] = exact
-        out["harness"] = {"kld_mean": m["kld"]["mean"], "ci95": [lo, hi], "n_positions": m["n_positions"]}
+        out["harness"] = {"kld_mean": m["kld"]["mean"], "ci95": m["kld"]["ci95"], "n_positions": m["n_positions"]}
     if a.json is not None:
         a.json.write_text(json.dumps(out, indent=2, default=float) + "\n", "utf-8")
     return 0

@@ -75,9 +75,10 @@ def _paired(a: argparse.Namespace) -> int:
     }
     rep = paired_report(a.name_a, a.name_b, pos["a"], pos["b"], margin=margin, score_from=a.window, n_boot=a.n_boot)
     json_path, md_path = write_paired(a.out, rep)
-    lo, hi = rep["kld_mean"]["ci95"]
+    ci, cm = rep["kld_mean"]["ci95"], rep["certifiable_margin"]
+    iv = "95% interval not estimable (too few source clusters)" if ci is None else f"95% [{ci[0]:.4g}, {ci[1]:.4g}]"
     print(f"{a.name_a} vs {a.name_b}: {rep['verdict_named']} (mean KLD difference {rep['kld_mean']['diff']:.4g}, "
-          f"95% [{lo:.4g}, {hi:.4g}], margin ±{margin:g})")
+          f"{iv}, margin ±{margin:g}" + ("" if cm is None else f", smallest certifiable margin ±{cm:.4g}") + "; TOST 5% per side)")
     print(f"{json_path}\n{md_path}")
     return 0
 

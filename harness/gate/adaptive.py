@@ -1,26 +1,34 @@
 """Adaptive ladder (``--fidelity-adaptive``): stop scoring a candidate once its verdict is clear.
 
 A candidate's shards are scored in order. After shard ``k`` of its ``K`` planned shards (a
-*look*), the cumulative aggregate of the shards so far (per-context rows pooled, source-cluster
-bootstrap, as in :mod:`harness.reports.aggregate`) gives a two-sided percentile interval of the token-mean
-KLD at level ``1 - alpha/K``. When that interval lies entirely below or entirely above the
-candidate's threshold ``T`` (its baseline's ``max_mean_kld``) and shards remain, the remaining
-shard cases are skipped with the decision as the reason.
+*look*), the cumulative aggregate of the shards so far (per-context rows pooled by source cluster,
+as in :mod:`harness.reports.aggregate`) gives a one-sided lower and a one-sided upper bound of the
+token-mean KLD. When the upper bound lies below the candidate's threshold ``T`` (its baseline's
+``max_mean_kld``) the candidate *passes* early; when the lower bound lies above ``T`` it *fails*
+early; the remaining shard cases are skipped with the decision as the reason.
 
-Rule (stated in every report): **Bonferroni alpha spending** — ``alpha = 0.05`` split equally over
-the ``K`` planned looks (``alpha_k = alpha / K``). By the union bound the probability that *any*
-look's interval excludes the true mean is at most ``alpha``, so the probability of stopping on the
-wrong side of ``T`` is at most ``alpha`` (one wrong side: at most ``alpha/2``) whatever the
-correlation between looks; the last look never stops early (every shard was scored). Because the
-percentile bootstrap under-covers with few, skewed clusters at such extreme levels, the interval
-is the wider (per side) of the percentile bootstrap and the cluster-robust Student-t interval
-(linearized ratio, C - 1 degrees of freedom).
-``tests/test_adaptive.py`` checks the rate in simulation at the worst case (true mean = T).
+Rule (stated in every report), each side controlled separately:
+
+* **Levels.** An early wrong *pass* (stopping below ``T`` while the true mean is >= ``T``) has
+  probability at most :data:`ALPHA_SIDE` = 0.025; an early wrong *fail* at most 0.025 as well
+  (``alpha = 0.05`` in all).
+* **No early stop below** :data:`MIN_EARLY_CLUSTERS` source clusters (cumulative), and never at
+  the last look (every shard was scored: the ordinary gate decides).
+* **The whole budget.** The looks that may stop are ``k0 .. K-1``, ``k0`` the first look with at
+  least :data:`MIN_EARLY_CLUSTERS` clusters (a property of the suite, not of the scores). Each of
+  them tests each side at ``alpha_k = 0.025 / (K - k0)`` (Bonferroni over the looks that can
+  stop), so by the union bound each side's error is at most 0.025 whatever the correlation
+  between looks.
+* **The bound** is the studentized cluster bootstrap of :func:`harness.metrics.bootstrap.ratio_intervals`
+  (per side the wider of bootstrap-t and percentile), one-sided at ``alpha_k``, with at least
+  ``20 / alpha_k`` replicates so each bound rests on at least 20 replicates.
+
+``tests/test_adaptive.py`` and the ``slow`` tier (``tests/test_coverage.py``) measure each side's
+error rate in simulation at the worst case (true mean = ``T``), under a skewed model.
 
 Threshold ``T``: the baseline's ``default.max_mean_kld`` when present, else the mean of the
 per-shard ``max_mean_kld`` entries of the planned shards (all must exist); without one the
-candidate is scored in full. The bootstrap uses at least ``20 / (alpha_k / 2)`` replicates so each
-tail of the interval rests on at least 20 replicates.
+candidate is scored in full.
 """
 
 from __future__ import annotations
@@ -33,76 +41,115 @@ from typing import Any
 import numpy as np
 
 ALPHA = 0.05
+#: Error budget of each side: an early wrong pass, and separately an early wrong fail.
+ALPHA_SIDE = ALPHA / 2.0
+#: Fewest cumulative source clusters at which a look may stop early.
+MIN_EARLY_CLUSTERS = 40
 RULE = (
-    "adaptive ladder: shards scored in order; after look k of K the cumulative source-cluster bootstrap "
-    "interval of the mean KLD at level 1 - alpha/K (Bonferroni alpha spending, alpha = 0.05; per side the wider "
-    "of the percentile bootstrap and the cluster-robust t interval) is compared "
-    "with the baseline's max_mean_kld; the candidate stops early when the interval lies entirely on one side."
+    "adaptive ladder: shards scored in order; each look compares a one-sided studentized source-cluster bootstrap "
+    "bound of the cumulative mean KLD with the baseline's max_mean_kld. Early pass when the upper bound is below it, "
+    f"early fail when the lower bound is above it; each side's error <= {ALPHA_SIDE} (alpha = {ALPHA}), split "
+    f"equally (Bonferroni) over the looks that may stop: those with >= {MIN_EARLY_CLUSTERS} cumulative source "
+    "clusters, before the last look."
 )
 
 
 def n_boot_for(alpha_k: float, n_boot: int) -> int:
-    """Replicates for a percentile interval at level ``1 - alpha_k``: at least 20 in each tail."""
-    return max(int(n_boot), int(math.ceil(20.0 / (alpha_k / 2.0))))
+    """Replicates for a one-sided bound at level ``1 - alpha_k``: at least 20 beyond it."""
+    return max(int(n_boot), int(math.ceil(20.0 / alpha_k)))
 
 
-def cumulative_interval(rows: Sequence[dict[str, Any]], level: float, n_boot: int, seed: int) -> list[float]:
-    """Percentile interval of the token-mean KLD over per-context rows (``cluster``, ``positions``, ``sum_kld``)."""
-    from harness.metrics.bootstrap import draw_cluster_weights, percentile_interval, ratio_replicates
+def alpha_per_look(looks: int, first_look: int | None) -> float | None:
+    """Each side's level ``alpha_k`` at the looks that may stop (None: no look may stop)."""
+    if first_look is None or first_look >= looks:
+        return None
+    return ALPHA_SIDE / (looks - first_look)
 
+
+def look_bounds(sums: np.ndarray, counts: np.ndarray, alpha_k: float, n_boot: int, seed: int) -> np.ndarray:
+    """One-sided bounds ``[k, 2]`` (lower at ``alpha_k``, upper at ``alpha_k``) of the mean KLD.
+
+    ``sums``: per-cluster KLD sums ``[C]`` or ``[C, k]`` (k data sets on the same clusters: the
+    simulations), ``counts``: positions per cluster ``[C]``."""
+    from harness.metrics.bootstrap import draw_cluster_weights, ratio_intervals
+
+    C = int(np.asarray(counts).shape[0])
+    W = draw_cluster_weights(C, n_boot_for(alpha_k, n_boot), seed)
+    ivs = ratio_intervals(W, sums, counts, alpha_lo=alpha_k, alpha_hi=alpha_k, bounds=(0.0, math.inf))
+    return np.array([iv if iv is not None else [0.0, math.inf] for iv in ivs], dtype=np.float64)
+
+
+def side_of(lo: float, hi: float, threshold: float | None) -> str | None:
+    """``below`` (upper bound under ``T``: passes), ``above`` (lower bound over ``T``: fails) or None."""
+    if threshold is None:
+        return None
+    return "below" if hi < threshold else ("above" if lo > threshold else None)
+
+
+def cluster_totals(rows: Sequence[dict[str, Any]]) -> tuple[np.ndarray, np.ndarray]:
+    """Per-cluster KLD sums and positions from per-context rows (``cluster``, ``positions``, ``sum_kld``)."""
     clusters = sorted({str(r["cluster"]) for r in rows})
     pos = {c: i for i, c in enumerate(clusters)}
     idx = np.array([pos[str(r["cluster"])] for r in rows], dtype=np.int64)
     C = len(clusters)
     sums = np.bincount(idx, weights=np.array([float(r["sum_kld"]) for r in rows]), minlength=C)
     counts = np.bincount(idx, weights=np.array([float(r["positions"]) for r in rows]), minlength=C)
-    W = draw_cluster_weights(C, n_boot, seed)
-    lo, hi = percentile_interval(ratio_replicates(W, sums, counts), level)
-    if C >= 2:  # the wider of the bootstrap and the cluster-robust t interval (few, skewed clusters)
-        from scipy.stats import t as student_t
-
-        ratio = sums.sum() / counts.sum()
-        resid = (sums - ratio * counts) / counts.mean()
-        se = math.sqrt(float((resid**2).sum()) / (C - 1) / C)
-        q = float(student_t.ppf(1.0 - (1.0 - level) / 2.0, C - 1))
-        lo, hi = min(lo, ratio - q * se), max(hi, ratio + q * se)
-    return [max(float(lo), 0.0), float(hi)]  # KLD >= 0
+    return sums, counts
 
 
 @dataclass(frozen=True)
 class Decision:
-    """The outcome of one look."""
+    """The outcome of one look.
+
+    ``alpha_k``: each side's level at this look (None: this look may not stop); ``level``: the
+    two-sided level ``1 - 2 alpha_k`` of ``ci`` (the two one-sided bounds); ``clusters``: cumulative
+    source clusters."""
 
     look: int
     looks: int
     level: float
-    ci: tuple[float, float]
+    ci: tuple[float, float] | None
     mean_kld: float
     threshold: float | None
     side: str | None  # "below" (passes), "above" (fails) or None (continue)
+    clusters: int = 0
+    alpha_k: float | None = None
 
     @property
     def stop(self) -> bool:
-        return self.side is not None and self.look < self.looks
+        return self.side is not None and self.alpha_k is not None and self.look < self.looks
+
+    def record(self) -> dict[str, Any]:
+        """The JSON-ready record of this look (``adaptive.json``)."""
+        return {"look": self.look, "looks": self.looks, "level": self.level, "alpha_k": self.alpha_k,
+                "clusters": self.clusters, "ci": None if self.ci is None else list(self.ci), "mean_kld": self.mean_kld,
+                "threshold": self.threshold, "side": self.side}
 
     def describe(self) -> str:
-        lo, hi = self.ci
         where = {"below": "entirely below", "above": "entirely above"}.get(self.side or "", "not clear of")
-        return (f"look {self.look}/{self.looks}: mean KLD {self.mean_kld:.4g}, {100 * self.level:.2f}% interval "
-                f"[{lo:.4g}, {hi:.4g}] {where} max_mean_kld {self.threshold if self.threshold is None else f'{self.threshold:.4g}'}")
+        if self.alpha_k is None or self.ci is None:
+            return (f"look {self.look}/{self.looks}: mean KLD {self.mean_kld:.4g} over {self.clusters} clusters "
+                    f"(no early stop at this look: < {MIN_EARLY_CLUSTERS} clusters or the last look)")
+        lo, hi = self.ci
+        return (f"look {self.look}/{self.looks}: mean KLD {self.mean_kld:.4g}, one-sided bounds at alpha {self.alpha_k:.4g} "
+                f"per side [{lo:.4g}, {hi:.4g}] {where} max_mean_kld "
+                f"{self.threshold if self.threshold is None else f'{self.threshold:.4g}'} ({self.clusters} clusters)")
 
 
 def decide(rows: Sequence[dict[str, Any]], look: int, looks: int, threshold: float | None, *,
-           alpha: float = ALPHA, n_boot: int = 2000, seed: int = 20240601) -> Decision:
-    """One look: the interval at level ``1 - alpha/looks`` and on which side of ``threshold`` it lies."""
-    alpha_k = alpha / looks
-    level = 1.0 - alpha_k
-    lo, hi = cumulative_interval(rows, level, n_boot_for(alpha_k, n_boot), seed)
+           first_look: int | None = None, n_boot: int = 2000, seed: int = 20240601) -> Decision:
+    """One look. ``first_look``: the first look with >= :data:`MIN_EARLY_CLUSTERS` clusters (this
+    look when it is the first such and None is given)."""
+    sums, counts = cluster_totals(rows)
+    C = int(counts.shape[0])
     mean = math.fsum(float(r["sum_kld"]) for r in rows) / sum(int(r["positions"]) for r in rows)
-    side = None
-    if threshold is not None:
-        side = "below" if hi < threshold else ("above" if lo > threshold else None)
-    return Decision(look, looks, level, (lo, hi), mean, threshold, side)
+    if first_look is None and C >= MIN_EARLY_CLUSTERS:
+        first_look = look
+    alpha_k = alpha_per_look(looks, first_look) if (C >= MIN_EARLY_CLUSTERS and look < looks) else None
+    if alpha_k is None:
+        return Decision(look, looks, 1.0, None, mean, threshold, None, C, None)
+    lo, hi = (float(x) for x in look_bounds(sums, counts, alpha_k, n_boot, seed)[0])
+    return Decision(look, looks, 1.0 - 2.0 * alpha_k, (lo, hi), mean, threshold, side_of(lo, hi, threshold), C, alpha_k)
 
 
 def threshold_for(baselines_dir: Any, candidate: str, shards: Sequence[int]) -> float | None:
@@ -131,13 +178,14 @@ class AdaptiveMonitor:
     rows: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     seen: dict[str, list[int]] = field(default_factory=dict)
     stopped: dict[str, Decision] = field(default_factory=dict)
+    first_look: dict[str, int] = field(default_factory=dict)
 
     def stop_reason(self, candidate: str) -> str | None:
         d = self.stopped.get(candidate)
         if d is None:
             return None
         verdict = "passes" if d.side == "below" else "fails"
-        return f"adaptive stop ({candidate} {verdict}): {d.describe()}; alpha spent {ALPHA}/{d.looks} per look"
+        return f"adaptive stop ({candidate} {verdict}): {d.describe()}; each side's error <= {ALPHA_SIDE}"
 
     def observe(self, candidate: str, shard: int, metrics: Mapping[str, Any]) -> Decision:
         """Record a scored shard (its report's ``metrics``) and take a look."""
@@ -146,7 +194,9 @@ class AdaptiveMonitor:
         looks = len(self.planned.get(candidate, [])) or 1
         seed = int(metrics.get("bootstrap", {}).get("seed", 20240601))
         d = decide(self.rows[candidate], len(self.seen[candidate]), looks, self.thresholds.get(candidate),
-                   n_boot=self.n_boot, seed=seed)
+                   first_look=self.first_look.get(candidate), n_boot=self.n_boot, seed=seed)
+        if d.clusters >= MIN_EARLY_CLUSTERS:
+            self.first_look.setdefault(candidate, d.look)
         if d.stop:
             self.stopped[candidate] = d
         return d
@@ -155,15 +205,17 @@ class AdaptiveMonitor:
 def render_adaptive(records: Sequence[dict[str, Any]]) -> str:
     """``adaptive.md``: the rule and each candidate's looks."""
     lines = ["# Adaptive ladder", "", RULE, ""]
-    lines += ["| candidate | shard | look | mean KLD | interval | level | max_mean_kld | decision |", "|---|---|---|---|---|---|---|---|"]
+    lines += ["| candidate | shard | look | clusters | mean KLD | one-sided bounds | alpha per side | max_mean_kld | decision |",
+              "|---|---|---|---|---|---|---|---|---|"]
     for r in sorted(records, key=lambda r: (r["candidate"], r["look"])):
-        lo, hi = r["ci"]
         t = "—" if r["threshold"] is None else f"{r['threshold']:.4g}"
         dec = {"below": "stop: passes", "above": "stop: fails"}.get(r["side"] or "", "continue")
-        if r["side"] and r["look"] >= r["looks"]:
-            dec = "final look (" + ("below" if r["side"] == "below" else "above") + ")"
-        lines.append(f"| {r['candidate']} | {r['shard']:02d} | {r['look']}/{r['looks']} | {r['mean_kld']:.4g} | "
-                     f"[{lo:.4g}, {hi:.4g}] | {100 * r['level']:.2f}% | {t} | {dec} |")
+        if r.get("ci") is None:
+            bounds, a, dec = "—", "—", "continue (may not stop at this look)"
+        else:
+            bounds, a = f"[{r['ci'][0]:.4g}, {r['ci'][1]:.4g}]", f"{r['alpha_k']:.4g}"
+        lines.append(f"| {r['candidate']} | {r['shard']:02d} | {r['look']}/{r['looks']} | {r.get('clusters', '—')} | "
+                     f"{r['mean_kld']:.4g} | {bounds} | {a} | {t} | {dec} |")
     return "\n".join(lines) + "\n"
 
 
@@ -173,6 +225,6 @@ def write_adaptive(out_dir: Any, records: Sequence[dict[str, Any]]) -> None:
     from harness.io.atomic import atomic_write_files, dumps_json
 
     out = Path(out_dir)
-    doc = {"schema": "fidelity.adaptive/1", "rule": RULE, "alpha": ALPHA,
-           "looks": sorted(records, key=lambda r: (r["candidate"], r["look"]))}
+    doc = {"schema": "fidelity.adaptive/1", "rule": RULE, "alpha": ALPHA, "alpha_side": ALPHA_SIDE,
+           "min_early_clusters": MIN_EARLY_CLUSTERS, "looks": sorted(records, key=lambda r: (r["candidate"], r["look"]))}
     atomic_write_files({out / "adaptive.json": dumps_json(doc), out / "adaptive.md": render_adaptive(records)})  # both or neither

@@ -208,12 +208,15 @@ def baseline_path(directory: Path, candidate: str) -> Path:
 def thresholds_from(headline: Headline) -> dict[str, float]:
     """Thresholds written by an update: measured values plus the documented margin."""
     grow = 1.0 + REL_MARGIN
-    return {
+    out = {
         "max_mean_kld": float(f"{headline.mean_kld * grow + ABS_MARGIN_KLD:.6g}"),
         "max_ci_high": float(f"{headline.ci_high * grow + ABS_MARGIN_KLD:.6g}"),
         "max_p99": float(f"{headline.p99 * grow + ABS_MARGIN_KLD:.6g}"),
         "min_top1": float(f"{max(0.0, headline.top1 - TOP1_MARGIN):.6g}"),
     }
+    if not math.isfinite(headline.ci_high):  # interval not estimable (too few clusters): no max_ci_high to record
+        del out["max_ci_high"]
+    return out
 
 
 def write_baseline(directory: Path, candidate: str, measured: dict[int, Headline]) -> Path:
@@ -262,8 +265,8 @@ def headline_of(metrics: Mapping[str, Any]) -> Headline:
     kld = metrics["kld"]
     return Headline(
         mean_kld=float(kld["mean"]),
-        ci_low=float(kld["ci95"][0]),
-        ci_high=float(kld["ci95"][1]),
+        ci_low=float(kld["ci95"][0]) if kld["ci95"] else 0.0,
+        ci_high=float(kld["ci95"][1]) if kld["ci95"] else math.inf,  # not estimable: no upper bound can be certified
         p99=float(kld["p99"]),
         top1=float(metrics["top1"]["agreement"]),
     )

@@ -3,8 +3,12 @@
 Differences are ``a - b`` (for KLD, p99 and CVaR1 negative means *a* is closer to the reference;
 for top-1 and EAR positive means *a* is closer). Each interval applies the *same* cluster draws to
 both candidates (common random numbers), so shared difficulty cancels and the interval is that of
-the difference, not of two independent estimates. Two conversions whose KLD-difference interval
-contains zero are practically equivalent on this suite.
+the difference, not of two independent estimates. The mean differences (KLD, top-1, EAR) get the
+studentized interval of :func:`harness.metrics.bootstrap.ratio_intervals` (per side the wider of
+bootstrap-t and percentile: the percentile interval alone covers too little with few clusters);
+the tail differences (p99, CVaR1) keep percentile intervals. Below
+:data:`~harness.metrics.bootstrap.MIN_CLUSTERS` source clusters every interval is ``None`` (not
+estimable). The equivalence test built on it lives in :mod:`harness.reports.paired`.
 
 Context wins are decided by each context's mean KLD: ``a_wins`` counts contexts where a's mean is
 lower, ``b_wins`` where b's is lower, ``ties`` where they are equal.
@@ -22,10 +26,14 @@ from harness.metrics.bootstrap import (
     DEFAULT_N_BOOT_TAILS,
     DEFAULT_SEED,
     LEVEL,
+    MEAN_METHOD,
+    MEAN_METHOD_TEXT,
+    MIN_CLUSTERS,
+    TAIL_METHOD_TEXT,
     TailData,
     draw_cluster_weights,
     percentile_interval,
-    ratio_replicates,
+    ratio_intervals,
     tail_replicates,
 )
 from harness.metrics.positions import ContextLabel, layout
@@ -65,8 +73,12 @@ def paired(
         "n_clusters": C,
         "score_from": int(score_from),
         "bootstrap": {
-            "method": "source-cluster bootstrap, common random numbers, percentile interval",
+            "method": MEAN_METHOD,
+            "method_text": MEAN_METHOD_TEXT + ", common random numbers (the same draws for a and b)",
+            "tail_method": TAIL_METHOD_TEXT + ", common random numbers",
             "level": LEVEL,
+            "min_clusters": MIN_CLUSTERS,
+            "estimable": C >= MIN_CLUSTERS,
             "n_boot": int(n_boot),
             "n_boot_tails": int(min(n_boot, n_boot_tails)),
             "seed": int(seed),
@@ -79,21 +91,21 @@ def paired(
         ("top1", sa.top1.astype(np.float64), sb.top1.astype(np.float64)),
         ("ear_mean", sa.ear, sb.ear),
     ):
-        rep = ratio_replicates(W, cluster_sum(va), pos_cl) - ratio_replicates(W, cluster_sum(vb), pos_cl)
         out[name] = {
             "a": float(va.mean()),
             "b": float(vb.mean()),
             "diff": float(va.mean() - vb.mean()),
-            "ci95": percentile_interval(rep),
+            "ci95": ratio_intervals(W, cluster_sum(va) - cluster_sum(vb), pos_cl)[0],
         }
     nt = min(n_boot, n_boot_tails)
-    qa, ca = tail_replicates(TailData.build(sa.kld, La.cluster, C), W[:nt])
-    qb, cb = tail_replicates(TailData.build(sb.kld, Lb.cluster, C), W[:nt])
-    for name, fa, fb, ra, rb in (
-        ("kld_p99", quantile(sa.kld, 0.99), quantile(sb.kld, 0.99), qa, qb),
-        ("kld_cvar1", cvar(sa.kld), cvar(sb.kld), ca, cb),
-    ):
-        out[name] = {"a": fa, "b": fb, "diff": fa - fb, "ci95": percentile_interval(ra - rb)}
+    tail_pairs = {"kld_p99": (quantile(sa.kld, 0.99), quantile(sb.kld, 0.99)), "kld_cvar1": (cvar(sa.kld), cvar(sb.kld))}
+    tail_ci: dict[str, list[float] | None] = {"kld_p99": None, "kld_cvar1": None}
+    if C >= MIN_CLUSTERS:
+        qa, ca = tail_replicates(TailData.build(sa.kld, La.cluster, C), W[:nt])
+        qb, cb = tail_replicates(TailData.build(sb.kld, Lb.cluster, C), W[:nt])
+        tail_ci = {"kld_p99": percentile_interval(qa - qb), "kld_cvar1": percentile_interval(ca - cb)}
+    for name, (fa, fb) in tail_pairs.items():
+        out[name] = {"a": fa, "b": fb, "diff": fa - fb, "ci95": tail_ci[name]}
     ma = np.bincount(La.ctx, weights=sa.kld, minlength=nc) / pos_ctx
     mb = np.bincount(Lb.ctx, weights=sb.kld, minlength=nc) / pos_ctx
     out["contexts"] = {
@@ -101,6 +113,6 @@ def paired(
         "b_wins": int((mb < ma).sum()),
         "ties": int((ma == mb).sum()),
     }
-    lo, hi = out["kld_mean"]["ci95"]
-    out["kld_mean"]["interval_contains_zero"] = bool(lo <= 0.0 <= hi)
+    ci = out["kld_mean"]["ci95"]
+    out["kld_mean"]["interval_contains_zero"] = None if ci is None else bool(ci[0] <= 0.0 <= ci[1])
     return out

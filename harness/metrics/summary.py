@@ -5,8 +5,11 @@ Field meanings (all KLD values in nats; "positions" are the scored positions aft
 * ``n_positions``, ``n_contexts``, ``n_clusters``, ``score_from`` — what was counted. The window
   ``score_from=k`` drops rows ``< k`` of every context *before* any statistic.
 * ``kld.mean`` — the primary number: token mean over all positions. ``kld.mean_context_macro`` —
-  mean of per-context means. ``kld.ci95`` — percentile interval of the source-cluster bootstrap
-  (``bootstrap`` block: replicates, seed, method; see :mod:`harness.metrics.bootstrap`).
+  mean of per-context means. ``kld.ci95`` — the 95 % studentized source-cluster bootstrap interval
+  (``bootstrap`` block: replicates, seed, ``method`` / ``method_text`` of the means' intervals,
+  ``tail_method`` of the tails', ``min_clusters``; see :mod:`harness.metrics.bootstrap`). Every
+  interval (``ci95``, ``p99_ci95``, ...) is ``null`` when the report has fewer than
+  ``min_clusters`` source clusters: not estimable, never a zero-width interval.
   ``kld.se_iid`` — the naive i.i.d. standard error (what llama.cpp prints), for comparison only.
 * ``kld.median/p95/p99/p999`` — numpy "linear" quantiles over positions; ``kld.cvar1`` — mean of
   the worst 1 % with fractional boundary weight; ``kld.max`` — exact max; ``kld.p99_ci95`` and
@@ -37,10 +40,14 @@ from harness.metrics.bootstrap import (
     DEFAULT_N_BOOT_TAILS,
     DEFAULT_SEED,
     LEVEL,
+    MEAN_METHOD,
+    MEAN_METHOD_TEXT,
+    MIN_CLUSTERS,
+    TAIL_METHOD_TEXT,
     TailData,
     draw_cluster_weights,
     percentile_interval,
-    ratio_replicates,
+    ratio_intervals,
     tail_replicates,
 )
 from harness.metrics.histogram import LogHistogram, exceedance_counts
@@ -196,10 +203,12 @@ def summarize(
     cl_sums = {k: np.bincount(L.ctx_cluster, weights=v, minlength=C) for k, v in ctx_sums.items()}
     W = draw_cluster_weights(C, n_boot, seed)
     names = ("kld", "top1", "ear", "jsd_bits")
-    reps = ratio_replicates(W, np.stack([cl_sums[k] for k in names], axis=1), cl_sums["positions"])
-    ci = {k: percentile_interval(reps[:, j]) for j, k in enumerate(names)}
+    ivs = ratio_intervals(W, np.stack([cl_sums[k] for k in names], axis=1), cl_sums["positions"], bounds=(0.0, math.inf))
+    ci = {k: iv if (iv is None or k in ("kld", "jsd_bits")) else [iv[0], min(iv[1], 1.0)] for k, iv in zip(names, ivs)}
     nt = min(n_boot_tails, n_boot)
-    q99_rep, cvar_rep = tail_replicates(TailData.build(kld, L.cluster, C), W[:nt], 0.99, 0.01)
+    estimable = C >= MIN_CLUSTERS
+    if estimable:
+        q99_rep, cvar_rep = tail_replicates(TailData.build(kld, L.cluster, C), W[:nt], 0.99, 0.01)
     mean_ref, mean_cand = float(a["nll_ref"].mean()), float(a["nll_cand"].mean())
     dp = a["delta_p"]
     ctx_means = np.array([r["mean_kld"] for r in rows])
@@ -210,8 +219,12 @@ def summarize(
         "n_clusters": C,
         "score_from": int(score_from),
         "bootstrap": {
-            "method": "source-cluster bootstrap, percentile interval",
+            "method": MEAN_METHOD,
+            "method_text": MEAN_METHOD_TEXT,
+            "tail_method": TAIL_METHOD_TEXT,
             "level": LEVEL,
+            "min_clusters": MIN_CLUSTERS,
+            "estimable": estimable,
             "n_boot": int(n_boot),
             "n_boot_tails": int(nt),
             "seed": int(seed),
@@ -227,8 +240,8 @@ def summarize(
             "p999": quantile(kld, 0.999),
             "cvar1": cvar(kld, 0.01),
             "max": _f(kld.max()),
-            "p99_ci95": percentile_interval(q99_rep),
-            "cvar1_ci95": percentile_interval(cvar_rep),
+            "p99_ci95": percentile_interval(q99_rep) if estimable else None,
+            "cvar1_ci95": percentile_interval(cvar_rep) if estimable else None,
         },
         "exceedance": exceedance_counts(kld),
         "histogram": LogHistogram.from_values(kld).to_json(),

@@ -84,7 +84,7 @@ class WindowCase:
         return compare_windows(p["base"], by_window)
 
     def check(self) -> None:
-        """n_positions follows the window arithmetic; a ranking flip with disjoint intervals fails, others warn."""
+        """n_positions follows the window arithmetic; a flip real at both windows (paired difference interval) fails, others warn."""
         __tracebackhide__ = True
         from harness.reports.windows import flip_message
 
@@ -144,9 +144,13 @@ def write_extras(report_dir: str | Path, extras: Mapping[str, Sequence[dict[str,
         from harness.reports.paired import write_paired
 
         path, _ = write_paired(out, rep)
-        lo, hi = rep["kld_mean"]["ci95"]
-        lines.append(f"paired {rep['a']} vs {rep['b']}: {rep['verdict_named']} "
-                     f"(diff {rep['kld_mean']['diff']:.4g}, 95% [{lo:.4g}, {hi:.4g}], margin ±{rep['margin']:g}) {path}")
+        ci = rep["kld_mean"]["ci95"]
+        iv = "not estimable" if ci is None else f"95% [{ci[0]:.4g}, {ci[1]:.4g}]"
+        cm = rep.get("certifiable_margin")
+        lines.append(f"paired {rep['a']} vs {rep['b']}: {rep['verdict_named']} (diff {rep['kld_mean']['diff']:.4g}, {iv}, "
+                     f"margin ±{rep['margin']:g}, certifiable ±{cm:.2g}) {path}" if cm is not None else
+                     f"paired {rep['a']} vs {rep['b']}: {rep['verdict_named']} (diff {rep['kld_mean']['diff']:.4g}, {iv}, "
+                     f"margin ±{rep['margin']:g}) {path}")
     if extras.get("adaptive"):
         from harness.gate.adaptive import write_adaptive
 

@@ -403,9 +403,7 @@ class FidelityRun:
             pytest.fail(f"{name} shard {shard:02d}: {exc}", pytrace=False)
         if monitor is not None:
             d = monitor.observe(name, shard, scored.report.metrics)
-            self.send(request, "adaptive", {"candidate": name, "shard": shard, "look": d.look, "looks": d.looks,
-                                            "level": d.level, "ci": list(d.ci), "mean_kld": d.mean_kld,
-                                            "threshold": d.threshold, "side": d.side})
+            self.send(request, "adaptive", {"candidate": name, "shard": shard, **d.record()})
         for key in ("mean_kld", "ci_low", "ci_high", "p99", "top1"):
             record_property(f"fidelity_{key}", getattr(scored.headline, key))
         request.node.stash[_PAYLOAD] = scored.report.to_json_dict()

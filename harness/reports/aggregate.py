@@ -12,8 +12,9 @@ Rules (docs/design.md, section 4), each a :class:`~harness.errors.VerificationEr
 What is combined, and how:
 
 * position-weighted means (KLD, top-1, EAR, JSD, NLL) are exact sums over all positions;
-* the 95% interval is the source-cluster bootstrap over the union of the per-context rows
-  (clusters merged by name across shards; same seed and replicate count as the shards);
+* the 95% interval is the studentized source-cluster bootstrap over the union of the per-context
+  rows (clusters merged by name across shards; same seed and replicate count as the shards;
+  ``null`` below the minimum number of clusters);
 * tail quantiles (p50 ... p99.99) come from the summed fixed-edge histograms and are therefore
   *bin-bounded*: ``[lo, hi]`` brackets that must contain the exact quantile;
 * exceedance counts add exactly, the max is the max.
@@ -170,8 +171,9 @@ def bracket(bounds: tuple[float, float], max_kld: float) -> list[float]:
     return [max(lo, 0.0), min(hi, max_kld)]
 
 
-def _cluster_bootstrap(rows: list[dict[str, Any]], n_boot: int, seed: int) -> dict[str, list[float]]:
-    from harness.metrics.bootstrap import draw_cluster_weights, percentile_interval, ratio_replicates
+def _cluster_bootstrap(rows: list[dict[str, Any]], n_boot: int, seed: int) -> dict[str, list[float] | None]:
+    """Studentized source-cluster bootstrap intervals (None: fewer clusters than the minimum)."""
+    from harness.metrics.bootstrap import draw_cluster_weights, ratio_intervals
 
     clusters = sorted({str(r["cluster"]) for r in rows})
     pos = {c: i for i, c in enumerate(clusters)}
@@ -183,17 +185,16 @@ def _cluster_bootstrap(rows: list[dict[str, Any]], n_boot: int, seed: int) -> di
 
     W = draw_cluster_weights(C, n_boot, seed)
     counts = per_cluster("positions")
-    return {
-        "kld": percentile_interval(ratio_replicates(W, per_cluster("sum_kld"), counts)),
-        "top1": percentile_interval(ratio_replicates(W, per_cluster("top1"), counts)),
-        "ear": percentile_interval(ratio_replicates(W, per_cluster("sum_ear"), counts)),
-    }
+    sums = np.stack([per_cluster("sum_kld"), per_cluster("top1"), per_cluster("sum_ear")], axis=1)
+    kld, top1, ear = ratio_intervals(W, sums, counts, bounds=(0.0, math.inf))
+    return {"kld": kld, "top1": top1 and [top1[0], min(top1[1], 1.0)], "ear": ear and [ear[0], min(ear[1], 1.0)]}
 
 
 def aggregate(reports: Sequence[Any], *, n_shards: int | None = None, suite: Any = None) -> dict[str, Any]:
     """Combine one candidate's shard reports; ``n_shards`` asks for a complete set. With ``suite``
     (a :class:`~harness.inputs.suite.Suite` or :class:`~harness.reports.suite_shape.SuiteShape`)
     every report is checked against it (:func:`check_against_suite`) and recorded in the result."""
+    from harness.metrics.bootstrap import MEAN_METHOD, MEAN_METHOD_TEXT, MIN_CLUSTERS
     from harness.metrics.histogram import LogHistogram
     from harness.metrics.summary import merge_totals
     from harness.reports.suite_shape import SuiteShape
@@ -256,7 +257,8 @@ def aggregate(reports: Sequence[Any], *, n_shards: int | None = None, suite: Any
         "exceedance": t["exceedance"],
         "histogram": t["histogram"],
         "per_stratum": dict(sorted(strata.items())),
-        "bootstrap": {"method": "source-cluster bootstrap over per-context rows", "n_boot": int(boot["n_boot"]), "seed": int(boot["seed"])},
+        "bootstrap": {"method": MEAN_METHOD, "method_text": MEAN_METHOD_TEXT + ", over per-context rows",
+                      "min_clusters": MIN_CLUSTERS, "n_boot": int(boot["n_boot"]), "seed": int(boot["seed"])},
         **({} if shape is None else {"suite": shape.to_json()}),
     }
 
@@ -309,13 +311,13 @@ def format_ladder(rows: Sequence[dict[str, Any]]) -> list[str]:
     head = ["candidate", "size", "shards", "mean KLD [95% CI]", "p99 (bin)", "top-1", "baseline"]
     body = []
     for r in rows:
-        lo, hi = r["ci95"]
+        ci = f"[{_fmt(r['ci95'][0])}, {_fmt(r['ci95'][1])}]" if r["ci95"] else "[not estimable]"
         body.append(
             [
                 r["candidate"],
                 _size(r["size_bytes"]),
                 str(len(r["shards"])),
-                f"{_fmt(r['mean_kld'])} [{_fmt(lo)}, {_fmt(hi)}]",
+                f"{_fmt(r['mean_kld'])} {ci}",
                 f"≤ {_fmt(r['p99_bounds'][1])}",
                 f"{r['top1']:.4f}",
                 r["verdict"],

@@ -123,7 +123,7 @@ def plot_kld_vs_size(points: Sequence[Mapping[str, Any]], path: str | Path) -> P
         ax.plot([f[0] * scale for f in front], [f[1] for f in front], "--", color="0.35", linewidth=1.2,
                 label="Pareto frontier (no other candidate is both smaller and closer)", zorder=1)
     for p in pts:
-        lo, hi = p["ci95"]
+        lo, hi = p["ci95"] or (p["mean_kld"], p["mean_kld"])  # no bar when not estimable
         x, y = p["size_gib"] * scale, p["mean_kld"]
         color = colors[p["candidate"]]
         # the interval is often a few % of the mean: narrower than a marker on a log axis, so the marker is
@@ -144,7 +144,7 @@ def plot_kld_vs_size(points: Sequence[Mapping[str, Any]], path: str | Path) -> P
         xs = [p["size_gib"] * scale for p in pts]
         span = (max(xs) - min(xs)) or max(xs) or 1.0
         ax.set_xlim(min(xs) - 0.08 * span, max(xs) + 0.25 * span)
-        ys = [v for p in pts for v in (p["ci95"][0], p["mean_kld"], p["ci95"][1]) if v > 0]
+        ys = [v for p in pts for v in (*(p["ci95"] or ()), p["mean_kld"]) if v > 0]
         ax.set_ylim(min(ys) / 2.0, max(ys) * 3.0)
     fig.tight_layout()
     path = Path(path)

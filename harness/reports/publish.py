@@ -153,18 +153,21 @@ def render_candidate(name: str, agg: dict[str, Any], shards: Sequence[Any], tail
                      window: dict[str, Any] | None, pairs: Sequence[dict[str, Any]], repro: dict[str, Any] | None) -> str:
     """One page: headline, interval, tails, window control, pairs, identity, how to reproduce."""
     k = agg["kld"]
-    lo, hi = k["ci95"]
+    lo, hi = k["ci95"] or (None, None)
     comp = agg["comparability"]
     size = comp["candidate"].get("size_bytes")
     shard_list = ", ".join(f"{s['index']:02d}" for s in agg["shards"])
     lines = [f"# {name}", "",
-             f"**Mean KLD {fmt_opt(k['mean'])} nats** (95% interval [{fmt_opt(lo)}, {fmt_opt(hi)}], source-cluster bootstrap, "
+             f"**Mean KLD {fmt_opt(k['mean'])} nats** (95% interval "
+             f"{'not estimable (too few source clusters)' if lo is None else f'[{fmt_opt(lo)}, {fmt_opt(hi)}]'}, "
+             "studentized source-cluster bootstrap, "
              f"{agg['bootstrap']['n_boot']} replicates, seed {agg['bootstrap']['seed']}) against "
              f"`{comp['reference']['name']}`, over {agg['n_positions']} positions in {agg['n_contexts']} contexts "
              f"({agg['n_clusters']} source clusters), shards {shard_list}, "
              f"score_from={agg['score_from']}.", "",
              "| metric | value |", "|---|---|",
-             f"| top-1 agreement | {agg['top1']['agreement']:.4f} [{agg['top1']['ci95'][0]:.4f}, {agg['top1']['ci95'][1]:.4f}] |",
+             f"| top-1 agreement | {agg['top1']['agreement']:.4f} "
+             + (f"[{agg['top1']['ci95'][0]:.4f}, {agg['top1']['ci95'][1]:.4f}] |" if agg["top1"]["ci95"] else "[not estimable] |"),
              f"| EAR | {fmt_opt(agg['ear']['mean'])} |",
              f"| mean JSD (bits) | {fmt_opt(agg['jsd_bits']['mean'])} |",
              f"| PPL ref / cand | {agg['ppl']['ref']:.4f} / {agg['ppl']['cand']:.4f} |",
@@ -193,7 +196,7 @@ def render_candidate(name: str, agg: dict[str, Any], shards: Sequence[Any], tail
     if pairs:
         lines += ["## Paired comparisons", ""]
         for p in pairs:
-            plo, phi = p["kld_mean"]["ci95"]
+            plo, phi = p["kld_mean"]["ci95"] or (None, None)
             lines.append(f"- {p['a']} vs {p['b']}: **{p['verdict_named']}** (difference {fmt_opt(p['kld_mean']['diff'])}, "
                          f"95% [{fmt_opt(plo)}, {fmt_opt(phi)}], margin ±{p['margin']:g})")
         lines.append("")
@@ -218,13 +221,14 @@ hidden states go through one shared BF16 LM head, so the number measures the mod
 * Suite: fixed token ids (never re-tokenized), `n_ctx` tokens per context; rows `score_from .. n_ctx-2`
   of every context are scored (this set: score_from = {windows}).
 * Per position: KLD, top-1 agreement, EAR = Σ min(p, q), JSD, NLL of the true next token.
-* Headline: token-mean KLD with a 95% **source-cluster bootstrap** percentile interval
-  (whole source documents resampled; fixed seed).
+* Headline: token-mean KLD with a 95% **studentized source-cluster bootstrap** interval
+  (whole source documents resampled; fixed seed; per side the wider of bootstrap-t and percentile;
+  not estimable below 8 source clusters).
 * Tails: exact per-shard percentiles; cumulative percentiles are bracketed by a fixed
   log-spaced histogram (40 bins per decade) whose counts add across shards; exceedance counts
   are exact.
-* Paired comparisons: common-random-number bootstrap of the difference; verdict `equivalent`
-  when the interval lies within ±margin.
+* Paired comparisons: common-random-number studentized bootstrap of the difference; verdict
+  `equivalent` when the 95% interval lies within ±margin (TOST, alpha 0.05 per side, read from the 95% interval).
 
 ## Files
 

@@ -240,7 +240,8 @@ def _g(x: Any, digits: int = 4) -> str:
 
 
 def _interval(ci: Any) -> str:
-    return f"[{_g(ci[0])}, {_g(ci[1])}]" if ci else "—"
+    """``[lo, hi]``; a ``null`` interval (fewer source clusters than the bootstrap's minimum) is not estimable."""
+    return f"[{_g(ci[0])}, {_g(ci[1])}]" if ci else "not estimable"
 
 
 def render_markdown(r: ShardReport) -> str:
@@ -269,9 +270,12 @@ def render_markdown(r: ShardReport) -> str:
         lines.append(f"| mean ln(PPL(cand)/PPL(ref)) | {_g(p['mean_ln_ratio'])} | |")
     lines += [
         "",
-        f"Interval: {bs.get('method', 'source-cluster bootstrap')}, {bs.get('n_boot', '?')} replicates "
+        f"Intervals: means {bs.get('method_text', bs.get('method', 'source-cluster bootstrap'))}; tails "
+        f"{bs.get('tail_method', 'percentile')}; {bs.get('n_boot', '?')} replicates "
         f"({bs.get('n_boot_tails', '?')} for tails), seed {bs.get('seed', '?')}. "
-        f"Naive i.i.d. SE of the mean (for comparison only): {_g(k.get('se_iid'))}.",
+        + ("" if bs.get("estimable", True) else
+           f"**Not estimable: {m['n_clusters']} source clusters, fewer than the {bs.get('min_clusters')} an interval needs.** ")
+        + f"Naive i.i.d. SE of the mean (for comparison only): {_g(k.get('se_iid'))}.",
         "",
         f"Resolvable δ (95% confidence, 80% power, two independent candidates with this run's cluster spread; "
         f"a paired comparison resolves less): {_g(m.get('resolvable_delta'))} nats.",

@@ -4,17 +4,24 @@ A window ``score_from=k`` drops rows ``< k`` of every context before any statist
 section 2); llama.cpp's ``llama-perplexity`` scores the second half of each chunk
 (``k = n_ctx/2``). The controls rescore the *same* scored positions (no recapture, no GEMMs)
 at ``k`` in :data:`WINDOWS` (0, 64 and n_ctx/2) and report, per candidate, the mean KLD, its
-95% source-cluster interval, ``n_positions`` and the relative change against the run's base
-window (``--fidelity-window``, default 0). Windows that leave no position
+95% studentized source-cluster interval, ``n_positions`` and the relative change against the
+run's base window (``--fidelity-window``, default 0). Windows that leave no position
 (``k > n_ctx - 2``) are skipped with a note.
 
 Ranking rule (documented decision): the candidates are ranked by mean KLD at each window. A
-pair whose order flips between the base window and ``k`` is
+pair whose order flips between the base window and ``k`` is judged by the **paired** difference
+of their mean KLD (both candidates are scored on the same positions, so the same cluster draws
+apply to both and shared difficulty cancels: the interval of
+:func:`harness.metrics.bootstrap.ratio_intervals` over the per-cluster differences):
 
-* a **failure** when their 95% intervals are disjoint at *both* windows: the order is real at
-  each window and the window reverses it, so the ladder depends on the window;
-* a **warning** otherwise: the intervals overlap, the two are indistinguishable at that window
-  and their order is noise (siblings of one recipe flip freely).
+* a **failure** when the 95% interval of the difference excludes 0 at *both* windows, on opposite
+  sides: the order is real at each window (a two-sided 5 % test at each) and the window reverses
+  it, so the ladder depends on the window;
+* a **warning** otherwise: at one window at least the two are indistinguishable and their order
+  is noise (siblings of one recipe flip freely).
+
+A false failure needs a wrong "real" at one of the two windows, so its probability is at most
+2.5 % (the side of the difference that reverses the true order).
 """
 
 from __future__ import annotations
@@ -53,8 +60,7 @@ def window_summary(positions: Sequence[Any], k: int, *, n_boot: int, seed: int |
     from harness.metrics.bootstrap import (
         DEFAULT_SEED,
         draw_cluster_weights,
-        percentile_interval,
-        ratio_replicates,
+        ratio_interval,
     )
     from harness.metrics.positions import layout
     from harness.scoring.scores import PositionScores
@@ -65,7 +71,8 @@ def window_summary(positions: Sequence[Any], k: int, *, n_boot: int, seed: int |
     labels = [lab for p in positions for lab in p.labels]
     L = layout(scores, ctx, row, labels, k)
     C = L.n_clusters
-    W = draw_cluster_weights(C, n_boot, DEFAULT_SEED if seed is None else seed)
+    seed = DEFAULT_SEED if seed is None else seed
+    W = draw_cluster_weights(C, n_boot, seed)
     sums = np.bincount(L.cluster, weights=L.scores.kld, minlength=C)
     counts = np.bincount(L.cluster, minlength=C).astype(np.float64)
     return {
@@ -73,12 +80,31 @@ def window_summary(positions: Sequence[Any], k: int, *, n_boot: int, seed: int |
         "n_positions": len(L.scores),
         "n_contexts": len(L.contexts),
         "mean_kld": float(L.scores.kld.mean()),
-        "ci95": percentile_interval(ratio_replicates(W, sums, counts)),
+        "ci95": ratio_interval(W, sums, counts, bounds=(0.0, float("inf"))),
+        "clusters": {"names": [str(c) for c in L.cluster_names], "sum_kld": sums.tolist(), "positions": counts.tolist(),
+                     "n_boot": int(n_boot), "seed": int(seed)},
     }
 
 
-def _disjoint(a: Sequence[float], b: Sequence[float]) -> bool:
-    return a[1] < b[0] or b[1] < a[0]
+def paired_difference(sa: Mapping[str, Any], sb: Mapping[str, Any]) -> list[float] | None:
+    """95% interval of mean KLD ``a - b`` from two :func:`window_summary` of the same positions
+    (shared cluster draws; None when not estimable)."""
+    from harness.metrics.bootstrap import draw_cluster_weights, ratio_interval
+
+    ca, cb = sa["clusters"], sb["clusters"]
+    if ca["names"] != cb["names"] or ca["positions"] != cb["positions"]:
+        raise ValueError("window summaries: the two candidates were not summarized on the same positions")
+    counts = np.asarray(ca["positions"], dtype=np.float64)
+    W = draw_cluster_weights(len(counts), int(ca["n_boot"]), int(ca["seed"]))
+    return ratio_interval(W, np.asarray(ca["sum_kld"]) - np.asarray(cb["sum_kld"]), counts)
+
+
+def _real_order(sa: Mapping[str, Any], sb: Mapping[str, Any]) -> int:
+    """-1 when a's mean KLD is lower than b's beyond noise, +1 when higher, 0 when indistinguishable."""
+    ci = paired_difference(sa, sb)
+    if ci is None:
+        return 0
+    return -1 if ci[1] < 0 else (1 if ci[0] > 0 else 0)
 
 
 def compare_windows(base: int, by_window: Mapping[int, Mapping[str, Mapping[str, Any]]]) -> dict[str, Any]:
@@ -98,7 +124,7 @@ def compare_windows(base: int, by_window: Mapping[int, Mapping[str, Mapping[str,
         for i, a in enumerate(rank0):
             for b in rank0[i + 1 :]:
                 if a in cur and b in cur and rank.index(a) > rank.index(b):
-                    real = _disjoint(ref[a]["ci95"], ref[b]["ci95"]) and _disjoint(cur[a]["ci95"], cur[b]["ci95"])
+                    real = _real_order(ref[a], ref[b]) * _real_order(cur[a], cur[b]) == -1
                     (failures if real else warnings).append([a, b])
         n_fail += len(failures)
         n_warn += len(warnings)
@@ -111,9 +137,9 @@ def compare_windows(base: int, by_window: Mapping[int, Mapping[str, Mapping[str,
             "flips": {"failures": failures, "warnings": warnings},
         }
     if n_fail:
-        verdict = f"ranking CHANGES with the window ({n_fail} flip(s) with disjoint intervals)"
+        verdict = f"ranking CHANGES with the window ({n_fail} flip(s) real at both windows: paired interval excludes 0)"
     elif n_warn:
-        verdict = f"ranking stable within noise ({n_warn} flip(s) between candidates whose intervals overlap)"
+        verdict = f"ranking stable within noise ({n_warn} flip(s) whose paired difference interval contains 0 at a window)"
     else:
         verdict = "ranking stable across windows"
     out["verdict"] = verdict
@@ -123,7 +149,7 @@ def compare_windows(base: int, by_window: Mapping[int, Mapping[str, Mapping[str,
 def flip_message(k: int, base: int, flips: Sequence[Sequence[str]]) -> str:
     """The failure text naming the candidates whose order flipped."""
     pairs = ", ".join(f"{a} < {b} at score_from={base} but {b} < {a} at score_from={k}" for a, b in flips)
-    return f"ranking flips with disjoint 95% intervals: {pairs}"
+    return f"ranking flips with the paired 95% difference interval excluding 0 at both windows: {pairs}"
 
 
 def render_window(cmp: Mapping[str, Any], notes: Sequence[str] = ()) -> str:
@@ -132,18 +158,19 @@ def render_window(cmp: Mapping[str, Any], notes: Sequence[str] = ()) -> str:
 
     lines = ["# Scoring-window control", "", f"**Verdict: {cmp['verdict']}.**", "",
              f"Base window score_from={cmp['base_window']}; the same scored positions are summarized again "
-             "from row k (no recapture). Flips between candidates whose 95% intervals are disjoint at both "
-             "windows fail; flips within overlapping intervals are warnings.", ""]
+             "from row k (no recapture). A flip fails when the paired (shared-draws) 95% interval of the two "
+             "candidates' mean-KLD difference excludes 0 at both windows; other flips are warnings.", ""]
     lines += ["| score_from | candidate | positions | mean KLD | 95% interval | change vs base |", "|---|---|---|---|---|---|"]
     for k, w in sorted(cmp["windows"].items(), key=lambda t: int(t[0])):
         for c in w["ranking"]:
             d = w["candidates"][c]
             rel = "—" if d["rel_change_mean_kld"] is None else f"{100 * d['rel_change_mean_kld']:+.1f}%"
-            lines.append(f"| {k} | {c} | {d['n_positions']} | {fmt_g(d['mean_kld'])} | [{fmt_g(d['ci95'][0])}, {fmt_g(d['ci95'][1])}] | {rel} |")
+            ci = "not estimable" if d["ci95"] is None else f"[{fmt_g(d['ci95'][0])}, {fmt_g(d['ci95'][1])}]"
+            lines.append(f"| {k} | {c} | {d['n_positions']} | {fmt_g(d['mean_kld'])} | {ci} | {rel} |")
     lines.append("")
     for k, w in sorted(cmp["windows"].items(), key=lambda t: int(t[0])):
         for a, b in w["flips"]["failures"]:
-            lines.append(f"- FLIP at score_from={k}: {a} and {b} (disjoint intervals)")
+            lines.append(f"- FLIP at score_from={k}: {a} and {b} (paired difference real at both windows)")
         for a, b in w["flips"]["warnings"]:
             lines.append(f"- flip within noise at score_from={k}: {a} and {b}")
     lines += [f"- {n}" for n in notes]

@@ -1,0 +1,104 @@
+"""Seeded synthetic per-cluster KLD data for the coverage and error-rate simulations.
+
+Used by the ``slow`` test tier (``tests/test_coverage.py``) and by ``benchmarks/coverage_table.py``
+(the table in ``docs/statistics.md``). Only what the interval methods see is simulated: per source
+cluster the sum of the per-position KLD and the number of positions.
+
+Model (a *cluster multiplier* × *context multiplier* × *position* model of per-position KLD):
+
+* every cluster holds ``contexts_per_cluster`` contexts of ``positions`` scored positions;
+* position KLD is lognormal with log-sd ``sigma_position``; a context's mean of ``positions`` such
+  values is drawn from the moment-matched lognormal (Fenton-Wilkinson), so its skew is kept;
+* every context has a lognormal multiplier (log-sd ``sigma_context``) and every cluster a multiplier
+  drawn from ``cluster_law``: ``lognormal`` (log-sd ``sigma_cluster``) or ``pareto`` (Lomax with
+  shape ``pareto_shape``: heavy right tail, finite variance for shape > 2);
+* every multiplier has expectation 1, so the true token-mean KLD is exactly ``mean``.
+
+:data:`FIXTURE` is fitted to the embedded default's shard reports (per-context rows: the log-sd
+of the context means between clusters is about 0.10, within a cluster about 0.08; position
+median / mean about 0.7, i.e. a position log-sd of about 0.9). :data:`HEAVY` is the heavier-tailed
+variant the intervals must also cover (the percentile interval covers about 88 % of it at 16
+clusters); :data:`EXTREME` (Pareto cluster effects) shows where 16 clusters stop being enough.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class ClusterModel:
+    """A synthetic per-position KLD model (see the module docstring for each field's meaning)."""
+
+    name: str
+    sigma_cluster: float
+    sigma_context: float
+    sigma_position: float
+    cluster_law: str = "lognormal"
+    pareto_shape: float = 2.5
+    positions: int = 255
+    mean: float = 1e-3
+
+    def _unit_lognormal(self, rng: np.random.Generator, sigma: float, size: tuple[int, ...]) -> np.ndarray:
+        if sigma == 0.0:
+            return np.ones(size)
+        return rng.lognormal(-0.5 * sigma * sigma, sigma, size)
+
+    def cluster_multipliers(self, rng: np.random.Generator, size: tuple[int, ...]) -> np.ndarray:
+        """Cluster effects with expectation 1."""
+        if self.cluster_law == "pareto":
+            a = self.pareto_shape
+            return np.asarray(rng.pareto(a, size) * (a - 1.0), dtype=np.float64)  # Lomax(a) has mean 1/(a-1)
+        if self.cluster_law != "lognormal":
+            raise ValueError(f"cluster_law: expected 'lognormal' or 'pareto', found {self.cluster_law!r}")
+        return self._unit_lognormal(rng, self.sigma_cluster, size)
+
+    def context_means(self, rng: np.random.Generator, size: tuple[int, ...]) -> np.ndarray:
+        """Mean of ``positions`` unit-mean lognormal position values (moment-matched lognormal)."""
+        cv2 = math.expm1(self.sigma_position**2) / self.positions
+        return self._unit_lognormal(rng, math.sqrt(math.log1p(cv2)), size)
+
+    def draw_contexts(self, rng: np.random.Generator, reps: int, n_clusters: int, contexts_per_cluster: int) -> np.ndarray:
+        """``reps`` data sets: per-context KLD sums ``[n_clusters, contexts_per_cluster, reps]``."""
+        k = contexts_per_cluster
+        u = self.cluster_multipliers(rng, (n_clusters, 1, reps))
+        ctx = self._unit_lognormal(rng, self.sigma_context, (n_clusters, k, reps)) * self.context_means(rng, (n_clusters, k, reps))
+        return np.asarray(self.mean * self.positions * u * ctx, dtype=np.float64)
+
+    def draw(self, rng: np.random.Generator, reps: int, n_clusters: int, contexts_per_cluster: int) -> tuple[np.ndarray, np.ndarray]:
+        """``reps`` data sets: per-cluster KLD sums ``[n_clusters, reps]`` and positions ``[n_clusters]``."""
+        sums = self.draw_contexts(rng, reps, n_clusters, contexts_per_cluster).sum(axis=1)
+        return sums, np.full(n_clusters, float(self.positions * contexts_per_cluster))
+
+    def draw_paired(
+        self, rng: np.random.Generator, reps: int, n_clusters: int, contexts_per_cluster: int, rel_diff: float,
+    ) -> tuple[np.ndarray, np.ndarray, float]:
+        """Two candidates on the same positions: per-cluster sums of the KLD difference ``a - b``
+        ``[n_clusters, reps]``, positions ``[n_clusters]`` and the true mean difference.
+
+        Both share the cluster and context multipliers (difficulty); their position noise is
+        independent; ``a``'s mean is ``(1 + rel_diff)`` times ``b``'s, so the true difference is
+        ``rel_diff * mean``."""
+        k = contexts_per_cluster
+        shape = (n_clusters, k, reps)
+        common = self.cluster_multipliers(rng, (n_clusters, 1, reps)) * self._unit_lognormal(rng, self.sigma_context, shape)
+        a = (1.0 + rel_diff) * common * self.context_means(rng, shape)
+        b = common * self.context_means(rng, shape)
+        diff = (self.mean * self.positions * (a - b)).sum(axis=1)
+        return diff, np.full(n_clusters, float(self.positions * k)), rel_diff * self.mean
+
+
+FIXTURE = ClusterModel("fixture-fitted", sigma_cluster=0.10, sigma_context=0.08, sigma_position=0.9)
+HEAVY = ClusterModel("heavy-tailed", sigma_cluster=0.6, sigma_context=0.3, sigma_position=1.5)
+EXTREME = ClusterModel("extreme (Pareto 2.5 clusters)", sigma_cluster=0.0, sigma_context=0.5, sigma_position=2.0,
+                       cluster_law="pareto", pareto_shape=2.5)
+#: The models the ``slow`` tier asserts on, and the one beyond what 16 clusters can cover (documented).
+MODELS = (FIXTURE, HEAVY)
+ALL_MODELS = (FIXTURE, HEAVY, EXTREME)
+
+#: (clusters, contexts per cluster) of the cluster counts the harness gates on: one shard of the
+#: embedded default, its whole ladder (96 contexts), and the seed suite (5,120 contexts).
+LAYOUTS = ((16, 1), (47, 2), (800, 6))

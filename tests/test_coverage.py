@@ -1,0 +1,125 @@
+"""Coverage and error-rate tier (``pytest -m slow``): seeded simulations of the harness's own rules.
+
+For each synthetic model (:mod:`harness.metrics.simulation`: fitted to the embedded default, and a
+heavy-tailed variant) and each cluster count the harness gates on (16: one shard; 47: the default
+ladder; 800: the seed suite), many data sets are drawn at once (vectorized: the simulated data sets
+are the columns of one matrix, and the production functions take them in one call with one
+bootstrap draw, as a report computes one data set):
+
+* the 95 % interval of the headline mean covers the true mean in >= 93 % of data sets;
+* the adaptive rule's early wrong *pass* and, separately, early wrong *fail* rates at the worst case
+  (true mean exactly at the threshold) are <= their stated level (2.5 % each) + 1 point;
+* the paired verdict says "equivalent" when the true difference is exactly +margin, and separately
+  -margin, in <= its stated level (2.5 % per side) + 1 point.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from harness.gate.adaptive import (
+    ALPHA_SIDE,
+    MIN_EARLY_CLUSTERS,
+    alpha_per_look,
+    look_bounds,
+    side_of,
+)
+from harness.metrics.bootstrap import draw_cluster_weights, ratio_intervals
+from harness.metrics.simulation import LAYOUTS, MODELS, ClusterModel
+from harness.reports.paired import ALPHA_SIDE as PAIRED_ALPHA_SIDE
+from harness.reports.paired import verdict
+
+pytestmark = pytest.mark.slow
+
+N_BOOT = 2000
+TOLERANCE = 0.01  # "stated level + 1 point"
+
+
+def _reps(n_clusters: int) -> int:
+    return 2000 if n_clusters < 100 else 600
+
+
+@pytest.mark.parametrize("model", MODELS, ids=lambda m: m.name)
+@pytest.mark.parametrize("layout", LAYOUTS, ids=lambda t: f"{t[0]}clusters")
+def test_interval_coverage(model: ClusterModel, layout: tuple[int, int]) -> None:
+    C, k = layout
+    rng = np.random.default_rng(1000 + C)
+    sums, counts = model.draw(rng, _reps(C), C, k)
+    W = draw_cluster_weights(C, N_BOOT, seed=C)
+    iv = np.array(ratio_intervals(W, sums, counts, bounds=(0.0, np.inf)), dtype=np.float64)
+    below, above = float((iv[:, 1] < model.mean).mean()), float((iv[:, 0] > model.mean).mean())
+    coverage = 1.0 - below - above
+    print(f"{model.name}, {C} clusters: coverage {coverage:.3f} (upper end below the truth {below:.3f}, lower end above {above:.3f})")
+    assert coverage >= 0.93, f"{model.name}, {C} clusters: 95% interval covers {coverage:.3f} < 0.93"
+
+
+def _shard_plan(n_clusters: int, contexts_per_cluster: int, looks: int, seed: int) -> np.ndarray:
+    """Shard number (0 .. looks-1) of every context ``[n_clusters, contexts_per_cluster]``: contexts
+    shuffled into equal shards, so a cluster's contexts may fall into different shards (as in the suite)."""
+    n = n_clusters * contexts_per_cluster
+    order = np.random.default_rng(seed).permutation(n)
+    shard = np.empty(n, dtype=np.int64)
+    shard[order] = np.arange(n) * looks // n
+    return shard.reshape(n_clusters, contexts_per_cluster)
+
+
+#: (clusters, contexts per cluster, shards): one-context clusters of 16 per shard; the default
+#: ladder's 47 clusters in 6 shards; the seed suite's ~800 clusters in 6 shards.
+ADAPTIVE_LAYOUTS = ((96, 1, 6), (47, 2, 6), (800, 6, 6))
+
+
+def _adaptive_errors(model: ClusterModel, C: int, k: int, looks: int, reps: int) -> tuple[float, float]:
+    """Early wrong-pass and wrong-fail rates with the true mean exactly at the threshold."""
+    rng = np.random.default_rng(2000 + C)
+    ctx = model.draw_contexts(rng, reps, C, k)  # [C, k, reps]
+    plan = _shard_plan(C, k, looks, seed=C)
+    threshold = model.mean
+    passed = np.zeros(reps, dtype=bool)
+    failed = np.zeros(reps, dtype=bool)
+    first_look = None
+    for look in range(1, looks):  # the last look never stops early
+        seen = plan < look  # contexts of shards 0 .. look-1
+        keep = seen.any(axis=1)
+        if keep.sum() >= MIN_EARLY_CLUSTERS and first_look is None:
+            first_look = look
+        alpha_k = alpha_per_look(looks, first_look)
+        if alpha_k is None:
+            continue
+        sums = (ctx * seen[:, :, None]).sum(axis=1)[keep]
+        counts = seen.sum(axis=1)[keep].astype(np.float64) * model.positions
+        b = look_bounds(sums, counts, alpha_k, N_BOOT, seed=look)
+        sides = [side_of(lo, hi, threshold) for lo, hi in b]
+        stopped = passed | failed
+        passed |= ~stopped & np.array([s == "below" for s in sides])
+        failed |= ~stopped & np.array([s == "above" for s in sides])
+    return float(passed.mean()), float(failed.mean())
+
+
+@pytest.mark.parametrize("model", MODELS, ids=lambda m: m.name)
+@pytest.mark.parametrize("layout", ADAPTIVE_LAYOUTS, ids=lambda t: f"{t[0]}clusters")
+def test_adaptive_error_rate_of_each_side(model: ClusterModel, layout: tuple[int, int, int]) -> None:
+    C, k, looks = layout
+    wrong_pass, wrong_fail = _adaptive_errors(model, C, k, looks, reps=2000 if C < 100 else 400)
+    print(f"{model.name}, {C} clusters: early wrong pass {wrong_pass:.4f}, early wrong fail {wrong_fail:.4f}")
+    assert wrong_pass <= ALPHA_SIDE + TOLERANCE, f"wrong-pass rate {wrong_pass:.4f} > {ALPHA_SIDE} + {TOLERANCE}"
+    assert wrong_fail <= ALPHA_SIDE + TOLERANCE, f"wrong-fail rate {wrong_fail:.4f} > {ALPHA_SIDE} + {TOLERANCE}"
+
+
+@pytest.mark.parametrize("model", MODELS, ids=lambda m: m.name)
+@pytest.mark.parametrize("layout", LAYOUTS, ids=lambda t: f"{t[0]}clusters")
+def test_paired_equivalent_at_the_margin(model: ClusterModel, layout: tuple[int, int]) -> None:
+    C, k = layout
+    W = draw_cluster_weights(C, N_BOOT, seed=C)
+    rates = {}
+    for sign in (+1, -1):  # true difference = +margin (the upper side), then -margin (the lower side)
+        rng = np.random.default_rng(3000 + C + sign)
+        diff, counts, margin = model.draw_paired(rng, _reps(C), C, k, rel_diff=0.5 * sign)
+        ivs = ratio_intervals(W, diff, counts)
+        rates[sign] = float(np.mean([verdict(iv, abs(margin)) == "equivalent" for iv in ivs]))
+    print(f"{model.name}, {C} clusters: 'equivalent' at +margin {rates[1]:.4f}, at -margin {rates[-1]:.4f}")
+    for sign, rate in rates.items():
+        assert rate <= PAIRED_ALPHA_SIDE + TOLERANCE, (
+            f"'equivalent' in {rate:.4f} of data sets whose true difference is {'+' if sign > 0 else '-'}margin "
+            f"> {PAIRED_ALPHA_SIDE} + {TOLERANCE}"
+        )
