@@ -101,9 +101,9 @@ def _labels(pts: Sequence[Mapping[str, Any]], scale: float) -> list[tuple[tuple[
         nx, ny = xs[i] / sx, ys[i] / sy
         k = sum(1 for px, py, _ in placed if abs(px - nx) < 0.12 and abs(py - ny) < 0.06)
         placed.append((nx, ny, k))
-        lo, hi = pts[i]["ci95"]
-        half = 100.0 * (hi - lo) / 2.0 / pts[i]["mean_kld"]
-        out.append(((xs[i], pts[i]["mean_kld"]), f"{pts[i]['candidate']} {pts[i]['mean_kld']:.3g} ±{half:.1f}%", k))
+        ci = pts[i]["ci95"]
+        half = "" if ci is None else f" ±{100.0 * (ci[1] - ci[0]) / 2.0 / pts[i]['mean_kld']:.1f}%"
+        out.append(((xs[i], pts[i]["mean_kld"]), f"{pts[i]['candidate']} {pts[i]['mean_kld']:.3g}{half}", k))
     return out
 
 
