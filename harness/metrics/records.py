@@ -88,8 +88,12 @@ class StratumRow(TypedDict):
 class BootstrapInfo(TypedDict):
     """How the intervals were drawn."""
 
-    method: str
+    method: str  # "studentized" for means (harness.metrics.bootstrap.MEAN_METHOD)
+    method_text: str  # the means' interval method in words
+    tail_method: str  # the tails' (p99, CVaR1%) interval method in words
     level: float
+    min_clusters: int  # fewer source clusters: every interval is None (not estimable)
+    estimable: bool
     n_boot: int
     n_boot_tails: int
     seed: int
@@ -100,7 +104,7 @@ class KldStats(TypedDict):
 
     mean: float
     mean_context_macro: float
-    ci95: list[float]
+    ci95: list[float] | None  # None: not estimable (too few source clusters)
     se_iid: float
     median: float
     p95: float
@@ -108,8 +112,8 @@ class KldStats(TypedDict):
     p999: float
     cvar1: float
     max: float
-    p99_ci95: list[float]
-    cvar1_ci95: list[float]
+    p99_ci95: list[float] | None  # None: not estimable (too few source clusters)
+    cvar1_ci95: list[float] | None  # None: not estimable (too few source clusters)
 
 
 class TopOne(TypedDict):
@@ -117,14 +121,14 @@ class TopOne(TypedDict):
 
     agreement: float
     count: int
-    ci95: list[float]
+    ci95: list[float] | None  # None: not estimable (too few source clusters)
 
 
 class MeanCI(TypedDict):
     """A mean and its cluster-bootstrap interval (EAR, JSD)."""
 
     mean: float
-    ci95: list[float]
+    ci95: list[float] | None  # None: not estimable (too few source clusters)
 
 
 class Perplexity(TypedDict):
