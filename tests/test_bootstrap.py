@@ -9,10 +9,15 @@ module keeps a quick check at 300 clusters against the i.i.d. interval's failure
 from __future__ import annotations
 
 import numpy as np
-
 import pytest
 
-from harness.metrics.bootstrap import MIN_CLUSTERS, draw_cluster_weights, ratio_interval, ratio_intervals, ratio_replicates
+from harness.metrics.bootstrap import (
+    MIN_CLUSTERS,
+    draw_cluster_weights,
+    ratio_interval,
+    ratio_intervals,
+    ratio_replicates,
+)
 
 N_REPEATS = 400
 N_BOOT = 1000

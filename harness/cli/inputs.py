@@ -12,10 +12,9 @@ from harness.errors import FidelityError
 
 
 def _suite_build(a: argparse.Namespace) -> int:
-    from harness.inputs.suite import build_suite, describe
-
     import sys
 
+    from harness.inputs.suite import build_suite, describe
     from harness.metrics.bootstrap import MIN_CLUSTERS
 
     s = build_suite(a.corpus, a.tokenizer, a.n_ctx, a.contexts, a.shards, a.seed, a.out, grouping_file=a.grouping, documents=a.documents,
