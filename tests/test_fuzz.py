@@ -110,7 +110,9 @@ CONFIG_KEYS = ("suite", "reference", "settings", "candidates", "pairs", "name", 
 
 @pytest.fixture(scope="module")
 def scratch(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("fuzz")
+    root = tmp_path_factory.mktemp("fuzz")
+    (root / "models" / "good").mkdir(parents=True)  # a live candidate's folder must exist at config load
+    return root
 
 
 def test_config_valid_document_loads(scratch: Path) -> None:
