@@ -40,9 +40,11 @@ def test_update_writes_baselines_then_cases_pass(project: pytest.Pytester) -> No
     doc = _load(project.path / "baselines" / "good.json")
     assert doc["schema"] == "fidelity.baseline/1"
     assert sorted(doc["shards"]) == ["00", "01", "02", "03"]
-    assert set(doc["shards"]["00"]) == {"max_mean_kld", "max_ci_high", "max_p99", "min_top1"}
-    # measured value x 1.1 + 1e-6 (6 significant digits) is what the report says
     rep = _load(project.path / "fidelity-reports" / "good" / "shard-00.json")
+    # max_ci_high only where the interval is estimable (the tiny project's shards have too few clusters)
+    ci_key = {"max_ci_high"} if rep["metrics"]["kld"]["ci95"] is not None else set()
+    assert set(doc["shards"]["00"]) == {"max_mean_kld", "max_p99", "min_top1"} | ci_key
+    # measured value x 1.1 + 1e-6 (6 significant digits) is what the report says
     want = rep["metrics"]["kld"]["mean"] * 1.1 + 1e-6
     assert doc["shards"]["00"]["max_mean_kld"] == pytest.approx(want, rel=1e-5)
     again = project.runpytest()  # every case of the file: 8 shards, 2 tails, 2 windows (+1 skipped), 1 pair
@@ -161,7 +163,7 @@ def test_unknown_engine_is_a_usage_error(project: pytest.Pytester) -> None:
     toml.write_text(toml.read_text().replace('name = "bad"\n', 'name = "bad"\nengine = "vllmm"\n'))
     result = project.runpytest("--collect-only")
     assert result.ret != 0
-    result.stderr.fnmatch_lines(["*candidates[[]1[]].engine: expected one of transformers, llamacpp, found 'vllmm'*"])
+    result.stderr.fnmatch_lines(["*candidates[[]1[]].engine: expected one of transformers, llamacpp, vllm, found 'vllmm'*"])
 
 
 def test_missing_config_is_a_usage_error(project: pytest.Pytester) -> None:
