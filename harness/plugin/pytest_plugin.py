@@ -83,8 +83,6 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="score_from: drop the first N rows of every context (a different measurement)")
     group.addoption("--fidelity-update-baselines", dest="fidelity_update_baselines", action="store_true",
                     help="write measured values (plus the documented margin) to the baseline files")
-    group.addoption("--fidelity-benchmarks", dest="fidelity_benchmarks", action="store_true",
-                    help="run this project's pytest-benchmark cases (they skip themselves without it)")
     group.addoption("--fidelity-adaptive", dest="fidelity_adaptive", action="store_true",
                     help="stop scoring a candidate's shards once its interval (Bonferroni alpha spending over "
                          "the planned shards) lies on one side of its baseline's max_mean_kld")
