@@ -56,7 +56,8 @@ def fp8_e4m3_table() -> np.ndarray:
     m = (b & 7).astype(np.float64)
     val = np.where(e == 0, m * 2.0**-9, (1.0 + m / 8.0) * np.exp2(e - 7.0))
     val = np.where((e == 15) & (m == 7), np.nan, val)
-    return sign * val
+    out: np.ndarray = np.asarray(sign * val, dtype=np.float64)
+    return out
 
 
 def e2m1_table() -> np.ndarray:
