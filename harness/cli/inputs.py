@@ -124,7 +124,7 @@ def _capture(a: argparse.Namespace) -> int:
 def add_capture(sub: SubParsers) -> None:
     p = sub.add_parser(
         "capture",
-        help="run a transformers model over a suite and store its hidden states (or logits)",
+        help="run a model (any registered engine: transformers, llamacpp, vllm) over a suite and store its hidden states (or logits)",
         formatter_class=formatter,
         description=(
             "Capture the post-final-norm hidden states (the LM head's input, bf16) of every context\n"
