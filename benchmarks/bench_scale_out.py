@@ -54,12 +54,12 @@ def run_job(config: str, report_dir: Path, workers: int, extra: list[str], env: 
 def shard_metrics(report_dir: Path) -> dict[str, object]:
     """``{file name: metrics block}`` of every per-shard JSON report under ``report_dir``."""
     out: dict[str, object] = {}
-    for p in sorted(report_dir.rglob("*.json")):
+    for p in sorted(report_dir.glob("*/shard-*.json")):
         try:
             doc = json.loads(p.read_text("utf-8"))
         except (OSError, ValueError):
             continue
-        if isinstance(doc, dict) and "metrics" in doc and "shard" in doc:
+        if isinstance(doc, dict) and "metrics" in doc:
             out[str(p.relative_to(report_dir))] = doc["metrics"]
     return out
 
