@@ -15,8 +15,10 @@ found value:
   :meth:`~harness.capture.store.CaptureStore.open`) and hold every context of the selected shards.
 * **widths.** The shared head's hidden size equals the hidden-state stores' width; a candidate's
   own head has the candidate's width and the shared head's vocabulary; a logits candidate scored
-  against a hidden-state reference has the shared head's vocabulary; two logits stores have one
-  width; every vocabulary covers the suite's tokenizer vocabulary.
+  against a hidden-state reference has the shared head's vocabulary; a hidden-state candidate
+  scored against a logits reference goes through a head (its own, else the shared one) of the
+  candidate's width and the reference's vocabulary; two logits stores have one width; every
+  vocabulary covers the suite's tokenizer vocabulary.
 * **store <-> scoring window.** ``score_from`` leaves a scored row, and a store that holds rows only
   from some row on (an imported llama.cpp ``.kld`` reference records ``scored_from_row``) is never
   scored over the rows it does not hold.
@@ -118,8 +120,17 @@ def check_widths(suite: Suite, reference: CaptureStore, candidate: CaptureStore,
     from harness.capture.store import width_field
 
     rk, ck = reference.kind, candidate.kind
-    if rk == "logits" and ck != "logits":
-        raise VerificationError(_manifest(candidate), "kind (a logits reference scores only logits candidates)", "logits", ck)
+    if rk == "logits" and ck == "hidden_states":
+        # the candidate's logits are formed through its own head, else the shared head
+        h = cand_head or head
+        if h is None:
+            raise VerificationError(_manifest(candidate), "head (a hidden-state candidate against a logits reference)",
+                                    "the shared head or the candidate's own head", "none given")
+        if h.vocab_size != reference.width:
+            raise VerificationError(h.path, f"head vocab_size (the width of the logits reference {_manifest(reference)})",
+                                    reference.width, h.vocab_size)
+        if cand_head is None and h.hidden_size != candidate.width:
+            raise VerificationError(h.path, f"head hidden_size (the width of {_manifest(candidate)})", candidate.width, h.hidden_size)
     if rk == "hidden_states":
         if head is None:
             raise VerificationError(_manifest(reference), "shared head", "a head for a hidden-state reference", "none given")
@@ -136,7 +147,7 @@ def check_widths(suite: Suite, reference: CaptureStore, candidate: CaptureStore,
         if head is not None and cand_head.vocab_size != head.vocab_size:
             raise VerificationError(cand_head.path, f"candidate head vocab_size (the shared head {head.path})",
                                     head.vocab_size, cand_head.vocab_size)
-    elif ck == "hidden_states" and candidate.width != reference.width:
+    elif ck == "hidden_states" and rk == "hidden_states" and candidate.width != reference.width:
         raise VerificationError(_manifest(candidate), f"{width_field(ck)} (same as the reference store)",
                                 reference.width, candidate.width)
     if ck == "logits":

@@ -1,4 +1,4 @@
-"""The report cases beside the candidate x shard cases: tails, windows, paired, adaptive records.
+"""The report cases beside the candidate x shard cases: tails, windows, paired, adaptive records, cross-engine floors.
 
 Each case computes a JSON-ready payload from the session's scored positions (cached per process:
 nothing is recaptured, positions already scored are not rescored), checks it (``check()`` raises
@@ -13,6 +13,10 @@ window   window ``k`` (``window-from<k>``)   ``window.json``, ``window.md``
 paired   declared pair (``pair-<a>-vs-<b>``) ``paired/<a>-vs-<b>.json`` and ``.md``
 adaptive each scored shard under adaptive    ``adaptive.json``, ``adaptive.md``
 ======== =================================== =========================================
+
+Kind ``cross_engine`` (sent by ``fidelity_tests/test_cross_engine.py``): the floor matrix and the
+candidates net of their engine's floor, written as ``cross_engine.json`` and ``cross_engine.md``
+and printed in full (:mod:`harness.reports.cross_engine`).
 
 No pytest import here: the plugin builds these objects in its fixtures.
 """
@@ -151,6 +155,12 @@ def write_extras(report_dir: str | Path, extras: Mapping[str, Sequence[dict[str,
                      f"margin ±{rep['margin']:g}, certifiable ±{cm:.2g}) {path}" if cm is not None else
                      f"paired {rep['a']} vs {rep['b']}: {rep['verdict_named']} (diff {rep['kld_mean']['diff']:.4g}, {iv}, "
                      f"margin ±{rep['margin']:g}) {path}")
+    for doc in extras.get("cross_engine", []):
+        from harness.reports.cross_engine import from_json_dict, matrix_lines, net_lines, write_cross_engine
+
+        matrix, rows = from_json_dict(doc)
+        md, js = write_cross_engine(out, matrix, rows)
+        lines += matrix_lines(matrix) + [""] + net_lines(matrix, rows) + ["", f"cross-engine: {md}, {js}"]
     if extras.get("adaptive"):
         from harness.gate.adaptive import write_adaptive
 

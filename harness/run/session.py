@@ -220,7 +220,7 @@ class FidelitySession:
         from harness.inputs.verify import verify_joins
 
         verify_joins(suite=self.suite, reference=self.reference, candidate=self.candidate_store(cand, shard),
-                     head=self.head if self.reference.kind == "hidden_states" else None,
+                     head=self.head,
                      cand_head=self.candidate_head(cand), score_from=self.score_from, shards=[shard])
 
     def score(self, cand: CandidateConfig, shard: int, *, n_boot: int | None = None) -> ScoredShard:

@@ -114,14 +114,13 @@ def shard_positions(
     from harness.metrics import ContextLabel
     from harness.scoring.scorer import score_hidden, score_logits, scorer_run
 
-    # a logits-only candidate (e.g. llama.cpp) against a hidden-state reference: the reference's
-    # logits are formed through the shared head (fp32, like the scorer) and both are scored in logits mode
-    mixed = reference.kind == "hidden_states" and candidate.kind == "logits"
-    if reference.kind != candidate.kind and not mixed:
-        raise FidelityError(
-            f"{candidate.root}: store kind {candidate.kind!r} cannot be scored against a {reference.kind!r} "
-            f"reference ({reference.root})"
-        )
+    # one side logits (llama.cpp), the other hidden states (transformers, vLLM), in either role: the
+    # hidden-state side's logits are formed through its head (the shared head; a candidate's own head
+    # when given), fp32 like the scorer, and both are scored in logits mode
+    for store in (reference, candidate):
+        if store.kind not in ("hidden_states", "logits"):
+            raise FidelityError(f"{store.root}: store kind {store.kind!r} cannot be scored (hidden_states or logits)")
+    mixed = reference.kind != candidate.kind
     t0 = time.perf_counter()
     indices = list(suite.shard_indices(shard))
     rows_per = suite.n_ctx - 1
@@ -149,17 +148,16 @@ def shard_positions(
     cnd = candidate.load_rows(indices)
     t1 = time.perf_counter()
     if mixed:
-        from harness.scoring.gemm import gemm_mode
-        from harness.scoring.torch_path import gemm_operand, gemm_path, logits_gemm
-
-        cpu = torch.device("cpu")
-        path = gemm_path(cpu, ref, head.weight)
-        with torch.inference_mode(), gemm_mode(path):
-            w = gemm_operand(head.weight, cpu)
-            ref = logits_gemm(ref, w, torch.empty(ref.shape[0], w.shape[0], dtype=torch.float32))
+        if reference.kind == "hidden_states":
+            ref, path = _through_head(ref, head.weight)
+            mode, head_sha, cand_head_sha = "logits (reference through head)", head.sha256, None
+        else:
+            own = cand_head is not None
+            cnd, path = _through_head(cnd, (cand_head if own else head).weight)
+            mode = "logits (candidate through its own head)" if own else "logits (candidate through head)"
+            head_sha, cand_head_sha = (None, cand_head.sha256) if own else (head.sha256, None)
         scores = score_logits(ref, cnd, targets)
         ran = {"backend": "torch (logits mode)", "gemm": path}
-        mode, head_sha, cand_head_sha = "logits (reference through head)", head.sha256, None
     elif reference.kind == "logits":
         scores = score_logits(ref, cnd, targets)
         mode, head_sha, cand_head_sha = "logits", None, None
@@ -180,6 +178,22 @@ def shard_positions(
               for c in (suite.contexts[i] for i in indices)]
     check_scores_finite(scores.kld, context_index, row, reference, candidate, head, cand_head)
     return ShardPositions(scores, context_index, row, labels, mode, head_sha, cand_head_sha, t1 - t0, t2 - t1, ran)
+
+
+def _through_head(hidden: Any, weight: Any) -> tuple[Any, str]:
+    """fp32 logits ``hidden @ weight.T`` of a hidden-state side scored in logits mode, with the GEMM
+    path the scorer uses on the CPU (returned with the logits, for the report's timing block)."""
+    import torch
+
+    from harness.scoring.gemm import gemm_mode
+    from harness.scoring.torch_path import gemm_operand, gemm_path, logits_gemm
+
+    cpu = torch.device("cpu")
+    path = gemm_path(cpu, hidden, weight)
+    with torch.inference_mode(), gemm_mode(path):
+        w = gemm_operand(weight, cpu)
+        out = logits_gemm(hidden, w, torch.empty(hidden.shape[0], w.shape[0], dtype=torch.float32))
+    return out, path
 
 
 #: Scorer settings that decide the numbers (tiling does not, so it is not recorded here).

@@ -1,0 +1,296 @@
+"""Cross-engine floors: the same weights through several engines, compared pairwise, and each
+candidate's KLD net of the floor of the engine that serves it (``pytest -m fidelity_cross_engine``).
+
+All numbers are over one shard's positions, in nats.
+
+* **Cell (R, C)** of the :class:`FloorMatrix`: per position ``KL(P_R || Q_C)``, where the *row*
+  engine R's next-token distribution is the reference P and the *column* engine C's the candidate
+  Q -- their mean, numpy "linear" p99, and top-1 agreement (the two argmaxes agree). KL is
+  asymmetric: cell (R, C) and cell (C, R) differ. A diagonal cell (E, E) compares two captures by
+  the same engine: its repeatability (0 when the engine is deterministic on one machine).
+* **floor_E** = cell (``floor_row``, E), ``floor_row`` being the engine of the reference the
+  candidates are scored against (``transformers``: the committed bf16 capture). It is the KLD
+  engine E scores on the unquantized weights, from kernels and accumulation order alone.
+* **net of floor** = a candidate's mean KLD − floor_E of the engine E serving it. It is a label
+  beside the candidate's own KLD, with the floor printed next to it, never a replacement for it
+  (:class:`NetRow`): no number here is subtracted silently.
+
+A pair whose engine is missing (not importable, no model file) is *skipped* with its reason,
+never scored as 0; a candidate whose engine's floor is missing has no net value, with the reason.
+
+JSON (``cross_engine.json``, schema :data:`SCHEMA`): ``shard``, ``floor_row``, ``engines``,
+``direction``, ``notes``, ``cells`` (one object per scored pair: ``reference``, ``candidate``, ``direction``,
+``mean_kld``, ``p99``, ``top1``, ``n_positions``, ``mode``), ``skipped`` (``reference``,
+``candidate``, ``reason``) and ``candidates`` (``name``, ``engine``, ``config``, ``mean_kld``,
+``floor``, ``net_of_floor``, ``p99``, ``top1``, ``n_positions``, ``size_bytes``, ``note``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from harness.errors import FidelityError
+from harness.metrics.tails import quantile
+from harness.reports.numbers import fmt_g
+
+if TYPE_CHECKING:
+    from harness.capture.store import CaptureStore
+    from harness.inputs.head import HeadTensor
+    from harness.inputs.suite import Suite
+    from harness.scoring.scores import PositionScores
+
+SCHEMA = "fidelity.cross-engine/1"
+#: How every cell reads.
+DIRECTION = "cell (row R, column C) = KL(P_R || Q_C): the row engine is the reference distribution, the column engine the candidate"
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One scored pair: ``KL(P_reference || Q_candidate)`` over ``n_positions`` positions."""
+
+    #: Row engine: its distribution is P, the reference side of the KL.
+    reference: str
+    #: Column engine: its distribution is Q, the candidate side.
+    candidate: str
+    mean_kld: float
+    #: numpy "linear" 99th percentile of the per-position KLD.
+    p99: float
+    #: Fraction of positions whose argmaxes agree.
+    top1: float
+    n_positions: int
+    #: How the two captures were scored (hidden states through the head, logits, or mixed).
+    mode: str
+
+    @property
+    def direction(self) -> str:
+        return f"KL({self.reference} || {self.candidate})"
+
+    @classmethod
+    def of(cls, reference: str, candidate: str, scores: PositionScores, mode: str) -> Cell:
+        """The cell's statistics from the per-position scores of the pair."""
+        return cls(reference, candidate, *stats(scores, f"cross-engine pair {reference} -> {candidate}"), mode)
+
+
+def stats(scores: PositionScores, what: str) -> tuple[float, float, float, int]:
+    """``(mean KLD, p99 KLD, top-1 agreement, positions)`` of per-position scores (float64)."""
+    if len(scores) == 0:
+        raise FidelityError(f"{what}: no positions scored")
+    kld = np.asarray(scores.kld, dtype=np.float64)
+    return float(kld.mean()), quantile(kld, 0.99), float(np.mean(scores.top1)), len(scores)
+
+
+@dataclass
+class FloorMatrix:
+    """The pairwise matrix of one shard: scored cells and skipped pairs, by ``(row, column)`` engine."""
+
+    engines: tuple[str, ...]
+    shard: int
+    #: The engine whose row gives each engine's floor (the reference the candidates are scored against).
+    floor_row: str = "transformers"
+    cells: dict[tuple[str, str], Cell] = field(default_factory=dict)
+    skipped: dict[tuple[str, str], str] = field(default_factory=dict)
+    #: Facts printed under the matrix (e.g. which runtimes the two captures of a diagonal cell came from).
+    notes: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.floor_row not in self.engines:
+            raise FidelityError(f"floor row {self.floor_row!r} is not one of the engines {', '.join(self.engines)}")
+
+    def _check(self, reference: str, candidate: str) -> None:
+        for e in (reference, candidate):
+            if e not in self.engines:
+                raise FidelityError(f"engine {e!r} is not one of the matrix's engines {', '.join(self.engines)}")
+
+    def add(self, cell: Cell) -> None:
+        """Record a scored pair (replacing a skip of the same pair)."""
+        self._check(cell.reference, cell.candidate)
+        self.cells[(cell.reference, cell.candidate)] = cell
+        self.skipped.pop((cell.reference, cell.candidate), None)
+
+    def skip(self, reference: str, candidate: str, reason: str) -> None:
+        """Record a pair that was not scored, with the reason."""
+        self._check(reference, candidate)
+        if (reference, candidate) in self.cells:
+            raise FidelityError(f"pair {reference} -> {candidate} is scored; it cannot also be skipped")
+        self.skipped[(reference, candidate)] = reason
+
+    def cell(self, reference: str, candidate: str) -> Cell | None:
+        return self.cells.get((reference, candidate))
+
+    def floor(self, engine: str) -> Cell | None:
+        """floor_E: the cell (``floor_row``, ``engine``), or None when that pair was skipped."""
+        return self.cells.get((self.floor_row, engine))
+
+    def floor_note(self, engine: str) -> str:
+        """Why floor_E is missing ('' when it is there)."""
+        if engine not in self.engines:
+            return f"no floor is measured for engine {engine!r} (floors: {', '.join(self.engines)})"
+        if self.floor(engine) is not None:
+            return ""
+        reason = self.skipped.get((self.floor_row, engine), "not scored")
+        return f"floor_{engine} missing: {reason}"
+
+
+@dataclass(frozen=True)
+class NetRow:
+    """A candidate's KLD with its engine's floor beside it; ``net_of_floor`` = mean_kld − floor."""
+
+    candidate: str
+    engine: str
+    #: The configuration file that lists the candidate.
+    config: str
+    mean_kld: float | None
+    p99: float | None
+    top1: float | None
+    n_positions: int
+    floor: float | None
+    size_bytes: int | None = None
+    #: Why a value is missing ('' when none is).
+    note: str = ""
+
+    @property
+    def net_of_floor(self) -> float | None:
+        if self.mean_kld is None or self.floor is None:
+            return None
+        return self.mean_kld - self.floor
+
+
+def net_row(candidate: str, engine: str, config: str, scores: PositionScores, matrix: FloorMatrix,
+            size_bytes: int | None = None) -> NetRow:
+    """A scored candidate's row: its own statistics, and floor_E of its engine from ``matrix``."""
+    mean, p99, top1, n = stats(scores, f"candidate {candidate}")
+    f = matrix.floor(engine)
+    return NetRow(candidate, engine, config, mean, p99, top1, n, None if f is None else f.mean_kld, size_bytes,
+                  matrix.floor_note(engine))
+
+
+def skipped_row(candidate: str, engine: str, config: str, reason: str, matrix: FloorMatrix) -> NetRow:
+    """A candidate that was not scored (its engine is missing), with the reason."""
+    f = matrix.floor(engine)
+    return NetRow(candidate, engine, config, None, None, None, 0, None if f is None else f.mean_kld, None, reason)
+
+
+def score_pair(*, suite: Suite, shard: int, reference: CaptureStore, candidate: CaptureStore, head: HeadTensor,
+               reference_engine: str, candidate_engine: str) -> tuple[Cell, PositionScores]:
+    """Score ``candidate`` against ``reference`` on ``shard`` (either store may be hidden states or
+    logits: a hidden-state side goes through ``head``) after the width and context joins; returns the
+    cell and the per-position scores it summarizes (in the shard's context order)."""
+    from harness.inputs.verify import check_contexts, check_widths
+    from harness.run.shard import shard_positions
+
+    check_widths(suite, reference, candidate, head)
+    check_contexts([reference, candidate], suite, [shard])
+    pos = shard_positions(suite=suite, shard=shard, reference=reference, candidate=candidate, head=head)
+    return Cell.of(reference_engine, candidate_engine, pos.scores, pos.mode), pos.scores
+
+
+# ----------------------------------------------------------------------------- rendering
+
+
+def _grid(m: FloorMatrix, title: str, value: Any) -> list[str]:
+    head = f"| {title} (row R = reference P, column C = candidate Q) | " + " | ".join(m.engines) + " |"
+    lines = [head, "|---" * (len(m.engines) + 1) + "|"]
+    for r in m.engines:
+        row = []
+        for c in m.engines:
+            cell = m.cell(r, c)
+            row.append("skipped" if cell is None else value(cell))
+        lines.append(f"| **{r}** | " + " | ".join(row) + " |")
+    return lines
+
+
+def matrix_lines(m: FloorMatrix) -> list[str]:
+    """The matrix as three Markdown grids (mean KLD, p99, top-1) plus the skipped pairs' reasons."""
+    n = sorted({c.n_positions for c in m.cells.values()})
+    lines = [f"Floor matrix, shard {m.shard}" + (f", {'/'.join(map(str, n))} positions" if n else "") + f". {DIRECTION}.", ""]
+    lines += _grid(m, "mean KL(P_R || Q_C), nats", lambda c: fmt_g(c.mean_kld))
+    lines += [""] + _grid(m, "p99 KL(P_R || Q_C), nats", lambda c: fmt_g(c.p99))
+    lines += [""] + _grid(m, "top-1 agreement", lambda c: f"{c.top1:.4f}")
+    if m.skipped:
+        lines.append("")
+        for (r, c), reason in sorted(m.skipped.items()):
+            lines.append(f"- skipped KL({r} || {c}): {reason}")
+    if m.notes:
+        lines.append("")
+        lines += [f"- {n}" for n in m.notes]
+    return lines
+
+
+def net_lines(m: FloorMatrix, rows: Sequence[NetRow]) -> list[str]:
+    """The candidates' table: own mean KLD, the floor of their engine beside it, and the net value."""
+    lines = [f"Candidates, shard {m.shard}: KL({m.floor_row} reference || candidate); floor_E = KL({m.floor_row} || E on the "
+             "same bf16 weights); net of floor = mean KLD − floor_E (a label, not a correction)", "",
+             "| candidate | engine | config | mean KLD | floor_E | net of floor | p99 KLD | top-1 | bytes |",
+             "|---|---|---|---|---|---|---|---|---|"]
+
+    def opt(x: float | None, signed: bool = False) -> str:
+        if x is None:
+            return "—"
+        return f"{x:+.3e}" if signed else fmt_g(x)
+
+    for r in rows:
+        top1 = "—" if r.top1 is None else f"{r.top1:.4f}"
+        size = "—" if r.size_bytes is None else str(r.size_bytes)
+        lines.append(f"| {r.candidate} | {r.engine} | {r.config} | {opt(r.mean_kld)} | {opt(r.floor)} | "
+                     f"{opt(r.net_of_floor, signed=True)} | {opt(r.p99)} | {top1} | {size} |")
+    notes = [r for r in rows if r.note]
+    if notes:
+        lines.append("")
+        lines += [f"- {r.candidate}: {r.note}" for r in notes]
+    return lines
+
+
+def render_markdown(m: FloorMatrix, rows: Sequence[NetRow]) -> str:
+    """``cross_engine.md``."""
+    lines = ["# Cross-engine floors (the same bf16 weights through each engine)", ""]
+    lines += matrix_lines(m) + [""] + net_lines(m, rows)
+    return "\n".join(lines) + "\n"
+
+
+def to_json_dict(m: FloorMatrix, rows: Sequence[NetRow]) -> dict[str, Any]:
+    """``cross_engine.json`` (module docstring)."""
+    return {
+        "schema": SCHEMA, "shard": m.shard, "floor_row": m.floor_row, "engines": list(m.engines), "direction": DIRECTION,
+        "cells": [{"reference": c.reference, "candidate": c.candidate, "direction": c.direction, "mean_kld": c.mean_kld,
+                   "p99": c.p99, "top1": c.top1, "n_positions": c.n_positions, "mode": c.mode}
+                  for c in sorted(m.cells.values(), key=lambda c: (m.engines.index(c.reference), m.engines.index(c.candidate)))],
+        "skipped": [{"reference": r, "candidate": c, "reason": reason} for (r, c), reason in sorted(m.skipped.items())],
+        "notes": list(m.notes),
+        "candidates": [{"name": r.candidate, "engine": r.engine, "config": r.config, "mean_kld": r.mean_kld, "floor": r.floor,
+                        "net_of_floor": r.net_of_floor, "p99": r.p99, "top1": r.top1, "n_positions": r.n_positions,
+                        "size_bytes": r.size_bytes, "note": r.note} for r in rows],
+    }
+
+
+def from_json_dict(doc: Mapping[str, Any], where: str = "<cross-engine payload>") -> tuple[FloorMatrix, list[NetRow]]:
+    """Inverse of :func:`to_json_dict` (how the pytest controller receives a worker's result)."""
+    if doc.get("schema") != SCHEMA:
+        raise FidelityError(f"{where}: schema: expected {SCHEMA!r}, found {doc.get('schema')!r}")
+    try:
+        m = FloorMatrix(tuple(doc["engines"]), int(doc["shard"]), str(doc["floor_row"]))
+        for c in doc["cells"]:
+            m.add(Cell(c["reference"], c["candidate"], float(c["mean_kld"]), float(c["p99"]), float(c["top1"]),
+                       int(c["n_positions"]), str(c["mode"])))
+        for s in doc["skipped"]:
+            m.skip(s["reference"], s["candidate"], str(s["reason"]))
+        m.notes.extend(str(n) for n in doc["notes"])
+        rows = [NetRow(r["name"], r["engine"], r["config"], r["mean_kld"], r["p99"], r["top1"], int(r["n_positions"]),
+                       r["floor"], r["size_bytes"], str(r["note"])) for r in doc["candidates"]]
+    except (KeyError, TypeError, ValueError) as e:
+        raise FidelityError(f"{where}: malformed cross-engine document ({type(e).__name__}: {e})") from None
+    return m, rows
+
+
+def write_cross_engine(out: str | Path, m: FloorMatrix, rows: Sequence[NetRow]) -> list[Path]:
+    """Write ``cross_engine.md`` and ``cross_engine.json`` into ``out`` as one unit."""
+    from harness.io.atomic import atomic_write_files, dumps_json
+
+    folder = Path(out)
+    folder.mkdir(parents=True, exist_ok=True)
+    return atomic_write_files({folder / "cross_engine.md": render_markdown(m, rows),
+                               folder / "cross_engine.json": dumps_json(to_json_dict(m, rows))})
