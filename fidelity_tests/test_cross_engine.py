@@ -3,13 +3,14 @@
 The fixture model's unquantized bf16 weights are scored through each engine on shard 0:
 
 * ``transformers`` -- the committed reference capture (bf16 hidden states x the shared head, fp32
-  logits), plus a second, fresh capture for the diagonal (repeatability);
+  logits), plus a fresh capture on this machine for the diagonal: what the candidates, captured
+  here, inherit from running on another machine than the reference (0 where the CPU kernels agree);
 * ``vllm`` -- the same model folder through vLLM's pooling runner (hidden states x the shared head);
 * ``llamacpp`` -- ``fixtures/gguf/fixture-bf16.gguf`` (llama.cpp's logits, its own bf16 head).
 
 Every ordered pair is scored (:mod:`harness.reports.cross_engine`): cell (R, C) = KL(P_R || Q_C),
 row engine R the reference distribution, column engine C the candidate; a diagonal cell compares
-two captures by one engine. Each candidate of ``fidelity.toml`` and ``fidelity-gguf.toml`` is then
+two captures by one engine (vLLM and llama.cpp: two in this run). Each candidate of ``fidelity.toml`` and ``fidelity-gguf.toml`` is then
 shown with floor_E = KL(transformers reference || E on the bf16 weights) of the engine E serving it
 and its KLD net of that floor (a label beside its own KLD, never a silent subtraction). The matrix
 and the table are printed in the terminal summary and written as ``cross_engine.md`` /
@@ -235,16 +236,17 @@ def test_direction_of_each_cell(scored: Matrix, captures: BF16Captures, logp64: 
 
 
 def test_diagonal_is_noise(matrix: Any) -> None:
-    """An engine against itself (two captures of the same weights; for transformers the committed
-    reference against a fresh capture) is 0 or at floating-point noise: far below every cross-engine
-    cell, with the argmaxes agreeing."""
-    off = [c.mean_kld for (r, k), c in matrix.cells.items() if r != k]
-    diag = [c for (r, k), c in matrix.cells.items() if r == k]
+    """An engine against itself -- two captures of the same weights; for transformers the committed
+    reference (captured on another machine) against a capture on this one -- is 0 or at
+    floating-point noise: below half of every cross-engine cell of that engine, argmaxes agreeing."""
     assert matrix.cell("transformers", "transformers") is not None
-    for cell in diag:
+    for (e, k), cell in matrix.cells.items():
+        if e != k:
+            continue
         assert cell.top1 > 0.99, cell
-        if off:
-            assert cell.mean_kld < 0.25 * min(off), (cell, min(off))
+        cross = [c.mean_kld for (r, q), c in matrix.cells.items() if r != q and e in (r, q)]
+        if cross:
+            assert cell.mean_kld < 0.5 * min(cross), (cell, min(cross))
 
 
 def test_floors_are_small(matrix: Any) -> None:
