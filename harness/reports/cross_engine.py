@@ -27,7 +27,7 @@ JSON (``cross_engine.json``, schema :data:`SCHEMA`): ``shard``, ``floor_row``, `
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -192,7 +192,7 @@ def score_pair(*, suite: Suite, shard: int, reference: CaptureStore, candidate: 
 # ----------------------------------------------------------------------------- rendering
 
 
-def _grid(m: FloorMatrix, title: str, value: Any) -> list[str]:
+def _grid(m: FloorMatrix, title: str, value: Callable[[Cell], str]) -> list[str]:
     head = f"| {title} (row R = reference P, column C = candidate Q) | " + " | ".join(m.engines) + " |"
     lines = [head, "|---" * (len(m.engines) + 1) + "|"]
     for r in m.engines:
