@@ -255,7 +255,7 @@ def test_cases_from_a_config_in_an_empty_folder(pytester: pytest.Pytester, fidel
         result.assert_outcomes(failed=1)
         result.stdout.fnmatch_lines([
             "fidelity: *my.toml (1 candidates x 1 shards*",
-            ("*create it on purpose with: pytest ../proj/my.toml --fidelity-config ../proj/my.toml "
+            ("*create it on purpose with: pytest ../proj/my.toml "
              "--fidelity-candidates good --fidelity-update-baselines*"),
         ])
         pointed = pytester.runpytest("../proj/my.toml", "-m", "fidelity", "--fidelity-update-baselines",

@@ -38,7 +38,7 @@ def test_publish_then_verify_refuses_tampering(run: Path, capsys: pytest.Capture
     page = (out / "good" / "report.md").read_text()
     for section in ("**Mean KLD", "## Tails", "## Scoring-window control", "## Paired comparisons", "## Identity",
                     "## How to reproduce",
-                    "pytest fidelity.toml --fidelity-config fidelity.toml --fidelity-candidates good --fidelity-shards 0,1,2,3"):
+                    "pytest fidelity.toml --fidelity-candidates good --fidelity-shards 0,1,2,3"):
         assert section in page, section
     lines = (out / "checksums.txt").read_text().splitlines()
     assert len(lines) == 7 and all(len(l.split("  ")[0]) == 64 for l in lines)  # sha256sum format

@@ -32,7 +32,8 @@ def add_dataset(sub: SubParsers) -> None:
                                    "      --corpus fixtures/corpus --tokenizer fixtures/model/tokenizer.json \\\n"
                                    "      --reference-shards 0 --out dataset/"))
     b.add_argument("--config", type=Path, default=Path("fidelity.toml"), help="fidelity.toml (suite, reference, head)")
-    b.add_argument("--reports", required=True, type=Path, help="report folder of a run (shard-*.json)")
+    b.add_argument("--reports", type=Path, default=None,
+                   help="report folder of a run (shard-*.json) to include; without it, a reference-only dataset")
     b.add_argument("--corpus", required=True, type=Path, help="folder holding the suite's documents")
     b.add_argument("--tokenizer", required=True, type=Path, help="the suite's tokenizer.json")
     b.add_argument("--reference-shards", default="0", dest="reference_shards", help="shards whose reference is included (default 0)")

@@ -41,9 +41,10 @@ def _copy(src: Path, dst: Path) -> None:
     shutil.copyfile(src, dst)
 
 
-def build_dataset(*, config_path: Path, reports_dir: Path, corpus: Path, tokenizer: Path, reference_shards: str,
+def build_dataset(*, config_path: Path, reports_dir: Path | None, corpus: Path, tokenizer: Path, reference_shards: str,
                   out: Path) -> dict[str, Any]:
-    """Write the dataset folder ``out`` (new or empty); returns its manifest."""
+    """Write the dataset folder ``out`` (new or empty); returns its manifest. ``reports_dir`` None: a
+    reference-only dataset (no candidate reports), which candidates are scored against."""
     from harness import PROTOCOL_VERSION, __version__
     from harness.capture.store import CaptureStore, context_filename
     from harness.inputs.config import load_config
@@ -66,7 +67,7 @@ def build_dataset(*, config_path: Path, reports_dir: Path, corpus: Path, tokeniz
     texts = verify_documents(suite, corpus)
     if sha256_file(tokenizer) != suite.tokenizer_sha256:
         raise FidelityError(f"{tokenizer}: not the suite's tokenizer (sha256 {suite.tokenizer_sha256})")
-    reports = [(p, ShardReport.load(p)) for p in find_shard_reports([reports_dir])]
+    reports = [] if reports_dir is None else [(p, ShardReport.load(p)) for p in find_shard_reports([reports_dir])]
     for p, r in reports:
         if r.comparability["suite_token_sha256"] != suite.suite_token_sha256:
             raise FidelityError(f"{p}: report of another suite")
@@ -146,7 +147,7 @@ def render_card(doc: dict[str, Any], n_contexts: int) -> str:
         f"The token suite ({n_contexts} contexts x {doc['n_ctx']} tokens, {doc['n_shards']} shards, suite_token_sha256 "
         f"`{doc['suite_token_sha256']}`), the BF16 reference hidden states of shard(s) {shards}, the shared LM head, "
         "the corpus texts with per-document sha256/source/licence (in `suite/suite.json` `documents`) and the "
-        f"candidates' per-shard reports ({', '.join(doc['candidates'])}). Protocol and comparability rules: `PROTOCOL.md`.", "",
+        f"candidates' per-shard reports ({', '.join(doc['candidates']) or 'none'}). Protocol and comparability rules: `PROTOCOL.md`.", "",
         "## Sizes", "", "```", *size_lines(doc), "```", "",
         "## Verify", "", "```sh", "fidelity verify .            # checksums, manifests, identities, report derivations",
         "sha256sum -c checksums.txt  # the checksums alone", "```", "",

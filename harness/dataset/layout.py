@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
+
+from harness.errors import FidelityError
 
 SCHEMA = "fidelity.dataset/1"
 MANIFEST = "dataset.json"
@@ -40,3 +43,49 @@ def seed_projection(*, reference_shards: int, hidden: int, n_ctx: int, contexts_
         "reports": int(report_bytes_per_context * SEED_CONTEXTS_PER_SHARD),
         "corpus": int(corpus_bytes_per_token * ctx * SEED_N_CTX),
     }
+
+
+@dataclass(frozen=True)
+class DatasetInputs:
+    """What a dataset folder supplies to a run (``[dataset] path`` in ``fidelity.toml``)."""
+
+    suite: Path
+    reference: Path
+    head: Path
+    reference_name: str
+    #: Shards whose reference the dataset holds (the only ones it can score).
+    shards: tuple[int, ...]
+
+
+def dataset_inputs(root: Path) -> DatasetInputs:
+    """The suite, reference store, head, reference name and reference shards of the dataset at ``root``.
+
+    Reads ``dataset.json`` and checks that the parts exist; the contents are verified when a run first
+    needs them (:func:`harness.dataset.verify.verify_dataset`). Raises :class:`FidelityError` naming the
+    file, what was expected and what was found.
+    """
+    from harness.io.jsonio import read_json
+
+    if not root.is_dir():
+        raise FidelityError(f"{root}: expected a dataset folder (made by fidelity dataset build), "
+                            f"found {'a file' if root.exists() else 'no such folder'}")
+    mf = root / MANIFEST
+    if not mf.is_file():
+        raise FidelityError(f"{mf}: expected the dataset manifest of a fidelity dataset build folder, found no such file")
+    doc = read_json(mf)
+    if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
+        raise FidelityError(f"{mf}: schema: expected {SCHEMA!r}, found {doc.get('schema') if isinstance(doc, dict) else doc!r}")
+    ref = doc.get("reference")
+    shards = ref.get("shards") if isinstance(ref, dict) else None
+    name = ref.get("name") if isinstance(ref, dict) else None
+    if not (isinstance(shards, list) and shards and all(isinstance(k, int) and not isinstance(k, bool) and k >= 0
+                                                        for k in shards)):
+        raise FidelityError(f"{mf}: reference.shards: expected a non-empty list of shard numbers, found {shards!r}")
+    if not isinstance(name, str) or not name:
+        raise FidelityError(f"{mf}: reference.name: expected a non-empty string, found {name!r}")
+    parts = DatasetInputs(suite=root / "suite", reference=root / "reference", head=root / "head" / "lm_head.safetensors",
+                          reference_name=name, shards=tuple(shards))
+    for need in (parts.suite / "suite.json", parts.reference / "capture.json", parts.head):
+        if not need.is_file():
+            raise FidelityError(f"{need}: expected this part of the dataset, found no such file")
+    return parts

@@ -26,6 +26,12 @@ Example::
     model = "fixtures/candidates/int8"  # or: store = "path/to/capture"
     tags = ["rtn"]
 
+Instead of ``[suite]`` and ``[reference]``, a reference dataset (``fidelity dataset build``) may supply
+all three inputs: ``[dataset] path = "dataset"`` takes the suite from ``dataset/suite``, the reference
+store from ``dataset/reference``, the head from ``dataset/head/lm_head.safetensors``, the reference name
+from ``dataset.json``, and runs the shards the dataset holds a reference for (the run verifies the
+dataset whole, as ``fidelity verify DATASET`` does, before scoring).
+
     [[pairs]]                           # paired comparisons (common random numbers)
     a = "int4_g32"
     b = "int4_g32_b"
@@ -98,6 +104,10 @@ class FidelityConfig:
     cache_dir: Path = field(default=Path(".fidelity-cache"))
     baselines: Path = field(default=Path("fidelity_tests/baselines"))
     n_boot: int = 10_000
+    #: The reference dataset folder (``[dataset] path``) that supplied suite, reference and head, or None.
+    dataset: Path | None = None
+    #: Shards the reference holds (a dataset's ``reference.shards``); None: every shard of the suite.
+    reference_shards: tuple[int, ...] | None = None
 
     def candidate(self, name: str) -> CandidateConfig:
         """The candidate called ``name``; an unknown name suggests near matches."""
@@ -110,7 +120,8 @@ class FidelityConfig:
         raise ConfigError(f"{self.path}: unknown candidate {name!r}{hint}")
 
 
-_TOP_KEYS = {"suite", "reference", "settings", "candidates", "pairs"}
+_TOP_KEYS = {"suite", "reference", "dataset", "settings", "candidates", "pairs"}
+_DATASET_KEYS = {"path"}
 _SUITE_KEYS = {"path"}
 _REF_KEYS = {"name", "model", "store", "head"}
 _SETTINGS_KEYS = {"cache_dir", "baselines", "n_boot"}
@@ -195,6 +206,9 @@ def _candidate(path: Path, raw: Any, i: int) -> CandidateConfig:
     if model is not None and not model.exists():  # caught here, before any capture or the ladder
         raise ConfigError(f"{path}: candidates[{i}].model of {name!r}: expected an existing model folder or file, "
                           f"found no such path: {model}")
+    if store is not None and not (store / "capture.json").is_file():
+        raise ConfigError(f"{path}: candidates[{i}].store of {name!r}: expected a capture store folder holding "
+                          f"capture.json, found {'no such path' if not store.exists() else 'no capture.json'}: {store}")
     tags = r.table.get("tags", [])
     if not isinstance(tags, list) or not all(isinstance(t, str) for t in tags):
         raise ConfigError(f"{path}: candidates[{i}].tags must be a list of strings, found {tags!r}")
@@ -219,14 +233,33 @@ def load_config(path: str | Path) -> FidelityConfig:
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from None
     top = _Reader(path, raw, "", _TOP_KEYS)
-    suite = _Reader(path, raw.get("suite", {}), "suite", _SUITE_KEYS).path_("path")
-    ref = _Reader(path, raw.get("reference", {}), "reference", _REF_KEYS)
-    reference = ReferenceConfig(
-        name=ref.string("name", required=False) or "reference",
-        store=ref.path_("store"),  # type: ignore[arg-type]
-        head=ref.path_("head"),  # type: ignore[arg-type]
-        model=ref.path_("model", required=False),
-    )
+    dataset: Path | None = None
+    held: tuple[int, ...] | None = None
+    if "dataset" in raw:
+        from harness.dataset.layout import dataset_inputs
+
+        given = [f"[{k}]" for k in ("suite", "reference") if k in raw]
+        if given:
+            raise ConfigError(f"{path}: [dataset] supplies the suite, the reference and the head: expected no "
+                              f"{' or '.join(given)} beside it, found {' and '.join(given)}")
+        dataset = _Reader(path, raw["dataset"], "dataset", _DATASET_KEYS).path_("path")
+        assert dataset is not None
+        try:
+            inputs = dataset_inputs(dataset)
+        except FidelityError as exc:
+            raise ConfigError(f"{path}: dataset.path: {exc}") from None
+        suite: Path | None = inputs.suite
+        reference = ReferenceConfig(name=inputs.reference_name, store=inputs.reference, head=inputs.head, model=None)
+        held = inputs.shards
+    else:
+        suite = _Reader(path, raw.get("suite", {}), "suite", _SUITE_KEYS).path_("path")
+        ref = _Reader(path, raw.get("reference", {}), "reference", _REF_KEYS)
+        reference = ReferenceConfig(
+            name=ref.string("name", required=False) or "reference",
+            store=ref.path_("store"),  # type: ignore[arg-type]
+            head=ref.path_("head"),  # type: ignore[arg-type]
+            model=ref.path_("model", required=False),
+        )
     settings = _Reader(path, raw.get("settings", {}), "settings", _SETTINGS_KEYS)
     raw_cands = top.table.get("candidates", [])
     if not isinstance(raw_cands, list) or not raw_cands:
@@ -273,5 +306,7 @@ def load_config(path: str | Path) -> FidelityConfig:
         cache_dir=settings.path_("cache_dir", required=False) or path.parent / ".fidelity-cache",
         baselines=settings.path_("baselines", required=False) or path.parent / "fidelity_tests" / "baselines",
         n_boot=settings.integer("n_boot", 10_000, minimum=100) or 10_000,
+        dataset=dataset,
+        reference_shards=held,
     )
     return cfg

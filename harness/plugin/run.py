@@ -23,11 +23,12 @@ import dataclasses
 import importlib
 import json
 import os
+import re
 import sys
-from collections.abc import Generator, Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import pluggy
 import pytest
@@ -42,6 +43,8 @@ if TYPE_CHECKING:
 #: Attributes of a ``TestReport`` that carry a case's payloads home (JSON strings; xdist serializes them).
 PAYLOAD_ATTR = "fidelity_payload"
 EXTRA_ATTR = "fidelity_extra"
+
+_T = TypeVar("_T")
 
 #: The run of this pytest process, when a fidelity configuration is in use.
 RUN_KEY = pytest.StashKey["FidelityRun"]()
@@ -108,6 +111,14 @@ class FidelityPlan:
             suite = Suite.load(full.suite, verify=False)
             spec = config.getoption("fidelity_shards")
             shards = parse_shard_spec(spec, len(suite.shards)) if spec else list(range(len(suite.shards)))
+            held = full.reference_shards
+            if held is not None:  # a dataset holds the reference of some shards only
+                lacking = [k for k in shards if k not in held]
+                if spec and lacking:
+                    raise FidelityError(f"{full.dataset}/dataset.json: --fidelity-shards {spec}: expected shards the "
+                                        f"dataset holds a reference for ({','.join(map(str, held))}), found "
+                                        f"{','.join(map(str, lacking))}")
+                shards = [k for k in shards if k in held]
             names = config.getoption("fidelity_candidates")
             chosen = [full.candidate(n) for n in names.split(",")] if names else list(full.candidates)
         except FidelityError as exc:
@@ -115,8 +126,8 @@ class FidelityPlan:
         keep = {c.name for c in chosen}
         selected = dataclasses.replace(full, candidates=tuple(c for c in full.candidates if c.name in keep),
                                        pairs=tuple(p for p in full.pairs if p.a in keep and p.b in keep))
-        shown = shown_path(path, config)
-        selector = (shown, "--fidelity-config", shown) if how == "option" else (shown,)
+        # pointing pytest at the file selects it exactly as --fidelity-config does (and collects only its cases)
+        selector = (shown_path(path, config),)
         return cls(path, full, selected, tuple(shards), suite.n_ctx, suite.suite_token_sha256, selector)
 
     def reproduce(self, candidate: str | None = None, *extra: str) -> str:
@@ -189,6 +200,9 @@ def _collect_config(config: pytest.Config, path: Path) -> None:
         config.args.append(str(path))
 
 
+#: A candidate x shard case's node id: ``...::test_fidelity[<candidate>-shard<NN>]``.
+_CASE_ID = re.compile(r"::test_fidelity\[([A-Za-z0-9][A-Za-z0-9_.+]*)-shard\d+\]$")
+
 #: The stamp a run leaves in its report folder: which suite (and file) the reports there measure.
 STAMP = "fidelity-run.json"
 
@@ -233,6 +247,8 @@ class FidelityRun:
     _collector: LadderCollector | None = None
     extras: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     extra_lines: list[str] = field(default_factory=list)
+    #: Candidates with a failed case that carried no report (see :meth:`missing_from_ladder`).
+    unscored: set[str] = field(default_factory=set)
 
     @classmethod
     def configure(cls, config: pytest.Config) -> FidelityRun | None:
@@ -351,8 +367,14 @@ class FidelityRun:
             setattr(report, EXTRA_ATTR, json.dumps(item.stash[_EXTRA], sort_keys=True))
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        """Controller: write each shard report as it arrives; keep report-case payloads for the end."""
-        if self.is_worker or report.when != "call":
+        """Controller: write each shard report as it arrives; keep report-case payloads for the end;
+        remember candidates whose case failed before it had a report (the ladder names them)."""
+        if self.is_worker:
+            return
+        case = _CASE_ID.search(report.nodeid)
+        if case and report.failed and getattr(report, PAYLOAD_ATTR, None) is None:
+            self.unscored.add(case.group(1))
+        if report.when != "call":
             return
         payload = getattr(report, PAYLOAD_ATTR, None)
         if payload is not None:
@@ -373,11 +395,20 @@ class FidelityRun:
 
             self.extra_lines = write_extras(self.collector.report_dir, self.extras)
 
+    def missing_from_ladder(self) -> list[str]:
+        """Candidates whose cases ran but none produced a report (their capture or scoring failed)."""
+        scored = {str(p.get("candidate")) for p in self.collector.reports}
+        return sorted(self.unscored - scored)
+
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
-        if self.collector.reports:
+        missing = self.missing_from_ladder()
+        if self.collector.reports or missing:
             terminalreporter.section("fidelity ladder")
-            for line in self.collector.summary_lines():
+            for line in self.collector.summary_lines() if self.collector.reports else []:
                 terminalreporter.write_line(line)
+            for name in missing:  # never a silently shorter ladder
+                terminalreporter.write_line(f"not in the ladder: {name} (no shard was scored: see its failed cases above)",
+                                            red=True)
         if self.extra_lines:
             terminalreporter.section("fidelity reports")
             for line in self.extra_lines:
@@ -390,17 +421,12 @@ class FidelityRun:
 
     def score(self, request: pytest.FixtureRequest, name: str, shard: int, record_property: Any) -> ScoredShard:
         """Score one candidate x shard (capturing it first when needed); its report travels home."""
-        from harness.errors import FidelityError
-
         monitor = self.monitor
         reason = monitor.stop_reason(name) if monitor is not None else None
         if reason:
             pytest.skip(reason)
-        try:
-            with self.terminal():
-                scored = self.session.score(self.session.config.candidate(name), shard)
-        except FidelityError as exc:
-            pytest.fail(f"{name} shard {shard:02d}: {exc}", pytrace=False)
+        with self.terminal():
+            scored = _or_fail(f"{name} shard {shard:02d}", lambda: self.session.score(self.session.config.candidate(name), shard))
         if monitor is not None:
             d = monitor.observe(name, shard, scored.report.metrics)
             self.send(request, "adaptive", {"candidate": name, "shard": shard, **d.record()})
@@ -418,7 +444,7 @@ class FidelityRun:
         if monitor is not None and name in monitor.stopped:
             shards = sorted(monitor.seen[name])
         with self.terminal():
-            case = TailCase.run(self.session, name, shards)
+            case = _or_fail(f"tails of {name}", lambda: TailCase.run(self.session, name, shards))
         self.send(request, "tails", case.payload)
         return case
 
@@ -427,22 +453,30 @@ class FidelityRun:
         from harness.plugin.cases import WindowCase
 
         with self.terminal():
-            case = WindowCase.run(self.session, k, list(self.plan.shards), notes)
+            case = _or_fail(f"window from row {k}", lambda: WindowCase.run(self.session, k, list(self.plan.shards), notes))
         self.send(request, "window", case.payload)
         return case
 
     def paired(self, request: pytest.FixtureRequest, p: PairConfig) -> PairCase:
         """A declared pair compared on the same positions."""
-        from harness.errors import FidelityError
         from harness.plugin.cases import PairCase
 
-        try:
-            with self.terminal():
-                case = PairCase.run(self.session, p.a, p.b, p.margin, list(self.plan.shards), p.expect)
-        except FidelityError as exc:
-            pytest.fail(f"pair {p.a} vs {p.b}: {exc}", pytrace=False)
+        with self.terminal():
+            case = _or_fail(f"pair {p.a} vs {p.b}", lambda: PairCase.run(self.session, p.a, p.b, p.margin, list(self.plan.shards), p.expect))
         self.send(request, "paired", case.payload)
         return case
+
+
+def _or_fail(what: str, fn: Callable[[], _T]) -> _T:
+    """``fn()``; a :class:`~harness.errors.FidelityError` fails the case with one line ``what: message``
+    (raised after the handler, so no chained traceback is shown)."""
+    from harness.errors import FidelityError
+
+    try:
+        return fn()
+    except FidelityError as exc:
+        message = f"{what}: {exc}"
+    pytest.fail(message, pytrace=False)
 
 
 def active_run(config: pytest.Config) -> FidelityRun:

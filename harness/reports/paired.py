@@ -1,4 +1,4 @@
-"""Paired comparisons of two candidates (``pytest -m paired``, ``fidelity paired``).
+"""Paired comparisons of two candidates (``pytest fidelity.toml -m fidelity_paired``, ``fidelity paired``).
 
 Both candidates are scored on the *same* positions; :func:`harness.metrics.paired` bootstraps the
 difference ``a - b`` of mean KLD, p99, CVaR1%, top-1 and EAR with common random numbers (the same

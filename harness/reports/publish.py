@@ -137,10 +137,10 @@ def _reproduce(name: str, agg: dict[str, Any], repro: dict[str, Any] | None) -> 
     window = agg["score_from"]
     # pytest pointed at the configuration file collects its cases; --fidelity-candidates selects by exact name
     toml = shlex.quote(str(repro["config"])) if repro is not None else "fidelity.toml"
-    cfg = f"{toml} --fidelity-config {toml}" if repro is not None else toml
-    lines = ["```sh", f"pytest {cfg} --fidelity-candidates {name} --fidelity-shards {shards}"
+    suite = shlex.quote(str(repro["suite"])) if repro is not None else "SUITE"
+    lines = ["```sh", f"pytest {toml} --fidelity-candidates {name} --fidelity-shards {shards}"
              + (f" --fidelity-window {window}" if window else "") + " --fidelity-report-dir reports",
-             f"fidelity aggregate reports/{name} --suite SUITE --out aggregate/", "```"]
+             f"fidelity aggregate reports/{name} --suite {suite} --out aggregate/", "```"]
     store = None if repro is None else (repro.get("stores") or {}).get(name)
     if repro is not None and store is not None:
         lines += ["", "or, from the stored captures:", "", "```sh",
@@ -180,7 +180,9 @@ def render_candidate(name: str, agg: dict[str, Any], shards: Sequence[Any], tail
                   "| exact (all positions) | " + " | ".join(fmt_opt(cum["percentiles"][p]) for p in ("p50", "p90", "p99", "p99.9"))
                   + f" | {fmt_opt(cum['cvar1'])} | {fmt_opt(cum['max'])} |", ""]
     else:
-        lines += ["Bin-bounded percentiles from the summed histograms (exact tails: run `pytest -m tails`):", "",
+        toml = str(repro["config"]) if repro is not None else "fidelity.toml"
+        lines += [f"Bin-bounded percentiles from the summed histograms (exact tails: run "
+                  f"`pytest {shlex.quote(toml)} -m fidelity_tails --fidelity-candidates {name}`):", "",
                   "| percentile | bracket (nats) |", "|---|---|"]
         lines += [f"| {q} | [{fmt_opt(b[0])}, {fmt_opt(b[1])}] |" for q, b in k["quantile_bounds"].items()]
         lines.append("")

@@ -1,4 +1,4 @@
-"""Tail reports (``pytest -m tails``): per shard and cumulative tail statistics of one candidate.
+"""Tail reports (``pytest fidelity.toml -m fidelity_tails``): per shard and cumulative tail statistics of one candidate.
 
 Per shard (exact, from the shard's own positions): numpy "linear" percentiles p50, p90, p99,
 p99.9, CVaR1% (mean of the worst 1 %, fractional boundary weight), the exact max and exact

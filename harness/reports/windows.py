@@ -1,4 +1,4 @@
-"""Scoring-window controls (``pytest -m window``): the same captures rescored from row ``k``.
+"""Scoring-window controls (``pytest fidelity.toml -m fidelity_window``): the same captures rescored from row ``k``.
 
 A window ``score_from=k`` drops rows ``< k`` of every context before any statistic (docs/design.md
 section 2); llama.cpp's ``llama-perplexity`` scores the second half of each chunk

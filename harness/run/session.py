@@ -128,6 +128,10 @@ class FidelitySession:
             from harness.capture.store import CaptureStore
 
             ref = self.config.reference
+            if self.config.dataset is not None:  # a dataset is trusted only whole (fidelity verify DATASET)
+                from harness.dataset.verify import verify_dataset
+
+                verify_dataset(self.config.dataset)
             if not (ref.store / "capture.json").exists():
                 if ref.model is None:
                     raise FidelityError(
