@@ -296,3 +296,28 @@ def test_report_folder_of_another_suite_is_refused(project: pytest.Pytester, tin
     result.stderr.fnmatch_lines(["*fidelity-run.json: the report folder holds reports of another suite: "
                                  "expected suite_token_sha256 *, found *"])
     project.runpytest("--collect-only", "--fidelity-report-dir", "other").assert_outcomes()
+
+
+@pytest.mark.slow  # captures and scores the good candidate of the tiny project
+def test_a_candidate_that_cannot_load_is_named_under_the_ladder(project: pytest.Pytester) -> None:
+    """A checkpoint transformers cannot fully load fails its cases in one line each (no traceback), and the
+    ladder names it as missing instead of silently showing a shorter ladder."""
+    from safetensors.numpy import save_file
+
+    bad = project.path / "models" / "bad"
+    for f in bad.glob("*.safetensors"):
+        f.unlink()
+    import numpy as np
+
+    save_file({"unrelated": np.zeros(2, dtype=np.float32)}, str(bad / "model.safetensors"))
+    result = project.runpytest("-m", "fidelity or fidelity_tails", "--fidelity-shards", "0",
+                               "--fidelity-update-baselines")
+    result.assert_outcomes(passed=2, errors=2)  # good: shard 00 + tails; bad: shard 00 + tails
+    result.stdout.fnmatch_lines([
+        "*| good *| pass *|",
+        "not in the ladder: bad (no shard was scored: see its failed cases above)",
+    ])
+    out = result.stdout.str()
+    result.stdout.fnmatch_lines(["*bad shard 00: *models/bad: transformers could not interpret the checkpoint fully*",
+                                 "*tails of bad: *models/bad: transformers could not interpret*"])
+    assert "Traceback" not in out and "During handling of the above exception" not in out
