@@ -321,3 +321,14 @@ def test_a_candidate_that_cannot_load_is_named_under_the_ladder(project: pytest.
     result.stdout.fnmatch_lines(["*bad shard 00: *models/bad: transformers could not interpret the checkpoint fully*",
                                  "*tails of bad: *models/bad: transformers could not interpret*"])
     assert "Traceback" not in out and "During handling of the above exception" not in out
+
+
+@pytest.mark.slow  # captures the good candidate of the tiny project
+def test_capture_progress_reaches_the_terminal_inside_pytest(project: pytest.Pytester) -> None:
+    """A first capture is not silent until it ends: its progress bar is written past pytest's output capture,
+    on its own line, and the session header names the configuration in use."""
+    result = project.runpytest_subprocess("-m", "fidelity", "--fidelity-candidates", "good", "--fidelity-shards", "0,1")
+    result.stdout.fnmatch_lines([f"fidelity: {project.path / 'fidelity.toml'} (1 candidates x 2 shards;*"])
+    bars = [line for line in result.stderr.lines if "capture good (transformers)" in line]
+    assert bars and "4/4" in bars[-1], result.stderr.str()  # 2 shards x 2 contexts
+    assert result.stderr.str().startswith("\n") or "\ncapture good" in result.stderr.str()

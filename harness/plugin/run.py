@@ -314,8 +314,12 @@ class FidelityRun:
             yield
             return
         with capman.global_and_fixture_disabled():
-            sys.stderr.write("\n")
-            yield
+            real = sys.stderr
+            sys.stderr = _OwnLine(real)
+            try:
+                yield
+            finally:
+                sys.stderr = real
 
     # ------------------------------------------------------------ hooks
     def pytest_report_header(self) -> list[str]:
@@ -465,6 +469,24 @@ class FidelityRun:
             case = _or_fail(f"pair {p.a} vs {p.b}", lambda: PairCase.run(self.session, p.a, p.b, p.margin, list(self.plan.shards), p.expect))
         self.send(request, "paired", case.payload)
         return case
+
+
+class _OwnLine:
+    """A stream that starts a new line before its first write, so a progress bar does not continue pytest's
+    line of dots, and a case that prints nothing leaves the dots alone."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+        self._started = False
+
+    def write(self, text: str) -> int:
+        if text and not self._started:
+            self._started = True
+            self._stream.write("\n")
+        return int(self._stream.write(text))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
 
 
 def _or_fail(what: str, fn: Callable[[], _T]) -> _T:

@@ -84,37 +84,83 @@ def pareto_front(points: Sequence[tuple[float, float, str]]) -> list[tuple[float
     return front
 
 
-def _labels(pts: Sequence[Mapping[str, Any]], scale: float) -> list[tuple[tuple[float, float], str, int]]:
-    """One label per point (name, mean KLD and the interval's half-width); a label near an earlier one
-    moves down a line, so near-identical points keep their own labels."""
-    import math
+def _label_text(p: Mapping[str, Any]) -> str:
+    """``name mean ±half-width%`` (the interval's half-width relative to the mean, when estimable)."""
+    ci = p["ci95"]
+    half = "" if ci is None else f" ±{100.0 * (ci[1] - ci[0]) / 2.0 / p['mean_kld']:.1f}%"
+    return f"{p['candidate']} {p['mean_kld']:.3g}{half}"
 
-    if not pts:
-        return []
-    xs = [p["size_gib"] * scale for p in pts]
-    ys = [math.log10(p["mean_kld"]) for p in pts]
-    sx = (max(xs) - min(xs)) or 1.0
-    sy = (max(ys) - min(ys)) or 1.0
-    out: list[tuple[tuple[float, float], str, int]] = []
-    placed: list[tuple[float, float, int]] = []
-    for i in sorted(range(len(pts)), key=lambda i: (xs[i], -ys[i], pts[i]["candidate"])):
-        nx, ny = xs[i] / sx, ys[i] / sy
-        k = sum(1 for px, py, _ in placed if abs(px - nx) < 0.12 and abs(py - ny) < 0.06)
-        placed.append((nx, ny, k))
-        ci = pts[i]["ci95"]
-        half = "" if ci is None else f" ±{100.0 * (ci[1] - ci[0]) / 2.0 / pts[i]['mean_kld']:.1f}%"
-        out.append(((xs[i], pts[i]["mean_kld"]), f"{pts[i]['candidate']} {pts[i]['mean_kld']:.3g}{half}", k))
-    return out
+
+#: Label offsets tried in turn (points from the marker; the horizontal alignment follows the side).
+_OFFSETS = [(dx, dy) for dy in (4, -12, 16, -24, 28, -36, 40, -48, 52, -60) for dx in (9, -9)]
+
+
+def place_labels(fig: Any, ax: Any, pts: Sequence[Mapping[str, Any]], scale: float,
+                 colors: Mapping[str, Any]) -> list[Any]:
+    """One label per point, each at the first offset where it overlaps no other label and no other marker
+    and stays inside the axes; a label moved away from its marker gets a leader line in its colour, so
+    near-identical points keep their own, readable labels. Returns the annotation artists."""
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    frame = ax.get_window_extent(renderer)
+    centers = [ax.transData.transform((p["size_gib"] * scale, p["mean_kld"])) for p in pts]
+    r = 9.0  # a marker's half-size in pixels, with a margin
+    placed: list[Any] = []
+    texts: list[Any] = []
+
+    def label(p: Mapping[str, Any], offset: tuple[int, int], leader: bool) -> Any:
+        arrow = ({"arrowstyle": "-", "color": colors[p["candidate"]], "linewidth": 0.8, "shrinkA": 0, "shrinkB": 5}
+                 if leader else None)
+        return ax.annotate(_label_text(p), (p["size_gib"] * scale, p["mean_kld"]), textcoords="offset points",
+                           xytext=offset, fontsize=8, ha="left" if offset[0] > 0 else "right", va="bottom",
+                           arrowprops=arrow)
+
+    order = sorted(range(len(pts)), key=lambda i: (pts[i]["size_gib"], -pts[i]["mean_kld"], pts[i]["candidate"]))
+    for i in order:
+        chosen = _OFFSETS[0]
+        for offset in _OFFSETS:
+            t = label(pts[i], offset, leader=False)
+            box = t.get_window_extent(renderer)
+            t.remove()
+            clash = any(box.overlaps(b) for b in placed) or any(
+                j != i and box.x0 - r < cx < box.x1 + r and box.y0 - r < cy < box.y1 + r
+                for j, (cx, cy) in enumerate(centers))
+            inside = frame.x0 <= box.x0 and box.x1 <= frame.x1 and frame.y0 <= box.y0 and box.y1 <= frame.y1
+            if not clash and inside:
+                chosen = offset
+                break
+        t = label(pts[i], chosen, leader=abs(chosen[1]) > 12)
+        placed.append(t.get_window_extent(renderer) if abs(chosen[1]) <= 12 else
+                      label_box(t, renderer))
+        texts.append(t)
+    return texts
+
+
+def label_box(annotation: Any, renderer: Any) -> Any:
+    """The bounding box of an annotation's text alone (without its leader line)."""
+    from matplotlib.text import Text
+
+    return Text.get_window_extent(annotation, renderer)
 
 
 def plot_kld_vs_size(points: Sequence[Mapping[str, Any]], path: str | Path) -> Path:
-    """Mean KLD (log y, 95% interval bars) versus on-disk size, points labelled, Pareto frontier drawn.
+    """Write :func:`kld_vs_size_figure` as a PNG at ``path``."""
+    fig, _axes, _labels = kld_vs_size_figure(points)
+    path = Path(path)
+    _save(fig, path)
+    return path
+
+
+def kld_vs_size_figure(points: Sequence[Mapping[str, Any]]) -> tuple[Any, tuple[Any, Any], list[Any]]:
+    """The figure ``(fig, (main axes, relative-interval axes), point labels)``: mean KLD (log y, 95% interval bars) versus on-disk size, points labelled, Pareto frontier drawn;
+    below it, each candidate's 95% interval relative to its mean (%), where bars a few % wide are visible.
 
     ``points``: dicts with ``candidate``, ``size_gib``, ``mean_kld``, ``ci95``. The axis is in GiB, or in
-    MiB when every candidate is under 1 GiB (small test models), so the ticks stay readable.
+    MiB when every candidate is under 1 GiB (small test models), so the ticks stay readable. Colours are
+    the candidates' colours of every figure of the set (:func:`candidate_colors`).
     """
     plt = _plt()
-    fig, ax = plt.subplots(figsize=(8, 5.5))
+    fig, (ax, rel) = plt.subplots(2, 1, figsize=(8, 8), gridspec_kw={"height_ratios": [3.0, 1.35]})
     pts = [p for p in points if p.get("size_gib") is not None and p["mean_kld"] > 0]
     scale, unit = (1.0, "GiB") if not pts or max(p["size_gib"] for p in pts) >= 1.0 else (1024.0, "MiB")
     front = pareto_front([(p["size_gib"], p["mean_kld"], p["candidate"]) for p in pts])
@@ -126,27 +172,45 @@ def plot_kld_vs_size(points: Sequence[Mapping[str, Any]], path: str | Path) -> P
         lo, hi = p["ci95"] or (p["mean_kld"], p["mean_kld"])  # no bar when not estimable
         x, y = p["size_gib"] * scale, p["mean_kld"]
         color = colors[p["candidate"]]
-        # the interval is often a few % of the mean: narrower than a marker on a log axis, so the marker is
-        # hollow, the bar thick with wide caps, and the label states the half-width
+        # the interval is often a few % of the mean, narrower than a marker on a log axis: the marker is
+        # hollow, the caps wide, and the panel below shows the interval to scale
         ax.errorbar([x], [y], yerr=[[max(y - lo, 0.0)], [max(hi - y, 0.0)]], fmt="o", mfc="none", color=color,
                     ecolor=color, elinewidth=2.2, capsize=7, capthick=1.6, markersize=7, zorder=3)
-    for (x, y), text, k in _labels(pts, scale):
-        ax.annotate(text, (x, y), textcoords="offset points", xytext=(8, 4 - 12 * k), fontsize=8)
     if front:
         ax.legend(loc="upper right", fontsize=9)
     ax.set_yscale("log")
     ax.ticklabel_format(axis="x", useOffset=False, style="plain")
     ax.set_xlabel(f"on-disk size ({unit})")
-    ax.set_ylabel("mean KLD vs BF16 (nats, log scale; bars and ±: 95% interval)")
-    ax.set_title("Fidelity versus size")
+    ax.set_ylabel("mean KLD vs BF16 (nats, log scale)")
+    ax.set_title("Fidelity versus size (bars and ±: 95% interval of the mean)")
     ax.grid(True, which="both", alpha=0.3)
     if pts:
         xs = [p["size_gib"] * scale for p in pts]
         span = (max(xs) - min(xs)) or max(xs) or 1.0
-        ax.set_xlim(min(xs) - 0.08 * span, max(xs) + 0.25 * span)
+        ax.set_xlim(min(xs) - 0.08 * span, max(xs) + 0.3 * span)
         ys = [v for p in pts for v in (*(p["ci95"] or ()), p["mean_kld"]) if v > 0]
         ax.set_ylim(min(ys) / 2.0, max(ys) * 3.0)
+    _relative_intervals(rel, pts, colors)
     fig.tight_layout()
-    path = Path(path)
-    _save(fig, path)
-    return path
+    return fig, (ax, rel), place_labels(fig, ax, pts, scale, colors)
+
+
+def _relative_intervals(ax: Any, pts: Sequence[Mapping[str, Any]], colors: Mapping[str, Any]) -> None:
+    """Each candidate's 95% interval as % of its mean (closest candidate on top), to scale."""
+    order = sorted(pts, key=lambda p: (p["mean_kld"], p["candidate"]))
+    for row, p in enumerate(order):
+        y = len(order) - 1 - row
+        ci = p["ci95"]
+        color = colors[p["candidate"]]
+        if ci is None:
+            ax.text(0.0, y, "not estimable", ha="center", va="center", fontsize=8, color=color)
+            continue
+        lo, hi = (100.0 * (ci[0] / p["mean_kld"] - 1.0), 100.0 * (ci[1] / p["mean_kld"] - 1.0))
+        ax.errorbar([0.0], [y], xerr=[[-lo], [hi]], fmt="|", color=color, ecolor=color, elinewidth=2.2, capsize=4,
+                    markersize=9)
+    ax.set_yticks(range(len(order)), [p["candidate"] for p in reversed(order)], fontsize=8)
+    ax.axvline(0.0, color="0.6", linewidth=0.8)
+    ax.set_xlabel("95% interval of the mean KLD, relative to the mean (%)")
+    ax.grid(True, axis="x", alpha=0.3)
+    if order:
+        ax.set_ylim(-0.7, len(order) - 0.3)

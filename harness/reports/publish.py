@@ -13,7 +13,7 @@ The publishable set (``fidelity publish``)::
     ladder.md            one row per candidate, sorted by mean KLD
     results.json         every measurement: aggregates, every shard report, tails, windows, pairs
     kld-vs-size.json     the points of the plot (on-disk GiB, mean KLD, interval, Pareto flag)
-    kld-vs-size.png      mean KLD (log) versus size, interval bars, Pareto frontier, labels
+    kld-vs-size.png      mean KLD (log) versus size, interval bars, Pareto frontier, labels; relative intervals
     <candidate>/report.md  one page per candidate
     checksums.txt        sha256 of every other file (``sha256sum -c`` compatible)
 
@@ -238,7 +238,7 @@ hidden states go through one shared BF16 LM head, so the number measures the mod
 |---|---|
 | `ladder.md` | one row per candidate, sorted by mean KLD |
 | `results.json` | every measurement: aggregates, every shard report, tails, windows, pairs |
-| `kld-vs-size.json`, `kld-vs-size.png` | mean KLD (log scale, interval bars) versus on-disk size (the png's axis in GiB, or MiB when every candidate is under 1 GiB; the json in GiB: `size_gib`), Pareto frontier |
+| `kld-vs-size.json`, `kld-vs-size.png` | mean KLD (log scale, interval bars) versus on-disk size (the png's axis in GiB, or MiB when every candidate is under 1 GiB; the json in GiB: `size_gib`), Pareto frontier; below, each 95% interval relative to its mean (%), to scale; colours as in `tails.png` |
 | `<candidate>/report.md` | one page per candidate: headline, interval, tails, window control, identity, how to reproduce |
 | `checksums.txt` | sha256 of every other file |
 

@@ -1,0 +1,70 @@
+"""The KLD-versus-size figure: every point keeps its own readable label, intervals are visible to scale,
+and a candidate has the same colour in both figures of a report set."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import pytest
+
+from harness.reports.plot import candidate_colors, kld_vs_size_figure, label_box
+
+MIB = 1 / 1024  # GiB
+
+# Shaped like the embedded default's ladder: two pairs of near-identical points (same size, means 2-10% apart).
+POINTS = [
+    {"candidate": "int8", "size_gib": 1.77 * MIB, "mean_kld": 1.161e-4, "ci95": [1.129e-4, 1.200e-4]},
+    {"candidate": "fp8_e4m3", "size_gib": 1.77 * MIB, "mean_kld": 5.513e-4, "ci95": [5.328e-4, 5.918e-4]},
+    {"candidate": "int4_g32_b", "size_gib": 1.48 * MIB, "mean_kld": 4.261e-3, "ci95": [4.129e-3, 4.437e-3]},
+    {"candidate": "nvfp4", "size_gib": 1.44 * MIB, "mean_kld": 6.390e-3, "ci95": [6.223e-3, 6.606e-3]},
+    {"candidate": "int4_g32", "size_gib": 1.43 * MIB, "mean_kld": 7.118e-3, "ci95": [6.863e-3, 7.465e-3]},
+    {"candidate": "int4_g32_sr1", "size_gib": 1.43 * MIB, "mean_kld": 0.0132, "ci95": [0.0127, 0.0140]},
+    {"candidate": "int4_g32_sr2", "size_gib": 1.43 * MIB, "mean_kld": 0.0135, "ci95": [0.0130, 0.0142]},
+    {"candidate": "int3_g32", "size_gib": 1.34 * MIB, "mean_kld": 0.0383, "ci95": [0.0371, 0.0400]},
+]
+
+
+@pytest.fixture(scope="module")
+def figure() -> Any:
+    fig, axes, labels = kld_vs_size_figure(POINTS)
+    yield fig, axes, labels
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+
+
+def test_every_point_has_its_own_label_inside_the_axes_and_none_overlap(figure: Any) -> None:
+    fig, (ax, _rel), labels = figure
+    renderer = fig.canvas.get_renderer()
+    assert sorted(t.get_text().split()[0] for t in labels) == sorted(p["candidate"] for p in POINTS)
+    boxes = [label_box(t, renderer) for t in labels]
+    frame = ax.get_window_extent(renderer)
+    for a, b in itertools.combinations(range(len(boxes)), 2):
+        assert not boxes[a].overlaps(boxes[b]), (labels[a].get_text(), labels[b].get_text())
+    assert all(frame.x0 <= b.x0 and b.x1 <= frame.x1 and frame.y0 <= b.y0 and b.y1 <= frame.y1 for b in boxes)
+    assert "MiB" in ax.get_xlabel()  # every candidate under 1 GiB: the axis is in MiB, as in the ladder
+
+
+def test_the_relative_panel_shows_each_interval_to_scale_and_visible(figure: Any) -> None:
+    fig, (_ax, rel), _labels = figure
+    renderer = fig.canvas.get_renderer()
+    xlo, xhi = rel.get_xlim()
+    px_per_pct = rel.get_window_extent(renderer).width / (xhi - xlo)
+    for p in POINTS:
+        width_pct = 100.0 * (p["ci95"][1] - p["ci95"][0]) / p["mean_kld"]
+        assert width_pct * px_per_pct > 40  # tens of pixels, not hidden under a marker
+        assert xlo < 100.0 * (p["ci95"][0] / p["mean_kld"] - 1) and 100.0 * (p["ci95"][1] / p["mean_kld"] - 1) < xhi
+    assert [t.get_text() for t in rel.get_yticklabels()][::-1] == \
+        [p["candidate"] for p in sorted(POINTS, key=lambda p: p["mean_kld"])]
+
+
+def test_a_candidate_has_one_colour_in_both_figures(figure: Any) -> None:
+    """The tail figure colours by :func:`candidate_colors` of its names; so does this one, whatever order
+    or subset of other candidates each figure gets."""
+    fig, (ax, rel), _labels = figure
+    colors = candidate_colors([p["candidate"] for p in POINTS])
+    drawn = {line.get_color() if isinstance(line.get_color(), str) else tuple(line.get_color())
+             for line in ax.get_lines() if line.get_linestyle() == "None"}
+    assert drawn == {tuple(c) for c in colors.values()}
+    assert candidate_colors([p["candidate"] for p in reversed(POINTS)]) == colors
