@@ -152,8 +152,8 @@ def _runtime(store: Any) -> str:
 
 
 @pytest.fixture(scope="module")
-def net_rows(matrix: Any) -> list[Any]:
-    """One row per candidate of every configuration, scored against that configuration's reference."""
+def net_rows(matrix: Any, config: Any) -> list[Any]:
+    """One row per candidate of every configuration, scored against the reference of the floors' row."""
     from harness.inputs.config import load_config
     from harness.reports.cross_engine import net_row, skipped_row
     from harness.run.session import FidelitySession, candidate_size_bytes
@@ -161,6 +161,9 @@ def net_rows(matrix: Any) -> list[Any]:
     rows = []
     for path in CONFIGS:
         cfg = load_config(path)
+        if cfg.reference.store.resolve() != config.reference.store.resolve():
+            pytest.fail(f"{path}: reference.store: expected {config.reference.store} (the floors' reference, "
+                        f"{CONFIGS[0].name}), found {cfg.reference.store}", pytrace=False)
         session = FidelitySession(config=cfg, device="cpu")
         session.plan([(c.name, SHARD) for c in cfg.candidates])
         for cand in cfg.candidates:
