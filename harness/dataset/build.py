@@ -154,4 +154,6 @@ def render_card(doc: dict[str, Any], n_contexts: int) -> str:
         "## Replay your own candidate", "", "```sh",
         f"fidelity capture --model MY_MODEL --suite suite --shards {shards} --out my-capture",
         f"fidelity replay --suite suite --reference reference --head head/lm_head.safetensors --candidate my-capture --shards {shards} --out my-reports",
-        "```", ""])
+        "```", "",
+        "or as pytest cases gated by baselines: a `my.toml` beside this folder with `[dataset]` `path = \"<this folder>\"` "
+        "and one `[[candidates]]` entry (`name`, `model`), then `pytest my.toml`.", ""])
