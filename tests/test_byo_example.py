@@ -89,6 +89,7 @@ def fake_dataset(tmp_path: Path) -> Path:
     (ds / "dataset.json").write_text(json.dumps({"schema": "fidelity.dataset/1",
                                                  "reference": {"name": "bf16", "shards": [0, 2]}}))
     (tmp_path / "cand").mkdir()
+    (tmp_path / "cand" / "config.json").write_text("{}")
     return ds
 
 
@@ -156,3 +157,19 @@ def test_dataset_shards_select_the_cases(pytester: pytest.Pytester, fake_dataset
     assert refused.ret == pytest.ExitCode.USAGE_ERROR
     refused.stderr.fnmatch_lines(["*dataset/dataset.json: --fidelity-shards 1-2: expected shards the dataset holds a "
                                   "reference for (0,2), found 1"])
+
+
+@pytest.mark.parametrize(("engine", "model", "message"), [
+    ("transformers", "fixtures/gguf/fixture-q8_0.gguf", "engine 'transformers' expects a model folder (config.json + *.safetensors), "
+                                                        "found a file: */fixture-q8_0.gguf; a GGUF file needs engine = \"llamacpp\""),
+    ("llamacpp", "fixtures/model", "engine 'llamacpp' expects a GGUF file, found a folder: */fixtures/model"),
+    ("transformers", "fixtures/suite", "expected a Hugging Face model folder holding config.json, found none in */fixtures/suite"),
+])
+def test_candidate_model_of_the_wrong_kind_is_named_at_load(tmp_path: Path, fake_dataset: Path, engine: str, model: str,
+                                                            message: str) -> None:
+    from fnmatch import fnmatchcase
+
+    text = f'[dataset]\npath = "dataset"\n[[candidates]]\nname = "mine"\nengine = "{engine}"\nmodel = "{ROOT / model}"\n'
+    with pytest.raises(ConfigError) as err:
+        load_config(_toml(tmp_path, text))
+    assert fnmatchcase(str(err.value), f"{tmp_path / 'my.toml'}: candidates[[]0[]].model of 'mine': {message}"), str(err.value)

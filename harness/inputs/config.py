@@ -179,6 +179,26 @@ class _Reader:
         return float(value)
 
 
+#: Engines whose model is one file (the others take a Hugging Face folder).
+_FILE_ENGINES = {"llamacpp": "a GGUF file"}
+
+
+def _check_model_path(path: Path, where: str, engine: str, model: Path) -> None:
+    """The model is the kind of path its engine loads: a GGUF file for ``llamacpp``, else a folder with
+    ``config.json`` (a Hugging Face checkpoint); anything else is named here, before any capture."""
+    if engine in _FILE_ENGINES:
+        if not model.is_file():
+            raise ConfigError(f"{path}: {where}: engine {engine!r} expects {_FILE_ENGINES[engine]}, found a folder: {model}")
+        return
+    if not model.is_dir():
+        hint = '; a GGUF file needs engine = "llamacpp"' if model.suffix.lower() == ".gguf" else ""
+        raise ConfigError(f"{path}: {where}: engine {engine!r} expects a model folder (config.json + *.safetensors), "
+                          f"found a file: {model}{hint}")
+    if not (model / "config.json").is_file():
+        raise ConfigError(f"{path}: {where}: expected a Hugging Face model folder holding config.json, "
+                          f"found none in {model}")
+
+
 def _candidate(path: Path, raw: Any, i: int) -> CandidateConfig:
     r = _Reader(path, raw, f"candidates[{i}]", _CAND_KEYS)
     name = r.string("name")
@@ -206,6 +226,8 @@ def _candidate(path: Path, raw: Any, i: int) -> CandidateConfig:
     if model is not None and not model.exists():  # caught here, before any capture or the ladder
         raise ConfigError(f"{path}: candidates[{i}].model of {name!r}: expected an existing model folder or file, "
                           f"found no such path: {model}")
+    if model is not None:
+        _check_model_path(path, f"candidates[{i}].model of {name!r}", engine, model)
     if store is not None and not (store / "capture.json").is_file():
         raise ConfigError(f"{path}: candidates[{i}].store of {name!r}: expected a capture store folder holding "
                           f"capture.json, found {'no such path' if not store.exists() else 'no capture.json'}: {store}")
