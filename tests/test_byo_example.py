@@ -39,7 +39,11 @@ def readme_printed() -> str:
 
 
 def _git_status() -> str:
-    return subprocess.run(["git", "status", "--porcelain", "--ignored"], cwd=ROOT, capture_output=True, text=True).stdout
+    return subprocess.run(["git", "status", "--porcelain"], cwd=ROOT, capture_output=True, text=True).stdout
+
+
+#: What the example writes into its own folder, none of which may appear in the clone.
+EXAMPLE_OUTPUTS = ("dataset", "make_int8.py", "my-int8", "my.toml", "baselines", ".pytest_cache")
 
 
 @pytest.mark.slow  # a dataset, a checkpoint and two pytest runs of one candidate x 2 shards: ~45 s
@@ -47,6 +51,7 @@ def test_readme_example_runs_as_written_in_an_empty_folder(tmp_path: Path) -> No
     work = tmp_path / "empty"
     work.mkdir()
     before = _git_status()
+    already = [n for n in EXAMPLE_OUTPUTS if (ROOT / n).exists()]
     env = dict(os.environ, REPO=str(ROOT), PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
     env.pop("PYTEST_ADDOPTS", None)
     res = subprocess.run(["bash", "-euo", "pipefail", "-c", readme_block()], cwd=work, env=env,
@@ -74,6 +79,7 @@ def test_readme_example_runs_as_written_in_an_empty_folder(tmp_path: Path) -> No
     doc = json.loads((work / "baselines" / "my_int8.json").read_text())
     assert sorted(doc["shards"]) == ["00", "01"]
     assert _git_status() == before  # nothing written into the clone
+    assert [n for n in EXAMPLE_OUTPUTS if (ROOT / n).exists()] == already
 
 
 # ------------------------------------------------------------------ [dataset] path, without scoring
