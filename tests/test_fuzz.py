@@ -111,7 +111,10 @@ CONFIG_KEYS = ("suite", "reference", "settings", "candidates", "pairs", "name", 
 @pytest.fixture(scope="module")
 def scratch(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("fuzz")
-    (root / "models" / "good").mkdir(parents=True)  # a live candidate's folder must exist at config load
+    (root / "models" / "good").mkdir(parents=True)  # a live candidate's folder must exist at config load,
+    (root / "models" / "good" / "config.json").write_text("{}")  # and hold config.json (a Hugging Face folder);
+    (root / "cand").mkdir()  # a replayed candidate's store must hold capture.json
+    (root / "cand" / "capture.json").write_text("{}")
     return root
 
 
