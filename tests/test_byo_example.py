@@ -179,3 +179,24 @@ def test_candidate_model_of_the_wrong_kind_is_named_at_load(tmp_path: Path, fake
     with pytest.raises(ConfigError) as err:
         load_config(_toml(tmp_path, text))
     assert fnmatchcase(str(err.value), f"{tmp_path / 'my.toml'}: candidates[[]0[]].model of 'mine': {message}"), str(err.value)
+
+
+def _collected(*args: str) -> list[str]:
+    res = subprocess.run([sys.executable, "-m", "pytest", "fidelity.toml", "--collect-only", "-q", *args], cwd=ROOT,
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr
+    return [l for l in res.stdout.splitlines() if l.startswith("fidelity.toml::")]
+
+
+def test_readme_selection_examples_select_what_they_say() -> None:
+    """README "Running it": the one-candidate line selects exactly one candidate's cases, the one-shard line
+    one case per candidate, and -k by a name is the substring match the README warns about."""
+    from harness.inputs.config import load_config
+
+    names = [c.name for c in load_config(ROOT / "fidelity.toml").candidates]
+    one = [i for i in _collected("--fidelity-candidates", "int4_g32") if "::test_fidelity[" in i]
+    assert one == [f"fidelity.toml::test_fidelity[int4_g32-shard{k:02d}]" for k in range(6)]
+    shard = _collected("-k", "shard01")
+    assert shard == [f"fidelity.toml::test_fidelity[{n}-shard01]" for n in names]
+    substring = {i.split("[")[1].split("-shard")[0] for i in _collected("-k", "int4_g32", "-m", "fidelity")}
+    assert substring == {"int4_g32", "int4_g32_b", "int4_g32_sr1", "int4_g32_sr2"}

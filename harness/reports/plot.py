@@ -165,7 +165,7 @@ def kld_vs_size_figure(points: Sequence[Mapping[str, Any]]) -> tuple[Any, tuple[
     scale, unit = (1.0, "GiB") if not pts or max(p["size_gib"] for p in pts) >= 1.0 else (1024.0, "MiB")
     front = pareto_front([(p["size_gib"], p["mean_kld"], p["candidate"]) for p in pts])
     colors = candidate_colors([p["candidate"] for p in pts])  # the same colours as the tail plot
-    if front:
+    if len(front) > 1:  # a frontier of one point is no line
         ax.plot([f[0] * scale for f in front], [f[1] for f in front], "--", color="0.35", linewidth=1.2,
                 label="Pareto frontier (no other candidate is both smaller and closer)", zorder=1)
     for p in pts:
@@ -176,7 +176,7 @@ def kld_vs_size_figure(points: Sequence[Mapping[str, Any]]) -> tuple[Any, tuple[
         # hollow, the caps wide, and the panel below shows the interval to scale
         ax.errorbar([x], [y], yerr=[[max(y - lo, 0.0)], [max(hi - y, 0.0)]], fmt="o", mfc="none", color=color,
                     ecolor=color, elinewidth=2.2, capsize=7, capthick=1.6, markersize=7, zorder=3)
-    if front:
+    if len(front) > 1:  # a frontier of one point is no line
         ax.legend(loc="upper right", fontsize=9)
     ax.set_yscale("log")
     ax.ticklabel_format(axis="x", useOffset=False, style="plain")
