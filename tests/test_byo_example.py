@@ -38,8 +38,10 @@ def readme_printed() -> str:
     return m.group(1)
 
 
-def _git_status() -> str:
-    return subprocess.run(["git", "status", "--porcelain"], cwd=ROOT, capture_output=True, text=True).stdout
+def _git_status() -> list[str]:
+    """Untracked files of the clone (what a command run there would leave behind)."""
+    out = subprocess.run(["git", "status", "--porcelain"], cwd=ROOT, capture_output=True, text=True).stdout
+    return [line for line in out.splitlines() if line.startswith("??")]
 
 
 #: What the example writes into its own folder, none of which may appear in the clone.
