@@ -183,17 +183,16 @@ def test_candidate_model_of_the_wrong_kind_is_named_at_load(tmp_path: Path, fake
     assert fnmatchcase(str(err.value), f"{tmp_path / 'my.toml'}: candidates[[]0[]].model of 'mine': {message}"), str(err.value)
 
 
-def _collected(*args: str) -> list[str]:
-    res = subprocess.run([sys.executable, "-m", "pytest", "fidelity.toml", "--collect-only", "-q", *args], cwd=ROOT,
-                         capture_output=True, text=True, timeout=300)
-    assert res.returncode == 0, res.stdout + res.stderr
-    return [l for l in res.stdout.splitlines() if l.startswith("fidelity.toml::")]
-
-
-def test_readme_selection_examples_select_what_they_say() -> None:
+def test_readme_selection_examples_select_what_they_say(pytester: pytest.Pytester) -> None:
     """README "Running it": the one-candidate line selects exactly one candidate's cases, the one-shard line
     one case per candidate, and -k by a name is the substring match the README warns about."""
     from harness.inputs.config import load_config
+
+    def _collected(*args: str) -> list[str]:
+        res = pytester.runpytest(str(ROOT / "fidelity.toml"), "--rootdir", str(ROOT), "-c", str(ROOT / "pyproject.toml"),
+                                 "--collect-only", "-q", *args)
+        assert res.ret == 0, res.stdout.str()
+        return [l for l in res.stdout.lines if l.startswith("fidelity.toml::")]
 
     names = [c.name for c in load_config(ROOT / "fidelity.toml").candidates]
     one = [i for i in _collected("--fidelity-candidates", "int4_g32") if "::test_fidelity[" in i]
