@@ -62,7 +62,7 @@ def test_readme_example_runs_as_written_in_an_empty_folder(tmp_path: Path) -> No
     assert res.returncode == 0, out[-4000:]
     # two runs, each 2 candidate x shard cases + 1 tail + 3 windows, all passed; the header names my.toml
     assert len(re.findall(r"^=+ 6 passed in [\d.]+s", res.stdout, re.M)) == 2, res.stdout[-3000:]
-    assert res.stdout.count(f"fidelity: {work / 'my.toml'} (1 candidates x 2 shards;") == 2
+    assert res.stdout.count(f"fidelity: {work / 'my.toml'} (1 candidate x 2 shards;") == 2
     assert "baseline written: " in res.stdout
     last = res.stdout[res.stdout.rindex("test session starts"):]
     row = re.search(r"^\| my_int8 +\| [\d.]+ MiB \| 2 +\| \S+ \[\S+, \S+\] +\| ≤ \S+ +\| 0\.9\d+ \| pass +\|$", last, re.M)

@@ -254,7 +254,7 @@ def test_cases_from_a_config_in_an_empty_folder(pytester: pytest.Pytester, fidel
                                     "--fidelity-candidates", "good", "--fidelity-shards", "0")
         result.assert_outcomes(failed=1)
         result.stdout.fnmatch_lines([
-            "fidelity: *my.toml (1 candidates x 1 shards*",
+            "fidelity: *my.toml (1 candidate x 1 shard;*",
             ("*create it on purpose with: pytest ../proj/my.toml "
              "--fidelity-candidates good --fidelity-update-baselines*"),
         ])
@@ -328,7 +328,7 @@ def test_capture_progress_reaches_the_terminal_inside_pytest(project: pytest.Pyt
     """A first capture is not silent until it ends: its progress bar is written past pytest's output capture,
     on its own line, and the session header names the configuration in use."""
     result = project.runpytest_subprocess("-m", "fidelity", "--fidelity-candidates", "good", "--fidelity-shards", "0,1")
-    result.stdout.fnmatch_lines([f"fidelity: {project.path / 'fidelity.toml'} (1 candidates x 2 shards;*"])
+    result.stdout.fnmatch_lines([f"fidelity: {project.path / 'fidelity.toml'} (1 candidate x 2 shards;*"])
     bars = [line for line in result.stderr.lines if "capture good (transformers)" in line]
     assert bars and "4/4" in bars[-1], result.stderr.str()  # 2 shards x 2 contexts
     assert result.stderr.str().startswith("\n") or "\ncapture good" in result.stderr.str()

@@ -324,7 +324,8 @@ class FidelityRun:
     # ------------------------------------------------------------ hooks
     def pytest_report_header(self) -> list[str]:
         p = self.plan
-        line = (f"fidelity: {p.path} ({len(p.config.candidates)} candidates x {len(p.shards)} shards; "
+        nc, ns = len(p.config.candidates), len(p.shards)
+        line = (f"fidelity: {p.path} ({nc} candidate{'s' * (nc != 1)} x {ns} shard{'s' * (ns != 1)}; "
                 f"suite {p.config.suite}; reports {self.pytest_config.getoption('fidelity_report_dir')}/)")
         return [line]
 
