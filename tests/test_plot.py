@@ -68,3 +68,26 @@ def test_a_candidate_has_one_colour_in_both_figures(figure: Any) -> None:
              for line in ax.get_lines() if line.get_linestyle() == "None"}
     assert drawn == {tuple(c) for c in colors.values()}
     assert candidate_colors([p["candidate"] for p in reversed(POINTS)]) == colors
+
+
+@pytest.mark.parametrize(("n_bytes", "ladder", "page", "axis"), [
+    (1_856_707, "1.77 MiB", "1.771 MiB (1856707 bytes)", "MiB"),
+    (700 * 2**20, "700.00 MiB", "700.000 MiB (734003200 bytes)", "MiB"),
+    (2**30, "1.00 GiB", "1.000 GiB (1073741824 bytes)", "GiB"),
+    (16_060_000_000, "14.96 GiB", "14.957 GiB (16060000000 bytes)", "GiB"),
+])
+def test_one_size_unit_in_the_ladder_the_pages_and_the_plot(n_bytes: int, ladder: str, page: str, axis: str) -> None:
+    """A size reads in the same unit everywhere a report set shows it (GiB from 1 GiB, else MiB)."""
+    from harness.reports.aggregate import format_ladder
+    from harness.reports.publish import page_size
+
+    row = {"candidate": "c", "size_bytes": n_bytes, "shards": [0], "mean_kld": 0.01, "ci95": None,
+           "p99_bounds": [0.0, 0.05], "top1": 0.9, "verdict": "pass"}
+    assert f"| {ladder} |" in format_ladder([row])[2]
+    assert page_size(n_bytes) == page
+    fig, (ax, _rel), _labels = kld_vs_size_figure([{"candidate": "c", "size_gib": n_bytes / 2**30,
+                                                    "mean_kld": 0.01, "ci95": None}])
+    assert ax.get_xlabel() == f"on-disk size ({axis})"
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)

@@ -303,7 +303,9 @@ def _fmt(x: float) -> str:
 
 
 def _size(b: int | None) -> str:
-    return "—" if not b else f"{b / 2**20:.2f} MiB"
+    from harness.reports.units import size_text
+
+    return size_text(b)
 
 
 def format_ladder(rows: Sequence[dict[str, Any]]) -> list[str]:

@@ -162,7 +162,10 @@ def kld_vs_size_figure(points: Sequence[Mapping[str, Any]]) -> tuple[Any, tuple[
     plt = _plt()
     fig, (ax, rel) = plt.subplots(2, 1, figsize=(8, 8), gridspec_kw={"height_ratios": [3.0, 1.35]})
     pts = [p for p in points if p.get("size_gib") is not None and p["mean_kld"] > 0]
-    scale, unit = (1.0, "GiB") if not pts or max(p["size_gib"] for p in pts) >= 1.0 else (1024.0, "MiB")
+    from harness.reports.units import GIB, axis_unit
+
+    divisor, unit = axis_unit(max((p["size_gib"] * GIB for p in pts), default=GIB))
+    scale = GIB / divisor  # the points carry GiB
     front = pareto_front([(p["size_gib"], p["mean_kld"], p["candidate"]) for p in pts])
     colors = candidate_colors([p["candidate"] for p in pts])  # the same colours as the tail plot
     if len(front) > 1:  # a frontier of one point is no line

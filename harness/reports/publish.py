@@ -110,10 +110,13 @@ def size_points(aggs: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     return sorted(pts, key=lambda p: (p["size_gib"] is None, p["size_gib"] or 0.0, p["candidate"]))
 
 
-def _size(size: int | None) -> str:
+def page_size(size: int | None) -> str:
+    """A candidate page's on-disk size: ``1.771 MiB (1856707 bytes)`` (unit as in :mod:`harness.reports.units`)."""
     if not size:
         return "—"
-    return f"{size / GIB:.3f} GiB ({size} bytes)" if size >= GIB // 100 else f"{size / 2**20:.3f} MiB ({size} bytes)"
+    from harness.reports.units import size_text
+
+    return f"{size_text(size, 3)} ({size} bytes)"
 
 
 def reproduction_info(config: Any, names: Iterable[str]) -> dict[str, Any] | None:
@@ -172,7 +175,7 @@ def render_candidate(name: str, agg: dict[str, Any], shards: Sequence[Any], tail
              f"| mean JSD (bits) | {fmt_opt(agg['jsd_bits']['mean'])} |",
              f"| PPL ref / cand | {agg['ppl']['ref']:.4f} / {agg['ppl']['cand']:.4f} |",
              f"| max KLD | {fmt_opt(k['max'])} |",
-             f"| on-disk size | {_size(size)} |", ""]
+             f"| on-disk size | {page_size(size)} |", ""]
     lines += ["## Tails", ""]
     if tails:
         cum = tails["cumulative"]
@@ -238,7 +241,7 @@ hidden states go through one shared BF16 LM head, so the number measures the mod
 |---|---|
 | `ladder.md` | one row per candidate, sorted by mean KLD |
 | `results.json` | every measurement: aggregates, every shard report, tails, windows, pairs |
-| `kld-vs-size.json`, `kld-vs-size.png` | mean KLD (log scale, interval bars) versus on-disk size (the png's axis in GiB, or MiB when every candidate is under 1 GiB; the json in GiB: `size_gib`), Pareto frontier; below, each 95% interval relative to its mean (%), to scale; colours as in `tails.png` |
+| `kld-vs-size.json`, `kld-vs-size.png` | mean KLD (log scale, interval bars) versus on-disk size (the png's axis in GiB, or MiB when every candidate is under 1 GiB, like the sizes in `ladder.md` and the pages; the json in GiB: `size_gib`), Pareto frontier; below, each 95% interval relative to its mean (%), to scale; colours as in `tails.png` |
 | `<candidate>/report.md` | one page per candidate: headline, interval, tails, window control, identity, how to reproduce |
 | `checksums.txt` | sha256 of every other file |
 
