@@ -201,3 +201,30 @@ def test_readme_selection_examples_select_what_they_say(pytester: pytest.Pyteste
     assert shard == [f"fidelity.toml::test_fidelity[{n}-shard01]" for n in names]
     substring = {i.split("[")[1].split("-shard")[0] for i in _collected("-k", "int4_g32", "-m", "fidelity")}
     assert substring == {"int4_g32", "int4_g32_b", "int4_g32_sr1", "int4_g32_sr2"}
+
+
+def test_readme_commands_leave_no_untracked_outputs() -> None:
+    """Every output a README command writes at the repository root (``--out``, ``--fidelity-report-dir``) is
+    ignored by git, so following the README leaves ``git status`` clean (the example above runs elsewhere)."""
+    blocks: list[str] = []
+    inside: list[str] | None = None
+    skip_next = skipping = False
+    for line in (ROOT / "README.md").read_text("utf-8").splitlines():
+        if inside is None:
+            if line.startswith(MARKER):
+                skip_next = True
+            elif line.startswith("```"):
+                inside, skipping, skip_next = [], skip_next, False
+        elif line.startswith("```"):
+            if not skipping:
+                blocks.append("\n".join(inside))
+            inside = None
+        else:
+            inside.append(line)
+    outs = {m for b in blocks for m in re.findall(r"--(?:out|fidelity-report-dir) ([^\s\\`]+)", b)}
+    outs = {o for o in outs if not o.startswith(("fixtures/", "/", "DIR", "X.", "$"))}
+    assert {"captures/int4_g32", "published/", "aggregate/", "ref.kld"} <= outs  # the parser sees the commands
+    for out in sorted(outs):
+        probe = out if Path(out).suffix else out.rstrip("/") + "/probe"
+        res = subprocess.run(["git", "check-ignore", "-q", probe], cwd=ROOT)
+        assert res.returncode == 0, f"README writes {out}, which git does not ignore"
