@@ -91,3 +91,35 @@ def test_one_size_unit_in_the_ladder_the_pages_and_the_plot(n_bytes: int, ladder
     import matplotlib.pyplot as plt
 
     plt.close(fig)
+
+
+def test_a_subset_figure_colours_a_candidate_as_the_full_set_does(tmp_path: Any) -> None:
+    """A run of two candidates writes tails.png; the published set of all eight draws kld-vs-size.png. With the
+    configuration's names as the palette, each candidate has one colour in both (without it, int8 would be
+    the second colour in the first figure and the seventh in the second)."""
+    import matplotlib.pyplot as plt
+
+    from harness.reports.plot import plot_ccdf
+
+    palette = [p["candidate"] for p in POINTS]
+    subset = {"int8": {"x": [1e-4, 1e-3], "y": [1.0, 0.1]}, "int3_g32": {"x": [1e-2, 1e-1], "y": [1.0, 0.1]}}
+    assert candidate_colors(list(subset))["int8"] != candidate_colors(palette)["int8"]  # the problem it solves
+    fig_full, (ax_full, _rel), _labels = kld_vs_size_figure(POINTS, palette)
+    drawn_full = {tuple(line.get_color()) for line in ax_full.get_lines() if line.get_linestyle() == "None"}
+    plt.close(fig_full)
+    captured: dict[str, Any] = {}
+    real_step = plt.Axes.step
+
+    def spy(self: Any, x: Any, y: Any, *args: Any, **kwargs: Any) -> Any:
+        captured[kwargs["label"]] = tuple(kwargs["color"])
+        return real_step(self, x, y, *args, **kwargs)
+
+    monkey = pytest.MonkeyPatch()
+    monkey.setattr(plt.Axes, "step", spy)
+    try:
+        plot_ccdf(subset, tmp_path / "tails.png", palette)
+    finally:
+        monkey.undo()
+    want = candidate_colors(palette)
+    assert captured == {n: tuple(want[n]) for n in subset}
+    assert set(captured.values()) <= drawn_full

@@ -130,14 +130,16 @@ class PairCase:
             raise AssertionError("\n".join(problems))
 
 
-def write_extras(report_dir: str | Path, extras: Mapping[str, Sequence[dict[str, Any]]]) -> list[str]:
-    """Controller side: write the artifacts of every kind present; returns summary lines."""
+def write_extras(report_dir: str | Path, extras: Mapping[str, Sequence[dict[str, Any]]],
+                 palette_names: Sequence[str] | None = None) -> list[str]:
+    """Controller side: write the artifacts of every kind present; returns summary lines. ``palette_names``:
+    the configuration's candidates, which fix each candidate's colour in the figures."""
     out = Path(report_dir)
     lines = []
     if extras.get("tails"):
         from harness.reports.tails import write_tails
 
-        write_tails(out, extras["tails"])
+        write_tails(out, extras["tails"], palette_names)
         lines.append(f"tails: {out / 'tails.md'}, {out / 'tails.png'}")
     if extras.get("window"):
         from harness.reports.windows import write_window

@@ -398,7 +398,9 @@ class FidelityRun:
         if self.extras:
             from harness.plugin.cases import write_extras
 
-            self.extra_lines = write_extras(self.collector.report_dir, self.extras)
+            # the tail plot colours candidates as a published set of this configuration does
+            self.extra_lines = write_extras(self.collector.report_dir, self.extras,
+                                            palette_names=[c.name for c in self.plan.full.candidates])
 
     def missing_from_ladder(self) -> list[str]:
         """Candidates whose cases ran but none produced a report (their capture or scoring failed)."""

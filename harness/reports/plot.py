@@ -32,23 +32,28 @@ def _save(fig: Any, path: Path) -> None:
     atomic_write_bytes(path, buf.getvalue())
 
 
-def candidate_colors(names: Sequence[str]) -> dict[str, Any]:
-    """One colour per candidate, the same in every figure of a report set (sorted names on tab20)."""
+def candidate_colors(names: Sequence[str], palette_names: Sequence[str] | None = None) -> dict[str, Any]:
+    """One colour per candidate: its place among the sorted ``palette_names`` (the configuration's candidates)
+    and ``names``, on tab10 (tab20 beyond 10). Figures given the same ``palette_names`` colour a candidate alike
+    whichever subset each shows (the tail plot of one run, the KLD-versus-size plot of a published set)."""
     import matplotlib
 
-    cmap = matplotlib.colormaps["tab20" if len(set(names)) > 10 else "tab10"]
-    return {n: cmap(i % cmap.N) for i, n in enumerate(sorted(set(names)))}
+    universe = sorted(set(names) | set(palette_names or ()))
+    cmap = matplotlib.colormaps["tab20" if len(universe) > 10 else "tab10"]
+    return {n: cmap(i % cmap.N) for i, n in enumerate(universe) if n in set(names)}
 
 
-def plot_ccdf(curves: Mapping[str, Mapping[str, Sequence[float]]], path: str | Path) -> Path:
-    """KLD complementary CDF, log-log, one step curve per candidate: ``curves[name] = {"x": edges, "y": P(KLD >= x)}``."""
+def plot_ccdf(curves: Mapping[str, Mapping[str, Sequence[float]]], path: str | Path,
+              palette_names: Sequence[str] | None = None) -> Path:
+    """KLD complementary CDF, log-log, one step curve per candidate: ``curves[name] = {"x": edges, "y": P(KLD >= x)}``;
+    colours by :func:`candidate_colors` with ``palette_names``."""
     plt = _plt()
     fig, ax = plt.subplots(figsize=(8, 5.5))
     def median_x(item: tuple[str, Mapping[str, Sequence[float]]]) -> tuple[float, str]:
         xs = [x for x, y in zip(item[1]["x"], item[1]["y"]) if y <= 0.5]
         return (xs[0] if xs else float("inf"), item[0])
 
-    colors = candidate_colors(list(curves))
+    colors = candidate_colors(list(curves), palette_names)
     for name, c in sorted(curves.items(), key=median_x):  # legend from the closest candidate to the farthest
         if c["x"]:
             ax.step(c["x"], c["y"], where="post", label=name, linewidth=1.6, color=colors[name])
@@ -143,15 +148,17 @@ def label_box(annotation: Any, renderer: Any) -> Any:
     return Text.get_window_extent(annotation, renderer)
 
 
-def plot_kld_vs_size(points: Sequence[Mapping[str, Any]], path: str | Path) -> Path:
+def plot_kld_vs_size(points: Sequence[Mapping[str, Any]], path: str | Path,
+                     palette_names: Sequence[str] | None = None) -> Path:
     """Write :func:`kld_vs_size_figure` as a PNG at ``path``."""
-    fig, _axes, _labels = kld_vs_size_figure(points)
+    fig, _axes, _labels = kld_vs_size_figure(points, palette_names)
     path = Path(path)
     _save(fig, path)
     return path
 
 
-def kld_vs_size_figure(points: Sequence[Mapping[str, Any]]) -> tuple[Any, tuple[Any, Any], list[Any]]:
+def kld_vs_size_figure(points: Sequence[Mapping[str, Any]],
+                       palette_names: Sequence[str] | None = None) -> tuple[Any, tuple[Any, Any], list[Any]]:
     """The figure ``(fig, (main axes, relative-interval axes), point labels)``: mean KLD (log y, 95% interval bars) versus on-disk size, points labelled, Pareto frontier drawn;
     below it, each candidate's 95% interval relative to its mean (%), where bars a few % wide are visible.
 
@@ -167,7 +174,7 @@ def kld_vs_size_figure(points: Sequence[Mapping[str, Any]]) -> tuple[Any, tuple[
     divisor, unit = axis_unit(max((p["size_gib"] * GIB for p in pts), default=GIB))
     scale = GIB / divisor  # the points carry GiB
     front = pareto_front([(p["size_gib"], p["mean_kld"], p["candidate"]) for p in pts])
-    colors = candidate_colors([p["candidate"] for p in pts])  # the same colours as the tail plot
+    colors = candidate_colors([p["candidate"] for p in pts], palette_names)  # the same colours as the tail plot
     if len(front) > 1:  # a frontier of one point is no line
         ax.plot([f[0] * scale for f in front], [f[1] for f in front], "--", color="0.35", linewidth=1.2,
                 label="Pareto frontier (no other candidate is both smaller and closer)", zorder=1)

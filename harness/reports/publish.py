@@ -408,7 +408,8 @@ def publish(reports_dir: str | Path, out_dir: str | Path, *, config: Any = None,
         from harness.io.atomic import atomic_write_files
 
         atomic_write_files({stage / rel: text for rel, text in derived["files"].items()})
-        plot_kld_vs_size(derived["points"], stage / "kld-vs-size.png")
+        palette = None if config is None else [c.name for c in config.candidates]  # colours as in tails.png
+        plot_kld_vs_size(derived["points"], stage / "kld-vs-size.png", palette)
         write_checksums(stage)
     return [out / rel for rel in _files(out)] + [out / CHECKSUMS]
 

@@ -162,8 +162,9 @@ def render_tails(reports: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def write_tails(out_dir: Any, reports: Sequence[dict[str, Any]]) -> list[Any]:
-    """Write ``tails.json``, ``tails.md`` and ``tails.png`` into ``out_dir``; returns the paths."""
+def write_tails(out_dir: Any, reports: Sequence[dict[str, Any]], palette_names: Sequence[str] | None = None) -> list[Any]:
+    """Write ``tails.json``, ``tails.md`` and ``tails.png`` (colours: :func:`harness.reports.plot.candidate_colors`
+    with ``palette_names``) into ``out_dir``; returns the paths."""
     from pathlib import Path
 
     from harness.io.atomic import atomic_write_files, dumps_json
@@ -173,7 +174,7 @@ def write_tails(out_dir: Any, reports: Sequence[dict[str, Any]]) -> list[Any]:
     reps = sorted(reports, key=lambda r: r["candidate"])
     atomic_write_files({out / "tails.json": dumps_json({"schema": SCHEMA, "candidates": reps}),
                         out / "tails.md": render_tails(reps)})  # both or neither
-    plot_ccdf({r["candidate"]: r["ccdf"] for r in reps}, out / "tails.png")
+    plot_ccdf({r["candidate"]: r["ccdf"] for r in reps}, out / "tails.png", palette_names)
     return [out / "tails.json", out / "tails.md", out / "tails.png"]
 
 
