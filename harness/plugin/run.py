@@ -98,6 +98,11 @@ class FidelityPlan:
     suite_sha256: str
     #: Command-line words that select this configuration in a reproduce / fix-it command.
     selector: tuple[str, ...]
+    #: Every selected candidate name, in file order: the candidate x shard and tail cases.
+    case_names: tuple[str, ...] = ()
+    #: Selected live candidates whose engine is not installed, ``(name, skip reason)``: their cases skip with the
+    #: engine's install command, and they are left out of ``config`` (window and paired cases never need them).
+    unavailable: tuple[tuple[str, str], ...] = ()
 
     @classmethod
     def load(cls, config: pytest.Config, path: Path, how: str) -> FidelityPlan:
@@ -123,12 +128,15 @@ class FidelityPlan:
             chosen = [full.candidate(n) for n in names.split(",")] if names else list(full.candidates)
         except FidelityError as exc:
             raise pytest.UsageError(str(exc)) from None
-        keep = {c.name for c in chosen}
+        case_names = tuple(c.name for c in full.candidates if c.name in {c.name for c in chosen})
+        unavailable = unavailable_engines(full, case_names)
+        keep = set(case_names) - {name for name, _ in unavailable}
         selected = dataclasses.replace(full, candidates=tuple(c for c in full.candidates if c.name in keep),
                                        pairs=tuple(p for p in full.pairs if p.a in keep and p.b in keep))
         # pointing pytest at the file selects it exactly as --fidelity-config does (and collects only its cases)
         selector = (shown_path(path, config),)
-        return cls(path, full, selected, tuple(shards), suite.n_ctx, suite.suite_token_sha256, selector)
+        return cls(path, full, selected, tuple(shards), suite.n_ctx, suite.suite_token_sha256, selector,
+                   case_names, unavailable)
 
     def reproduce(self, candidate: str | None = None, *extra: str) -> str:
         """A pytest command that selects this configuration (and one candidate), with ``extra`` options."""
@@ -138,14 +146,21 @@ class FidelityPlan:
         return " ".join([*words, *extra])
 
     # ------------------------------------------------------------ parametrization
+    def _marks(self, name: str) -> list[Any]:
+        """xdist grouping per candidate, plus a skip naming the install command when its engine is missing."""
+        marks = [pytest.mark.xdist_group(name)]
+        reason = dict(self.unavailable).get(name)
+        if reason is not None:
+            marks.append(pytest.mark.skip(reason=reason))
+        return marks
+
     def case_params(self) -> list[Any]:
         """One case per candidate x selected shard, ids ``<candidate>-shard<NN>``, grouped per candidate for xdist."""
-        return [pytest.param((c.name, s), id=f"{c.name}-shard{s:02d}", marks=pytest.mark.xdist_group(c.name))
-                for c in self.config.candidates for s in self.shards]
+        return [pytest.param((n, s), id=f"{n}-shard{s:02d}", marks=self._marks(n))
+                for n in self.case_names for s in self.shards]
 
     def tail_params(self) -> list[Any]:
-        return [pytest.param(c.name, id=f"tails-{c.name}", marks=pytest.mark.xdist_group(c.name))
-                for c in self.config.candidates]
+        return [pytest.param(n, id=f"tails-{n}", marks=self._marks(n)) for n in self.case_names]
 
     def window_params(self) -> list[Any]:
         from harness.reports.windows import planned_windows
@@ -187,6 +202,23 @@ class ConfigCases(pytest.Module):
 
     def classnamefilter(self, name: str) -> bool:
         return False
+
+
+def unavailable_engines(config: FidelityConfig, names: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
+    """``(name, skip reason)`` of the live candidates among ``names`` whose engine's package is not installed
+    (e.g. engine ``vllm`` on a machine without vLLM). Replayed stores need no engine and are never listed."""
+    from harness.capture.engine import get_engine
+
+    out = []
+    for name in names:
+        cand = config.candidate(name)
+        if cand.model is None:
+            continue
+        engine = get_engine(cand.engine, str(config.path))
+        if not engine.available():
+            out.append((name, f"engine {engine.name!r} is not installed (candidate {name}): "
+                               f"install it with: {engine.install_hint}"))
+    return tuple(out)
 
 
 def _collect_config(config: pytest.Config, path: Path) -> None:
@@ -327,6 +359,8 @@ class FidelityRun:
         nc, ns = len(p.config.candidates), len(p.shards)
         line = (f"fidelity: {p.path} ({nc} candidate{'s' * (nc != 1)} x {ns} shard{'s' * (ns != 1)}; "
                 f"suite {p.config.suite}; reports {self.pytest_config.getoption('fidelity_report_dir')}/)")
+        if p.unavailable:
+            line += f"; {len(p.unavailable)} skipped (engine not installed: {', '.join(n for n, _ in p.unavailable)})"
         return [line]
 
     def pytest_sessionstart(self, session: pytest.Session) -> None:
