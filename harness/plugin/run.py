@@ -357,10 +357,10 @@ class FidelityRun:
     def pytest_report_header(self) -> list[str]:
         p = self.plan
         nc, ns = len(p.config.candidates), len(p.shards)
-        line = (f"fidelity: {p.path} ({nc} candidate{'s' * (nc != 1)} x {ns} shard{'s' * (ns != 1)}; "
+        skipped = (f", {len(p.unavailable)} skipped (engine not installed: {', '.join(n for n, _ in p.unavailable)})"
+                   if p.unavailable else "")
+        line = (f"fidelity: {p.path} ({nc} candidate{'s' * (nc != 1)} x {ns} shard{'s' * (ns != 1)}{skipped}; "
                 f"suite {p.config.suite}; reports {self.pytest_config.getoption('fidelity_report_dir')}/)")
-        if p.unavailable:
-            line += f"; {len(p.unavailable)} skipped (engine not installed: {', '.join(n for n, _ in p.unavailable)})"
         return [line]
 
     def pytest_sessionstart(self, session: pytest.Session) -> None:
