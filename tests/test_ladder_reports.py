@@ -172,4 +172,7 @@ def test_xdist_writes_what_a_serial_run_writes(project: pytest.Pytester) -> None
     par.assert_outcomes(passed=13, skipped=1)
     for rel in ("tails.json", "window.json", "paired/good-vs-bad.json"):
         assert _load(project.path / "serial" / rel) == _load(project.path / "par" / rel), rel
+    # the workers handed scored positions over through a folder of the session, gone with it
+    handed_over = list(project.path.rglob("scored/*"))
+    assert handed_over == [], handed_over
     assert all(c["max_p99_baseline"] for c in _load(project.path / "par" / "tails.json")["candidates"])

@@ -300,6 +300,12 @@ class FidelityRun:
                 if other.suffix == ".toml" and other != path:
                     raise pytest.UsageError(f"pytest was pointed at {other} but --fidelity-config names {path}: give one")
         plan = FidelityPlan.load(config, path, how)
+        if config.getoption("numprocesses", None) and config.getoption("testrunuid", None) is None:
+            # the controller fixes the session id pytest-xdist hands its workers, so it knows which
+            # shared-scores folder to remove at the end (harness/run/shared_scores.py)
+            import uuid
+
+            config.option.testrunuid = uuid.uuid4().hex
         check_report_dir(Path(config.getoption("fidelity_report_dir")), plan)
         if how == "option":
             _collect_config(config, path)
@@ -317,8 +323,19 @@ class FidelityRun:
                 device=resolve_device(self.pytest_config.getoption("fidelity_device"), self.worker_index),
                 score_from=self.pytest_config.getoption("fidelity_window"),
                 progress=not self.is_worker,
+                shared_scores=self.shared_scores_dir() if self.is_worker else None,
             )
         return self._session
+
+    def shared_scores_dir(self) -> Path | None:
+        """The folder the workers of this pytest-xdist session share scored positions through."""
+        uid = getattr(self.pytest_config, "workerinput", {}).get("testrunuid") if self.is_worker else \
+            self.pytest_config.getoption("testrunuid", None)
+        if not uid:
+            return None
+        from harness.run.shared_scores import shared_dir
+
+        return shared_dir(self.plan.config.cache_dir, str(uid))
 
     @property
     def monitor(self) -> AdaptiveMonitor | None:
@@ -424,6 +441,11 @@ class FidelityRun:
     def pytest_sessionfinish(self) -> None:
         if self.is_worker:
             return
+        shared = self.shared_scores_dir()
+        if shared is not None:  # the workers' hand-over folder lives exactly as long as the session
+            import shutil
+
+            shutil.rmtree(shared, ignore_errors=True)
         if self.collector.reports or self.extras:
             stamp_report_dir(self.collector.report_dir, self.plan)
         if self.collector.reports:

@@ -84,6 +84,9 @@ class FidelitySession:
     _stores: dict[str, Any] = field(default_factory=dict)
     _planned: dict[str, set[int]] = field(default_factory=dict)
     _positions: dict[tuple[str, int], ShardPositions] = field(default_factory=dict)
+    #: pytest-xdist: the folder this session's workers share scored positions through
+    #: (:mod:`harness.run.shared_scores`); None in a single process
+    shared_scores: Path | None = None
 
     # ------------------------------------------------------------------ inputs
     @property
@@ -207,15 +210,25 @@ class FidelitySession:
 
     # ------------------------------------------------------------------ scoring
     def positions(self, cand: CandidateConfig, shard: int) -> ShardPositions:
-        """The scored positions of a candidate x shard, scored once per process and then cached
-        (windows, tails and paired comparisons re-use them; no recapture, no rescoring)."""
+        """The scored positions of a candidate x shard, scored once per session and then cached
+        (windows, tails and paired comparisons re-use them; no recapture, no rescoring; under
+        pytest-xdist the workers hand them over through :attr:`shared_scores`)."""
         key = (cand.name, shard)
         if key not in self._positions:
             self.verify_joins(cand, shard)
-            self._positions[key] = shard_positions(
-                suite=self.suite, shard=shard, reference=self.reference, candidate=self.candidate_store(cand, shard),
-                head=self.head, cand_head=self.candidate_head(cand), device=self.device,
-            )
+
+            def score() -> ShardPositions:
+                return shard_positions(
+                    suite=self.suite, shard=shard, reference=self.reference, candidate=self.candidate_store(cand, shard),
+                    head=self.head, cand_head=self.candidate_head(cand), device=self.device,
+                )
+
+            if self.shared_scores is None:
+                self._positions[key] = score()
+            else:  # another worker of this session may have scored it already
+                from harness.run.shared_scores import scored_once
+
+                self._positions[key] = scored_once(self.shared_scores, cand.name, shard, score)
         return self._positions[key]
 
     def verify_joins(self, cand: CandidateConfig, shard: int) -> None:
