@@ -24,20 +24,39 @@ POINTS = [
     {"candidate": "int3_g32", "size_gib": 1.34 * MIB, "mean_kld": 0.0383, "ci95": [0.0371, 0.0400]},
 ]
 
+# The embedded default's ladder with its compressed-tensors candidates: six points within 3% of one
+# size, four of them with means within 11% of each other.
+CROWDED = [
+    {"candidate": "int3_g32", "size_gib": 0.0013077, "mean_kld": 0.03832, "ci95": [0.03712, 0.04000]},
+    {"candidate": "int4_g32", "size_gib": 0.0013992, "mean_kld": 0.007118, "ci95": [0.006863, 0.007465]},
+    {"candidate": "int4_g32_sr1", "size_gib": 0.0013992, "mean_kld": 0.01322, "ci95": [0.01274, 0.01396]},
+    {"candidate": "int4_g32_sr2", "size_gib": 0.0013992, "mean_kld": 0.01346, "ci95": [0.01299, 0.01424]},
+    {"candidate": "ct_nv_fp4a16.hf", "size_gib": 0.0014016, "mean_kld": 0.006666, "ci95": [0.006438, 0.006949]},
+    {"candidate": "ct_w4a16_gptq.hf", "size_gib": 0.0014017, "mean_kld": 0.002357, "ci95": [0.002265, 0.002490]},
+    {"candidate": "ct_w4a16_rtn.hf", "size_gib": 0.0014017, "mean_kld": 0.006985, "ci95": [0.006769, 0.007233]},
+    {"candidate": "nvfp4", "size_gib": 0.0014018, "mean_kld": 0.006390, "ci95": [0.006223, 0.006606]},
+    {"candidate": "int4_g32_b", "size_gib": 0.0014477, "mean_kld": 0.004261, "ci95": [0.004129, 0.004437]},
+    {"candidate": "ct_fp8_dynamic.hf", "size_gib": 0.0017287, "mean_kld": 0.001414, "ci95": [0.001372, 0.001496]},
+    {"candidate": "fp8_e4m3", "size_gib": 0.0017292, "mean_kld": 0.0005513, "ci95": [0.0005328, 0.0005918]},
+    {"candidate": "int8", "size_gib": 0.0017292, "mean_kld": 0.0001161, "ci95": [0.0001129, 0.0001200]},
+]
 
-@pytest.fixture(scope="module")
-def figure() -> Any:
-    fig, axes, labels = kld_vs_size_figure(POINTS)
-    yield fig, axes, labels
+
+@pytest.fixture(scope="module", params=["ladder", "crowded"])
+def figure(request: pytest.FixtureRequest) -> Any:
+    points = POINTS if request.param == "ladder" else CROWDED
+    fig, axes, labels = kld_vs_size_figure(points)
+    fig.canvas.draw()  # text extents are in pixels only once drawn
+    yield fig, axes, labels, points
     import matplotlib.pyplot as plt
 
     plt.close(fig)
 
 
 def test_every_point_has_its_own_label_inside_the_axes_and_none_overlap(figure: Any) -> None:
-    fig, (ax, _rel), labels = figure
+    fig, (ax, _rel), labels, points = figure
     renderer = fig.canvas.get_renderer()
-    assert sorted(t.get_text().split()[0] for t in labels) == sorted(p["candidate"] for p in POINTS)
+    assert sorted(t.get_text().split()[0] for t in labels) == sorted(p["candidate"] for p in points)
     boxes = [label_box(t, renderer) for t in labels]
     frame = ax.get_window_extent(renderer)
     for a, b in itertools.combinations(range(len(boxes)), 2):
@@ -47,27 +66,27 @@ def test_every_point_has_its_own_label_inside_the_axes_and_none_overlap(figure: 
 
 
 def test_the_relative_panel_shows_each_interval_to_scale_and_visible(figure: Any) -> None:
-    fig, (_ax, rel), _labels = figure
+    fig, (_ax, rel), _labels, points = figure
     renderer = fig.canvas.get_renderer()
     xlo, xhi = rel.get_xlim()
     px_per_pct = rel.get_window_extent(renderer).width / (xhi - xlo)
-    for p in POINTS:
+    for p in points:
         width_pct = 100.0 * (p["ci95"][1] - p["ci95"][0]) / p["mean_kld"]
         assert width_pct * px_per_pct > 40  # tens of pixels, not hidden under a marker
         assert xlo < 100.0 * (p["ci95"][0] / p["mean_kld"] - 1) and 100.0 * (p["ci95"][1] / p["mean_kld"] - 1) < xhi
     assert [t.get_text() for t in rel.get_yticklabels()][::-1] == \
-        [p["candidate"] for p in sorted(POINTS, key=lambda p: p["mean_kld"])]
+        [p["candidate"] for p in sorted(points, key=lambda p: p["mean_kld"])]
 
 
 def test_a_candidate_has_one_colour_in_both_figures(figure: Any) -> None:
     """The tail figure colours by :func:`candidate_colors` of its names; so does this one, whatever order
     or subset of other candidates each figure gets."""
-    fig, (ax, rel), _labels = figure
-    colors = candidate_colors([p["candidate"] for p in POINTS])
+    fig, (ax, rel), _labels, points = figure
+    colors = candidate_colors([p["candidate"] for p in points])
     drawn = {line.get_color() if isinstance(line.get_color(), str) else tuple(line.get_color())
              for line in ax.get_lines() if line.get_linestyle() == "None"}
     assert drawn == {tuple(c) for c in colors.values()}
-    assert candidate_colors([p["candidate"] for p in reversed(POINTS)]) == colors
+    assert candidate_colors([p["candidate"] for p in reversed(points)]) == colors
 
 
 @pytest.mark.parametrize(("n_bytes", "ladder", "page", "axis"), [

@@ -97,7 +97,16 @@ def _label_text(p: Mapping[str, Any]) -> str:
 
 
 #: Label offsets tried in turn (points from the marker; the horizontal alignment follows the side).
-_OFFSETS = [(dx, dy) for dy in (4, -12, 16, -24, 28, -36, 40, -48, 52, -60) for dx in (9, -9)]
+#: Near the marker first; then farther up/down, then farther sideways (a crowded ladder: many
+#: candidates of one size within a few % of each other).
+_OFFSETS = [(dx, dy) for far in (False, True)
+            for dy in (4, -12, 16, -24, 28, -36, 40, -48, 52, -60, 64, -72, 76, -84, 88, -96)
+            for dx in ((60, -60) if far else (9, -9))]
+
+
+def _moved(offset: tuple[int, int]) -> bool:
+    """A label away from its marker (it gets a leader line)."""
+    return abs(offset[1]) > 12 or abs(offset[0]) > 9
 
 
 def place_labels(fig: Any, ax: Any, pts: Sequence[Mapping[str, Any]], scale: float,
@@ -121,23 +130,26 @@ def place_labels(fig: Any, ax: Any, pts: Sequence[Mapping[str, Any]], scale: flo
                            arrowprops=arrow)
 
     order = sorted(range(len(pts)), key=lambda i: (pts[i]["size_gib"], -pts[i]["mean_kld"], pts[i]["candidate"]))
+    def text_box(p: Mapping[str, Any], offset: tuple[int, int]) -> Any:
+        """The label's text extent at ``offset``, in pixels (measured on a probe without a leader)."""
+        t = label(p, offset, leader=False)
+        box = t.get_window_extent(renderer)
+        t.remove()
+        return box
+
     for i in order:
-        chosen = _OFFSETS[0]
+        chosen, chosen_box = _OFFSETS[0], None
         for offset in _OFFSETS:
-            t = label(pts[i], offset, leader=False)
-            box = t.get_window_extent(renderer)
-            t.remove()
+            box = text_box(pts[i], offset)
             clash = any(box.overlaps(b) for b in placed) or any(
                 j != i and box.x0 - r < cx < box.x1 + r and box.y0 - r < cy < box.y1 + r
                 for j, (cx, cy) in enumerate(centers))
             inside = frame.x0 <= box.x0 and box.x1 <= frame.x1 and frame.y0 <= box.y0 and box.y1 <= frame.y1
             if not clash and inside:
-                chosen = offset
+                chosen, chosen_box = offset, box
                 break
-        t = label(pts[i], chosen, leader=abs(chosen[1]) > 12)
-        placed.append(t.get_window_extent(renderer) if abs(chosen[1]) <= 12 else
-                      label_box(t, renderer))
-        texts.append(t)
+        placed.append(chosen_box if chosen_box is not None else text_box(pts[i], chosen))
+        texts.append(label(pts[i], chosen, leader=_moved(chosen)))
     return texts
 
 
