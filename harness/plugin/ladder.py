@@ -22,6 +22,8 @@ class LadderCollector:
     written_baselines: list[Path] = field(default_factory=list)
     unused_baselines: list[Path] = field(default_factory=list)
     ladder_rows: list[dict[str, Any]] = field(default_factory=list)
+    #: The shard report files written (the report folder's ledger lists them).
+    written: list[Path] = field(default_factory=list)
 
     def add(self, payload: dict[str, Any], *, passed: bool) -> None:
         """Record one case's report and write ``<report-dir>/<candidate>/shard-<NN>.json`` and ``.md``."""
@@ -29,7 +31,7 @@ class LadderCollector:
 
         report = ShardReport.from_json_dict(payload, path="<pytest worker payload>")
         shard = report_shard(report)
-        report.write(self.report_dir / report.candidate / f"shard-{shard:02d}.json")
+        self.written += report.write(self.report_dir / report.candidate / f"shard-{shard:02d}.json")
         self.reports.append(payload)
         self.verdicts[(report.candidate, shard)] = passed
 

@@ -235,34 +235,21 @@ def _collect_config(config: pytest.Config, path: Path) -> None:
 #: A candidate x shard case's node id: ``...::test_fidelity[<candidate>-shard<NN>]``.
 _CASE_ID = re.compile(r"::test_fidelity\[([A-Za-z0-9][A-Za-z0-9_.+]*)-shard\d+\]$")
 
-#: The stamp a run leaves in its report folder: which suite (and file) the reports there measure.
-STAMP = "fidelity-run.json"
-
-
 def check_report_dir(report_dir: Path, plan: FidelityPlan) -> None:
     """Refuse a report folder that holds the reports of another suite: they would be mixed into this run's
-    ladder folder and aggregated together later. The folder is stamped at the end of each run."""
+    ladder folder and aggregated together later. The folder is stamped at the end of each run
+    (:mod:`harness.plugin.report_dir`)."""
+    from harness.plugin.report_dir import STAMP, read_stamp
+
     stamp = report_dir / STAMP
     if not stamp.is_file():
         return
-    try:
-        found = json.loads(stamp.read_text("utf-8")).get("suite_token_sha256")
-    except (ValueError, OSError, AttributeError):
-        found = None
+    found = (read_stamp(report_dir) or {}).get("suite_token_sha256")
     if found != plan.suite_sha256:
         raise pytest.UsageError(
             f"{stamp}: the report folder holds reports of another suite: expected suite_token_sha256 "
             f"{plan.suite_sha256}, found {found}; pass --fidelity-report-dir DIR (one folder per suite) "
             "or remove the folder")
-
-
-def stamp_report_dir(report_dir: Path, plan: FidelityPlan) -> None:
-    """Write the folder's stamp (:func:`check_report_dir`)."""
-    from harness.io.atomic import atomic_write_text
-
-    report_dir.mkdir(parents=True, exist_ok=True)
-    doc = {"schema": "fidelity.report-dir/1", "suite_token_sha256": plan.suite_sha256, "config": str(plan.path)}
-    atomic_write_text(report_dir / STAMP, json.dumps(doc, indent=2, sort_keys=True) + "\n")
 
 
 @dataclass(eq=False)  # a plugin object: hashed by identity
@@ -446,17 +433,34 @@ class FidelityRun:
             import shutil
 
             shutil.rmtree(shared, ignore_errors=True)
-        if self.collector.reports or self.extras:
-            stamp_report_dir(self.collector.report_dir, self.plan)
-        if self.collector.reports:
-            self.collector.finish(update_baselines=self.pytest_config.getoption("fidelity_update_baselines"),
-                                  config=self.plan.full)
-        if self.extras:
-            from harness.plugin.cases import write_extras
+        if not (self.collector.reports or self.extras):
+            return
+        from harness.plugin.report_dir import earlier_shard_reports, remove_previous_summaries, write_stamp
 
-            # the tail plot colours candidates as a published set of this configuration does
-            self.extra_lines = write_extras(self.collector.report_dir, self.extras,
-                                            palette_names=[c.name for c in self.plan.full.candidates])
+        report_dir = self.collector.report_dir
+        # every run summary in the folder is this run's; shard reports accumulate (report_dir.py)
+        kept = remove_previous_summaries(report_dir)
+        written = list(self.collector.written)
+        try:
+            if self.collector.reports:
+                self.collector.finish(update_baselines=self.pytest_config.getoption("fidelity_update_baselines"),
+                                      config=self.plan.full)
+                written += [report_dir / "ladder.md", report_dir / "ladder.json"]
+            if self.extras:
+                from harness.plugin.cases import write_extras
+
+                # the tail plot colours candidates as a published set of this configuration does
+                self.extra_lines = write_extras(report_dir, self.extras, written=written,
+                                                palette_names=[c.name for c in self.plan.full.candidates])
+        finally:  # the stamp and ledger name what this run wrote, even when a summary failed
+            command = " ".join(["pytest", *self.pytest_config.invocation_params.args])
+            stamp = write_stamp(report_dir, self.plan.suite_sha256, self.plan.path, written, command)
+        earlier = earlier_shard_reports(stamp)
+        if earlier:
+            self.extra_lines.append(f"kept from earlier runs: {len(earlier)} shard report(s), e.g. {earlier[0]} "
+                                    f"(fidelity-run.json names the run of each file)")
+        for rel in (k for k in kept if report_dir / k not in written):
+            self.extra_lines.append(f"kept, edited since an earlier run wrote it (not this run's): {report_dir / rel}")
 
     def missing_from_ladder(self) -> list[str]:
         """Candidates whose cases ran but none produced a report (their capture or scoring failed)."""
