@@ -39,7 +39,7 @@ if [ ! -x "$BUILD/bin/llama-perplexity" ]; then
 fi
 mkdir -p "$OUT"
 fidelity kld export --suite $SUITE --reference fixtures/reference --head fixtures/lm_head.safetensors --out "$OUT/ref.kld"
-if [ $# -eq 0 ]; then set -- fixtures/gguf/fixture-q8_0.gguf fixtures/gguf/fixture-q6_k.gguf fixtures/gguf/fixture-q4_k_m.gguf fixtures/gguf/fixture-q4_0.gguf; fi
+if [ $# -eq 0 ]; then set -- fixtures/gguf/fixture-q8_0.gguf fixtures/gguf/fixture-q4_k_m.gguf fixtures/gguf/fixture-q4_0.gguf; fi
 status=0
 for g in "$@"; do
   n=$(basename "$g" .gguf)

@@ -27,7 +27,7 @@ from harness.io.hashing import sha256_file
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 MODEL_DIR = FIXTURES / "model"
 CAND_DIR = FIXTURES / "candidates"
-CANDIDATES = ("int8", "fp8_e4m3", "int4_g32", "int4_g32_b", "nvfp4", "int4_g32_sr1", "int4_g32_sr2", "int3_g32")
+CANDIDATES = ("int8", "int4_g32", "int4_g32_b", "nvfp4", "int4_g32_sr1", "int4_g32_sr2", "int3_g32")
 LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
@@ -55,9 +55,6 @@ def expected_weight(name: str, w: np.ndarray, stored: dict[str, np.ndarray], pre
         s = rne(np.abs(g).max(-1, keepdims=True) / qmax, 7)
         q = np.clip(np.round(g / np.where(s == 0, 1, s)), -qmax - 1, qmax)
         return (q * s).reshape(w.shape)
-    if name == "fp8_e4m3":
-        s = rne(np.abs(w).max(-1, keepdims=True) / 448.0, 7)
-        return rne(w / s, 3, -6, 448.0) * s
     if name == "nvfp4":
         gs = rne(np.abs(w).max() / (6.0 * 448.0), 7)
         g = w.reshape(out_f, in_f // 16, 16)
