@@ -52,6 +52,9 @@ from typing import Any
 from harness.errors import FidelityError
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+]*$")
+#: A candidate tag: a word ``pytest -k`` can select (letters, digits, ``_ . + -``; not ``and``, ``or``, ``not``).
+TAG_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")
+_K_OPERATORS = {"and", "or", "not"}
 
 
 class ConfigError(FidelityError):
@@ -234,6 +237,10 @@ def _candidate(path: Path, raw: Any, i: int) -> CandidateConfig:
     tags = r.table.get("tags", [])
     if not isinstance(tags, list) or not all(isinstance(t, str) for t in tags):
         raise ConfigError(f"{path}: candidates[{i}].tags must be a list of strings, found {tags!r}")
+    for t in tags:  # every tag is a keyword of the candidate's cases (harness/plugin/keywords.py)
+        if not TAG_RE.match(t) or t in _K_OPERATORS:
+            raise ConfigError(f"{path}: candidates[{i}].tags of {name!r}: expected words pytest -k can select "
+                              f"(letters, digits, _ . + -; not and/or/not), found {t!r}")
     return CandidateConfig(
         name=name,
         engine=engine,

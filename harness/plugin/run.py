@@ -384,6 +384,12 @@ class FidelityRun:
             return ConfigCases.from_parent(parent, path=file_path)
         return None
 
+    def pytest_itemcollected(self, item: pytest.Item) -> None:
+        """A candidate's tags become keywords of its cases (``-k TAG``; :mod:`harness.plugin.keywords`)."""
+        from harness.plugin.keywords import add_tag_keywords
+
+        add_tag_keywords(item, self.plan.full)
+
     def pytest_generate_tests(self, metafunc: pytest.Metafunc) -> None:
         for fixture, params in PARAMETRIZED.items():
             if fixture in metafunc.fixturenames:
