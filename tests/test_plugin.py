@@ -419,7 +419,8 @@ def test_only_unchanged_listed_summaries_are_removed(tmp_path: Path) -> None:
     for rel, text in files.items():
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / rel).write_text(text)
-    write_stamp(tmp_path, "0" * 64, tmp_path / "f.toml", [tmp_path / rel for rel in files], "pytest f.toml")
+    write_stamp(tmp_path, "0" * 64, tmp_path / "f.toml", [tmp_path / rel for rel in files], "pytest f.toml",
+                created=["paired"])
     (tmp_path / "tails.md").write_text("edited by hand")
     (tmp_path / "notes.md").write_text("mine")
     assert remove_previous_summaries(tmp_path) == ["tails.md"]

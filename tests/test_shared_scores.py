@@ -8,11 +8,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from harness.errors import FidelityError
+from harness.errors import FidelityError, VerificationError
 from harness.metrics import ContextLabel
 from harness.run.shard import ShardPositions
-from harness.run.shared_scores import load_positions, save_positions, scored_once, shared_dir
+from harness.run.shared_scores import Handover, load_positions, save_positions, scored_once, shared_dir
 from harness.scoring.scores import PositionScores
+
+KEY = bytes(range(32))
+BOUND = {"session": "s1", "candidate": "int8", "shard": 2}
+
+
+def _handover(folder: Path) -> Handover:
+    return Handover(folder=folder, session="s1", key=KEY)
 
 
 def _positions(n: int = 7, seed: int = 0) -> ShardPositions:
@@ -29,8 +36,8 @@ def _positions(n: int = 7, seed: int = 0) -> ShardPositions:
 
 def test_round_trip_is_exact(tmp_path: Path) -> None:
     pos = _positions()
-    save_positions(tmp_path / "x.npz", pos)
-    got = load_positions(tmp_path / "x.npz")
+    save_positions(tmp_path / "x.npz", pos, BOUND, KEY)
+    got = load_positions(tmp_path / "x.npz", BOUND, KEY)
     for f in ("kld", "jsd_bits", "ear", "nll_ref", "nll_cand", "argmax_ref", "argmax_cand"):
         a, b = getattr(pos.scores, f), getattr(got.scores, f)
         assert a.dtype == b.dtype and np.array_equal(a, b), f
@@ -47,9 +54,9 @@ def test_second_call_reads_instead_of_scoring(tmp_path: Path) -> None:
         calls.append(1)
         return _positions(seed=3)
 
-    first = scored_once(tmp_path / "s", "int8", 2, score)
-    second = scored_once(tmp_path / "s", "int8", 2, score)
-    other = scored_once(tmp_path / "s", "int8", 3, score)  # another shard is scored on its own
+    first = scored_once(_handover(tmp_path / "s"), "int8", 2, BOUND, score)
+    second = scored_once(_handover(tmp_path / "s"), "int8", 2, BOUND, score)
+    other = scored_once(_handover(tmp_path / "s"), "int8", 3, {**BOUND, "shard": 3}, score)  # scored on its own
     assert len(calls) == 2
     assert np.array_equal(first.scores.kld, second.scores.kld) and np.array_equal(other.scores.kld, first.scores.kld)
     assert sorted(p.name for p in (tmp_path / "s").glob("*.npz")) == ["int8-shard02.npz", "int8-shard03.npz"]
@@ -64,7 +71,7 @@ def _worker(folder: str, counter: str, out: str) -> None:
         time.sleep(0.3)  # the other process arrives while this one scores
         return _positions(seed=5)
 
-    pos = scored_once(Path(folder), "cand", 0, score)
+    pos = scored_once(_handover(Path(folder)), "cand", 0, BOUND, score)
     np.save(out, pos.scores.kld)
 
 
@@ -84,18 +91,20 @@ def test_two_processes_score_once(tmp_path: Path) -> None:
 
 def test_refuses_a_foreign_file(tmp_path: Path) -> None:
     np.savez(tmp_path / "a.npz", kld=np.zeros(3))
-    with pytest.raises(FidelityError, match=r"a\.npz: shared positions: expected arrays .*meta"):
-        load_positions(tmp_path / "a.npz")
+    with pytest.raises(VerificationError, match=r"a\.npz: shared positions: expected arrays .*meta"):
+        load_positions(tmp_path / "a.npz", BOUND, KEY)
     pos = _positions()
-    save_positions(tmp_path / "b.npz", pos)
+    save_positions(tmp_path / "b.npz", pos, BOUND, KEY)
     with np.load(tmp_path / "b.npz") as z:
         arrays = {k: z[k] for k in z.files}
     np.savez(tmp_path / "c.npz", **{**arrays, "row": arrays["row"][:-1]})
-    with pytest.raises(FidelityError, match=r"c\.npz: shared positions: expected arrays of one length"):
-        load_positions(tmp_path / "c.npz")
-    np.savez(tmp_path / "d.npz", **{**arrays, "meta": np.array('{"schema": "other/1"}')})
-    with pytest.raises(FidelityError, match=r"d\.npz: shared positions schema: expected fidelity.shared-positions/1, found 'other/1'"):
-        load_positions(tmp_path / "d.npz")
+    with pytest.raises(VerificationError, match=r"c\.npz: shared positions signature: expected signed by this session"):
+        load_positions(tmp_path / "c.npz", BOUND, KEY)
+    with pytest.raises(VerificationError, match=r"b\.npz: shared positions signature"):
+        load_positions(tmp_path / "b.npz", BOUND, b"another session's key")
+    with pytest.raises(VerificationError, match=r"b\.npz: shared positions computed from \(shard\): "
+                                                r"expected \{'shard': 3\}, found \{'shard': 2\}"):
+        load_positions(tmp_path / "b.npz", {**BOUND, "shard": 3}, KEY)
 
 
 def test_shared_dir_names_the_session(tmp_path: Path) -> None:

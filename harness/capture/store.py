@@ -56,6 +56,8 @@ LOCK = ".lock"
 KINDS = ("hidden_states", "logits")
 DTYPES = {"hidden_states": ("bfloat16",), "logits": ("float32", "bfloat16")}
 _NAME_RE = re.compile(r"^ctx-(\d{6,})\.safetensors$", re.ASCII)
+#: A temporary of an interrupted atomic write (harness.io.atomic): a context file or the manifest, staged.
+_TMP_RE = re.compile(r"^\.(ctx-\d{6,}\.safetensors|capture\.json)\.[A-Za-z0-9_]+\.tmp$", re.ASCII)
 
 
 def context_filename(index: int) -> str:
@@ -356,14 +358,33 @@ class StoreWriter:
             else:
                 atomic_write_json(mf, {**self.header, "files": {}})
                 listed = set()
-            for p in self.root.glob("ctx-*.safetensors"):
+            for p in sorted(self.root.glob("ctx-*.safetensors")):
                 if p.name not in listed:
-                    p.unlink()
+                    self._remove_leftover(p)
             # temporaries of an interrupted atomic write (writes happen under this lock, so none is live)
             for pattern in (".ctx-*.safetensors.*.tmp", f".{MANIFEST}.*.tmp"):
                 for p in self.root.glob(pattern):
-                    p.unlink()
+                    if _TMP_RE.match(p.name) and p.is_file() and not p.is_symlink():
+                        p.unlink()
         return self
+
+    def _remove_leftover(self, p: Path) -> None:
+        """Remove an unlisted context file when it is provably an interrupted write of this store: a regular
+        file (not a link) whose name is a context's and whose embedded identity names that context of this
+        suite. Anything else there is refused, named, and kept."""
+        m = _NAME_RE.match(p.name)
+        if p.is_symlink() or not p.is_file() or m is None:
+            raise VerificationError(p, "unlisted entry in the capture store", "a context file this store wrote",
+                                    "a symbolic link or not a regular file (nothing was deleted)")
+        try:
+            with open(p, "rb") as fh:
+                n = int.from_bytes(fh.read(8), "little")
+                head = fh.read(min(n, 1 << 20))
+            _check_embedded(p, n.to_bytes(8, "little") + head, int(m.group(1)), self.suite.suite_token_sha256)
+        except VerificationError as e:
+            raise VerificationError(p, "unlisted file in the capture store", "a context file this store wrote",
+                                    f"{e.found} (nothing was deleted; remove it or use another folder)") from None
+        p.unlink()
 
     def __exit__(self, *exc: object) -> None:
         if self._lock_fd is not None:
@@ -399,8 +420,10 @@ class StoreWriter:
                 return True
             del doc["files"][name]
             atomic_write_json(self.root / MANIFEST, doc)
-            if p.exists() or p.is_symlink():
+            if p.is_symlink() or p.is_file():  # a link is removed, never what it points to
                 p.unlink()
+            elif p.exists():
+                raise VerificationError(p, "listed context file", "a regular file", "not a regular file (nothing was deleted)")
             return False
 
     def write(self, index: int, tensor: torch.Tensor) -> str:

@@ -2,7 +2,8 @@
 
 A run's controller stamps the folder with its suite (a run of another suite into it is refused) and
 keeps a ledger of the files the harness wrote there: for each, its path relative to the folder, its
-sha256 and the run that wrote it (``runs`` names each run: when it finished and its command line).
+sha256 and the run that wrote it (``runs`` names each run: when it finished and its command line),
+and the sub-folders a run created (``folders``).
 
 Two kinds of files, two rules:
 
@@ -15,8 +16,14 @@ Two kinds of files, two rules:
   sha256 are removed: never a user's file, never one edited since the harness wrote it (such a file is
   kept, dropped from the ledger and named on the terminal).
 
-Files the ledger does not list (a user's, or written by an older harness) are never touched. Only the
-controller writes here (never a pytest-xdist worker).
+Report folders travel (people download other people's), so the ledger is an input like any other and is
+checked before anything is removed (:func:`check_ledger`): every entry must be a name this project's
+writers produce (the two patterns above), below the folder without ``..``, an absolute path or a symbolic
+link on the way (:mod:`harness.io.owned`), with a sha256 and a run; a folder is removed only when the
+ledger says a run created it and it is empty. A ledger naming anything else is refused as tampered,
+naming the file and the entry, and nothing is deleted. Files the ledger does not list (a user's, or
+written by an older harness) are never touched. Only the controller writes here (never a pytest-xdist
+worker).
 """
 
 from __future__ import annotations
@@ -30,11 +37,23 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from harness.errors import VerificationError
+
 #: The stamp a run leaves in its report folder: which suite the reports there measure, and the ledger.
 STAMP = "fidelity-run.json"
-SCHEMA = "fidelity.report-dir/2"
-#: A shard report's path relative to the folder; every other ledger entry is a run summary.
-_SHARD = re.compile(r"^[^/]+/shard-\d+\.(json|md)$")
+SCHEMA = "fidelity.report-dir/3"
+#: Stamps this harness reads (the /2 stamp had no ``folders``).
+_READABLE = (SCHEMA, "fidelity.report-dir/2")
+#: A candidate's name as the configuration allows it (harness.inputs.config).
+_NAME = r"[A-Za-z0-9][A-Za-z0-9_.+]*"
+#: A shard report's path relative to the folder.
+_SHARD = re.compile(rf"^{_NAME}/shard-\d{{2,}}\.(json|md)$")
+#: The run summaries this project's writers produce, relative to the folder.
+_SUMMARY = re.compile(rf"^((ladder|window|adaptive|cross_engine)\.(json|md)|tails\.(json|md|png)"
+                      rf"|paired/{_NAME}-vs-{_NAME}\.(json|md))$")
+#: Sub-folders a run may create for its summaries (removed when emptied, if the ledger says a run created them).
+SUMMARY_FOLDERS = ("paired",)
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
 
 def is_shard_report(rel: str) -> bool:
@@ -50,11 +69,50 @@ def read_stamp(report_dir: Path) -> dict[str, Any] | None:
     return doc if isinstance(doc, dict) else None
 
 
+def check_ledger(report_dir: Path) -> dict[str, Any] | None:
+    """The folder's stamp, checked (module docstring); None when there is none. A stamp that is a
+    symbolic link, not strict JSON, of another schema, or whose ledger names anything this project does
+    not write is a :class:`~harness.errors.VerificationError` naming the stamp, the entry, the expected
+    and the found value."""
+    from harness.io.jsonio import read_json, type_name
+    from harness.io.owned import check_relative, symlink_on_path
+
+    path = report_dir / STAMP
+    if path.is_symlink():
+        raise VerificationError(path, "report folder stamp", "a regular file", "a symbolic link")
+    if not path.exists():
+        return None
+    doc: dict[str, Any] = read_json(path)
+    if doc.get("schema") not in _READABLE:
+        raise VerificationError(path, "schema", " or ".join(_READABLE), repr(doc.get("schema")))
+    files, folders, runs = doc.get("files"), doc.get("folders", []), doc.get("runs")
+    if not isinstance(files, dict):
+        raise VerificationError(path, "files", "an object {path: {sha256, run}}", type_name(files))
+    if not isinstance(runs, dict) or not all(isinstance(v, dict) for v in runs.values()):
+        raise VerificationError(path, "runs", "an object {run id: {finished, command}}", type_name(runs))
+    for rel, entry in files.items():
+        check_relative(rel, path, f"files[{rel!r}]")
+        if not (_SHARD.match(rel) or _SUMMARY.match(rel)):
+            raise VerificationError(path, f"files[{rel!r}]", "a shard report (<candidate>/shard-NN.json|md) or a run "
+                                    "summary (ladder, tails, window, adaptive, cross_engine, paired/<a>-vs-<b>)",
+                                    "another name (a tampered ledger: nothing was deleted)")
+        if not isinstance(entry, dict) or not isinstance(entry.get("sha256"), str) \
+                or not _SHA256.match(entry["sha256"]) or not isinstance(entry.get("run"), str):
+            raise VerificationError(path, f"files[{rel!r}]", "{sha256: 64 hex digits, run: string}", entry)
+        link = symlink_on_path(report_dir, rel)
+        if link is not None:
+            raise VerificationError(path, f"files[{rel!r}]", "a file reached without a symbolic link",
+                                    f"{link} is a symbolic link (a tampered folder: nothing was deleted)")
+    if not isinstance(folders, list) or not all(f in SUMMARY_FOLDERS for f in folders):
+        raise VerificationError(path, "folders", f"a list of {', '.join(SUMMARY_FOLDERS)}", folders)
+    return doc
+
+
 def _sha256(path: Path) -> str | None:
     from harness.io.hashing import sha256_file
 
     try:
-        return sha256_file(path) if path.is_file() else None
+        return sha256_file(path) if path.is_file() and not path.is_symlink() else None
     except OSError:
         return None
 
@@ -66,34 +124,50 @@ def _ledger(stamp: dict[str, Any] | None) -> dict[str, dict[str, Any]]:
 
 def remove_previous_summaries(report_dir: Path) -> list[str]:
     """Remove the run summaries the ledger lists whose content is unchanged; returns the paths (relative)
-    of listed summaries that were edited since and are kept. Empty folders left behind are removed."""
-    changed = []
-    for rel, entry in _ledger(read_stamp(report_dir)).items():
+    of listed summaries that were edited since and are kept. A folder a run created (the ledger's
+    ``folders``) is removed when left empty. The whole ledger is checked first (:func:`check_ledger`): a
+    tampered one raises and nothing is deleted."""
+    from harness.io.owned import owned_file, remove_empty_folder
+
+    stamp = check_ledger(report_dir)
+    changed, doomed = [], []
+    for rel, entry in _ledger(stamp).items():
         if is_shard_report(rel):
             continue
-        path = report_dir / rel
-        found = _sha256(path)
-        if found is None:
+        path = owned_file(report_dir, rel, report_dir / STAMP, f"files[{rel!r}]")
+        if path is None:
             continue
-        if found != entry.get("sha256"):
+        if _sha256(path) != entry["sha256"]:
             changed.append(rel)
             continue
+        doomed.append(path)
+    for path in doomed:
         path.unlink()
-        parent = path.parent
-        if parent != report_dir and not any(parent.iterdir()):
-            parent.rmdir()
+    for folder in (stamp or {}).get("folders", []):
+        remove_empty_folder(report_dir / folder)
     return sorted(changed)
 
 
-def write_stamp(report_dir: Path, suite_sha256: str, config: Path, written: Iterable[Path], command: str) -> dict[str, Any]:
+def summary_folders_present(report_dir: Path) -> set[str]:
+    """The summary sub-folders that exist now (a run compares before and after to know what it created)."""
+    return {f for f in SUMMARY_FOLDERS if (report_dir / f).is_dir() and not (report_dir / f).is_symlink()}
+
+
+def write_stamp(report_dir: Path, suite_sha256: str, config: Path, written: Iterable[Path], command: str,
+                created: Iterable[str] = ()) -> dict[str, Any]:
     """Stamp the folder and record this run's files (``written``, paths inside the folder) in the ledger.
 
     Entries of earlier runs stay while their file is present with the recorded sha256 (shard reports this run
-    did not rewrite); the rest are dropped. ``command``: this run's command line. Returns the stamp written."""
+    did not rewrite); the rest are dropped. ``command``: this run's command line. ``created``: the summary
+    folders this run created (:data:`SUMMARY_FOLDERS`); an earlier run's stay listed while they exist.
+    Returns the stamp written."""
     from harness.io.atomic import atomic_write_text
 
     report_dir.mkdir(parents=True, exist_ok=True)
-    old = read_stamp(report_dir)
+    try:
+        old = check_ledger(report_dir)
+    except VerificationError:
+        old = None  # never carried over: only this run's own files are listed
     run_id = uuid.uuid4().hex[:12]
     finished = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     files: dict[str, dict[str, Any]] = {}
@@ -103,14 +177,16 @@ def write_stamp(report_dir: Path, suite_sha256: str, config: Path, written: Iter
     for path in written:
         rel = Path(os.path.relpath(path, report_dir)).as_posix()
         sha = _sha256(path)
-        if sha is not None:
+        if sha is not None and (_SHARD.match(rel) or _SUMMARY.match(rel)):
             files[rel] = {"sha256": sha, "run": run_id}
     old_runs = (old or {}).get("runs")
     runs = {k: v for k, v in old_runs.items() if any(e.get("run") == k for e in files.values())} \
         if isinstance(old_runs, dict) else {}
     runs[run_id] = {"finished": finished, "command": command}
+    present = summary_folders_present(report_dir)
+    folders = sorted(present & (set(created) | set((old or {}).get("folders", []))))
     doc = {"schema": SCHEMA, "suite_token_sha256": suite_sha256, "config": str(config), "latest_run": run_id,
-           "runs": runs, "files": dict(sorted(files.items()))}
+           "runs": runs, "files": dict(sorted(files.items())), "folders": folders}
     atomic_write_text(report_dir / STAMP, json.dumps(doc, indent=2, sort_keys=True) + "\n")
     return doc
 

@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     from harness.plugin.cases import PairCase, TailCase, WindowCase
     from harness.plugin.ladder import LadderCollector
     from harness.run.session import FidelitySession, ScoredShard
+    from harness.run.shared_scores import Handover
 
 #: Attributes of a ``TestReport`` that carry a case's payloads home (JSON strings; xdist serializes them).
 PAYLOAD_ATTR = "fidelity_payload"
@@ -238,13 +239,24 @@ _CASE_ID = re.compile(r"::test_fidelity\[([A-Za-z0-9][A-Za-z0-9_.+]*)-shard\d+\]
 def check_report_dir(report_dir: Path, plan: FidelityPlan) -> None:
     """Refuse a report folder that holds the reports of another suite: they would be mixed into this run's
     ladder folder and aggregated together later. The folder is stamped at the end of each run
-    (:mod:`harness.plugin.report_dir`)."""
-    from harness.plugin.report_dir import STAMP, read_stamp
+    (:mod:`harness.plugin.report_dir`). A tampered ledger (a path outside the folder, a name this project
+    does not write, a symbolic link on the way) and a folder the run writes into that is a symbolic link
+    are refused too: a run never deletes or writes outside its report folder."""
+    from harness.errors import FidelityError
+    from harness.plugin.report_dir import STAMP, SUMMARY_FOLDERS, check_ledger
 
     stamp = report_dir / STAMP
-    if not stamp.is_file():
+    try:
+        doc = check_ledger(report_dir)
+    except FidelityError as e:
+        raise pytest.UsageError(f"{e}; remove {stamp} (or the folder) or pass --fidelity-report-dir DIR") from None
+    for sub in (*SUMMARY_FOLDERS, *(c.name for c in plan.full.candidates)):
+        if (report_dir / sub).is_symlink():
+            raise pytest.UsageError(f"{report_dir / sub}: report folder entry: expected a folder of the report folder, "
+                                    "found a symbolic link (reports are never written through one)")
+    if doc is None:
         return
-    found = (read_stamp(report_dir) or {}).get("suite_token_sha256")
+    found = doc.get("suite_token_sha256")
     if found != plan.suite_sha256:
         raise pytest.UsageError(
             f"{stamp}: the report folder holds reports of another suite: expected suite_token_sha256 "
@@ -268,6 +280,12 @@ class FidelityRun:
     extra_lines: list[str] = field(default_factory=list)
     #: Candidates with a failed case that carried no report (see :meth:`missing_from_ladder`).
     unscored: set[str] = field(default_factory=set)
+    #: Controller under pytest-xdist: the secret (hex) that signs this session's hand-over files, and whether
+    #: this session created their folder (only then is the folder removed at the end).
+    handover_key: str | None = None
+    handover_created: bool = False
+    #: An error that ended the session's writing (named once on the terminal; the exit status is non-zero).
+    finish_error: str | None = None
 
     @classmethod
     def configure(cls, config: pytest.Config) -> FidelityRun | None:
@@ -296,7 +314,16 @@ class FidelityRun:
         check_report_dir(Path(config.getoption("fidelity_report_dir")), plan)
         if how == "option":
             _collect_config(config, path)
-        return cls(config, plan)
+        run = cls(config, plan)
+        if config.getoption("numprocesses", None) and not hasattr(config, "workerinput"):
+            import secrets
+
+            # the controller draws the key that signs this session's hand-over files; its workers get it in
+            # memory (pytest_configure_node), it is never written to disk (harness/run/shared_scores.py)
+            run.handover_key = secrets.token_hex(32)
+            folder = run.shared_scores_dir()
+            run.handover_created = folder is not None and not os.path.lexists(folder)
+        return run
 
     # ------------------------------------------------------------ state
     @property
@@ -310,9 +337,20 @@ class FidelityRun:
                 device=resolve_device(self.pytest_config.getoption("fidelity_device"), self.worker_index),
                 score_from=self.pytest_config.getoption("fidelity_window"),
                 progress=not self.is_worker,
-                shared_scores=self.shared_scores_dir() if self.is_worker else None,
+                shared_scores=self.handover() if self.is_worker else None,
             )
         return self._session
+
+    def handover(self) -> Handover | None:
+        """A worker's hand-over (folder, session id, key): None outside pytest-xdist, or when the controller
+        gave no key (the worker then scores what it needs itself)."""
+        from harness.run.shared_scores import Handover
+
+        folder = self.shared_scores_dir()
+        key = getattr(self.pytest_config, "workerinput", {}).get("fidelity_handover_key")
+        if folder is None or not isinstance(key, str):
+            return None
+        return Handover(folder=folder, session=folder.name, key=bytes.fromhex(key))
 
     def shared_scores_dir(self) -> Path | None:
         """The folder the workers of this pytest-xdist session share scored positions through."""
@@ -378,6 +416,12 @@ class FidelityRun:
             # -n W: each worker gets cores // W torch threads (harness/scoring/threads.py)
             apply_worker_threads(int(session.config.workerinput.get("workercount", 1)))  # type: ignore[attr-defined]
 
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_configure_node(self, node: Any) -> None:
+        """Controller (pytest-xdist): hand each worker the key that signs this session's hand-over files."""
+        if self.handover_key is not None:
+            node.workerinput["fidelity_handover_key"] = self.handover_key
+
     def pytest_collect_file(self, file_path: Path, parent: pytest.Collector) -> ConfigCases | None:
         """The configuration file's cases, wherever pytest meets the file."""
         if file_path.resolve() == self.plan.path:
@@ -431,21 +475,42 @@ class FidelityRun:
         for extra in json.loads(getattr(report, EXTRA_ATTR, None) or "[]"):
             self.extras.setdefault(extra["kind"], []).append(extra["data"])
 
-    def pytest_sessionfinish(self) -> None:
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        """Controller: remove the workers' hand-over files, then write the run summaries and the stamp. A
+        failure here (a tampered ledger, a folder that cannot be written) is one named error on the terminal
+        and a non-zero exit status, never an internal error."""
         if self.is_worker:
             return
-        shared = self.shared_scores_dir()
-        if shared is not None:  # the workers' hand-over folder lives exactly as long as the session
-            import shutil
+        from harness.errors import FidelityError
 
-            shutil.rmtree(shared, ignore_errors=True)
+        shared = self.shared_scores_dir()
+        if shared is not None and self.handover_key is not None:
+            # the workers' hand-over files live exactly as long as the session; only this session's go
+            from harness.run.shared_scores import remove_session_files
+
+            remove_session_files(shared, bytes.fromhex(self.handover_key), remove_folder=self.handover_created)
         if not (self.collector.reports or self.extras):
             return
-        from harness.plugin.report_dir import earlier_shard_reports, remove_previous_summaries, write_stamp
+        try:
+            self._write_summaries()
+        except (FidelityError, OSError) as e:
+            self.finish_error = str(e)
+            if session.exitstatus == pytest.ExitCode.OK:
+                session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+    def _write_summaries(self) -> None:
+        from harness.plugin.report_dir import (
+            earlier_shard_reports,
+            remove_previous_summaries,
+            summary_folders_present,
+            write_stamp,
+        )
 
         report_dir = self.collector.report_dir
-        # every run summary in the folder is this run's; shard reports accumulate (report_dir.py)
+        # every run summary in the folder is this run's; shard reports accumulate (report_dir.py). A tampered
+        # ledger raises here, before anything is deleted or written.
         kept = remove_previous_summaries(report_dir)
+        before = summary_folders_present(report_dir)
         written = list(self.collector.written)
         try:
             if self.collector.reports:
@@ -460,7 +525,8 @@ class FidelityRun:
                                                 palette_names=[c.name for c in self.plan.full.candidates])
         finally:  # the stamp and ledger name what this run wrote, even when a summary failed
             command = " ".join(["pytest", *self.pytest_config.invocation_params.args])
-            stamp = write_stamp(report_dir, self.plan.suite_sha256, self.plan.path, written, command)
+            created = summary_folders_present(report_dir) - before
+            stamp = write_stamp(report_dir, self.plan.suite_sha256, self.plan.path, written, command, created)
         earlier = earlier_shard_reports(stamp)
         if earlier:
             self.extra_lines.append(f"kept from earlier runs: {len(earlier)} shard report(s), e.g. {earlier[0]} "
@@ -486,6 +552,9 @@ class FidelityRun:
             terminalreporter.section("fidelity reports")
             for line in self.extra_lines:
                 terminalreporter.write_line(line)
+        if self.finish_error:
+            terminalreporter.section("fidelity: the session's reports were not written", red=True)
+            terminalreporter.write_line(f"error: {self.finish_error}", red=True)
 
     # ------------------------------------------------------------ fixture bodies
     def send(self, request: pytest.FixtureRequest, kind: str, data: dict[str, Any]) -> None:

@@ -21,6 +21,7 @@ from harness.run.shard import ShardPositions, score_shard, shard_positions
 
 if TYPE_CHECKING:
     from harness.reports.shard import ShardReport
+    from harness.run.shared_scores import Handover
 
 
 def resolve_device(spec: str, worker_index: int | None = None) -> str:
@@ -86,7 +87,7 @@ class FidelitySession:
     _positions: dict[tuple[str, int], ShardPositions] = field(default_factory=dict)
     #: pytest-xdist: the folder this session's workers share scored positions through
     #: (:mod:`harness.run.shared_scores`); None in a single process
-    shared_scores: Path | None = None
+    shared_scores: Handover | None = None
 
     # ------------------------------------------------------------------ inputs
     @property
@@ -226,9 +227,12 @@ class FidelitySession:
             if self.shared_scores is None:
                 self._positions[key] = score()
             else:  # another worker of this session may have scored it already
-                from harness.run.shared_scores import scored_once
+                from harness.run.shared_scores import binding, scored_once
 
-                self._positions[key] = scored_once(self.shared_scores, cand.name, shard, score)
+                bound = binding(session=self.shared_scores.session, candidate=cand.name, suite=self.suite, shard=shard,
+                                reference=self.reference, cand_store=self.candidate_store(cand, shard), head=self.head,
+                                cand_head=self.candidate_head(cand), window=self.score_from, device=self.device)
+                self._positions[key] = scored_once(self.shared_scores, cand.name, shard, bound, score)
         return self._positions[key]
 
     def verify_joins(self, cand: CandidateConfig, shard: int) -> None:

@@ -8,36 +8,65 @@ one worker would otherwise re-score every candidate the other worker already sco
 work than a serial run, so scale-out would lose.
 
 The workers of one session therefore share a folder (``<cache_dir>/scored/<testrunuid>/``, the id
-pytest-xdist gives the session; the controller removes it when the session ends). The first worker
-to need ``(candidate, shard)`` takes an exclusive lock on ``<name>-shardNN.lock``, scores, and writes
-``<name>-shardNN.npz`` atomically; a worker that needs the same positions meanwhile waits on the lock
-and then reads the file. Nothing else reads these files and nothing survives the session: they are a
-hand-over between the processes of one run, never a cache of scores across runs. Arrays are read
-with ``allow_pickle=False`` and their lengths are checked against each other.
+pytest-xdist gives the session). The first worker to need ``(candidate, shard)`` takes an exclusive
+lock on ``<name>-shardNN.lock``, scores, and writes ``<name>-shardNN.npz`` atomically; a worker that
+needs the same positions meanwhile waits on the lock and then reads the file.
+
+A hand-over file is never believed for its name. Each carries, inside it, what it was computed from
+(:func:`binding`: the session, the candidate's name and identity, the content of both stores' files of
+the shard, the suite and shard sha256, the window, the scorer settings and the heads) and a signature
+(HMAC-SHA256) over all of it and every array, keyed by a secret the controller draws for the session and
+hands to its workers in memory (never written to disk). A reader recomputes both: a file of another
+session (a killed run rerun with the same id), of another store or candidate, planted, truncated,
+renamed or pickled is not believed -- the positions are scored again and the file replaced. Arrays are
+read with ``allow_pickle=False``. At the end of the session the controller removes only what the
+session provably wrote (:func:`remove_session_files`: files signed with its key and their locks) and
+the folder only when it created it and it is left empty.
 """
 
 from __future__ import annotations
 
 import fcntl
+import hashlib
+import hmac
 import io
 import json
+import re
+import zipfile
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from harness.errors import FidelityError
+from harness.errors import FidelityError, VerificationError
 from harness.io.atomic import atomic_write_bytes
 
 if TYPE_CHECKING:
     from harness.run.shard import ShardPositions
 
-__all__ = ["load_positions", "save_positions", "scored_once", "shared_dir"]
+__all__ = ["Handover", "binding", "load_positions", "remove_session_files", "save_positions", "scored_once",
+           "shared_dir", "store_content_sha256"]
 
 #: PositionScores fields, in the order written (each an array of one entry per position)
 _SCORE_FIELDS = ("kld", "jsd_bits", "ear", "nll_ref", "nll_cand", "argmax_ref", "argmax_cand")
-_SCHEMA = "fidelity.shared-positions/1"
+_ARRAYS = (*_SCORE_FIELDS, "context_index", "row")
+_SCHEMA = "fidelity.shared-positions/2"
+#: The names a session writes in its folder (a candidate's name, then the shard).
+_FILE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+]*-shard\d{2,}\.(npz|lock)$")
+#: A hand-over file staged by :func:`harness.io.atomic.atomic_write_bytes` (left by a killed worker).
+_STAGED = re.compile(r"^\.[A-Za-z0-9][A-Za-z0-9_.+]*-shard\d{2,}\.npz\.[A-Za-z0-9_]+\.tmp$")
+
+
+@dataclass(frozen=True)
+class Handover:
+    """The hand-over of one pytest-xdist session: its folder, its id and its secret ``key`` (drawn by the
+    controller, given to the workers in memory; it signs every hand-over file)."""
+
+    folder: Path
+    session: str
+    key: bytes
 
 
 def shared_dir(cache_dir: Path, testrunuid: str) -> Path:
@@ -47,59 +76,157 @@ def shared_dir(cache_dir: Path, testrunuid: str) -> Path:
     return Path(cache_dir) / "scored" / testrunuid
 
 
-def save_positions(path: Path, pos: ShardPositions) -> None:
-    """Write ``pos`` to ``path`` (.npz) atomically: arrays as arrays, the rest as one JSON string."""
-    meta = {
-        "schema": _SCHEMA,
+def store_content_sha256(store: Any, indices: list[int]) -> str:
+    """sha256 naming the content of ``indices`` in a capture store: its kind, dtype, width and the sha256
+    of each context file (every file is verified against these when it is loaded)."""
+    doc = {"kind": store.kind, "dtype": store.dtype, "width": store.width,
+           "files": [[i, store.hashes.get(i)] for i in indices]}
+    return hashlib.sha256(json.dumps(doc, sort_keys=True).encode("utf-8")).hexdigest()
+
+
+def binding(*, session: str, candidate: str, suite: Any, shard: int, reference: Any, cand_store: Any,
+            head: Any, cand_head: Any, window: int, device: str) -> dict[str, Any]:
+    """Everything the positions of ``candidate`` x ``shard`` were computed from (module docstring)."""
+    from harness.run.shard import SCORER_SETTINGS
+
+    indices = list(suite.shard_indices(shard))
+    return {
+        "session": session, "candidate": candidate, "candidate_identity": cand_store.identity,
+        "candidate_store_sha256": store_content_sha256(cand_store, indices),
+        "reference_identity": reference.identity, "reference_store_sha256": store_content_sha256(reference, indices),
+        "suite_token_sha256": suite.suite_token_sha256, "shard": shard, "shard_sha256": suite.shard(shard).sha256,
+        "window": window, "scorer": {**SCORER_SETTINGS, "device": device},
+        "head_sha256": getattr(head, "sha256", None), "cand_head_sha256": getattr(cand_head, "sha256", None),
+    }
+
+
+def _signature(key: bytes, meta: str, arrays: dict[str, np.ndarray]) -> str:
+    mac = hmac.new(key, meta.encode("utf-8"), hashlib.sha256)
+    for name in _ARRAYS:
+        a = np.ascontiguousarray(arrays[name])
+        mac.update(f"\0{name}\0{a.dtype.str}\0{a.shape}\0".encode())
+        mac.update(a.tobytes())
+    return mac.hexdigest()
+
+
+def save_positions(path: Path, pos: ShardPositions, bound: dict[str, Any], key: bytes) -> None:
+    """Write ``pos`` to ``path`` (.npz) atomically: arrays as arrays, the rest (with ``bound``, what they
+    were computed from) as one JSON string, and the signature over both."""
+    meta = json.dumps({
+        "schema": _SCHEMA, "binding": bound,
         "labels": [[lab.index, lab.source_cluster, lab.stratum] for lab in pos.labels],
         "mode": pos.mode, "head_sha256": pos.head_sha256, "cand_head_sha256": pos.cand_head_sha256,
         "load_s": pos.load_s, "score_s": pos.score_s, "scorer_run": pos.scorer_run,
-    }
-    arrays = {f: getattr(pos.scores, f) for f in _SCORE_FIELDS}
+    }, sort_keys=True)
+    arrays = {**{f: getattr(pos.scores, f) for f in _SCORE_FIELDS}, "context_index": pos.context_index, "row": pos.row}
     buf = io.BytesIO()
-    np.savez(buf, context_index=pos.context_index, row=pos.row, meta=np.array(json.dumps(meta)), **arrays)
+    np.savez(buf, meta=np.array(meta), signature=np.array(_signature(key, meta, arrays)), **arrays)
     atomic_write_bytes(path, buf.getvalue())
 
 
-def load_positions(path: Path) -> ShardPositions:
-    """Read what :func:`save_positions` wrote; a file of another shape is a FidelityError naming it."""
+def _read_signed(path: Path, key: bytes) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """The meta and arrays of a file signed with ``key``; anything else is a VerificationError."""
+    from harness.io.jsonio import loads_json
+
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            names = set(z.files)
+            missing = sorted({"meta", "signature", *_ARRAYS} - names)
+            if missing:
+                raise VerificationError(path, "shared positions", f"arrays {', '.join(missing)}", "none")
+            meta_text, signature = str(z["meta"]), str(z["signature"])
+            arrays = {f: z[f] for f in _ARRAYS}
+    except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile) as e:
+        # a truncated or foreign file; an object (pickled) array is a ValueError under allow_pickle=False
+        raise VerificationError(path, "shared positions", "a .npz of plain arrays", f"{type(e).__name__}: {e}") from None
+    if not hmac.compare_digest(signature, _signature(key, meta_text, arrays)):
+        raise VerificationError(path, "shared positions signature", "signed by this session", "another signature")
+    meta: dict[str, Any] = loads_json(meta_text, path)
+    if meta.get("schema") != _SCHEMA:
+        raise VerificationError(path, "shared positions schema", _SCHEMA, repr(meta.get("schema")))
+    return meta, arrays
+
+
+def load_positions(path: Path, bound: dict[str, Any], key: bytes) -> ShardPositions:
+    """Read what :func:`save_positions` wrote, believing it only when it is signed with ``key`` and was
+    computed from exactly ``bound``; anything else is a VerificationError naming the file."""
     from harness.metrics import ContextLabel
     from harness.run.shard import ShardPositions
     from harness.scoring.scores import PositionScores
 
-    with np.load(path, allow_pickle=False) as z:
-        missing = sorted({"meta", "context_index", "row", *_SCORE_FIELDS} - set(z.files))
-        if missing:
-            raise FidelityError(f"{path}: shared positions: expected arrays {', '.join(missing)}, found none")
-        meta = json.loads(str(z["meta"]))
-        arrays = {f: z[f] for f in _SCORE_FIELDS}
-        context_index, row = z["context_index"], z["row"]
-    if meta.get("schema") != _SCHEMA:
-        raise FidelityError(f"{path}: shared positions schema: expected {_SCHEMA}, found {meta.get('schema')!r}")
-    lengths = {k: len(v) for k, v in {**arrays, "context_index": context_index, "row": row}.items()}
-    if len(set(lengths.values())) != 1:
-        raise FidelityError(f"{path}: shared positions: expected arrays of one length, found {lengths}")
+    meta, arrays = _read_signed(path, key)
+    if meta.get("binding") != bound:
+        got = meta.get("binding")
+        found: dict[str, Any] = got if isinstance(got, dict) else {}
+        diff = sorted(k for k in {*bound, *found} if bound.get(k) != found.get(k))
+        raise VerificationError(path, f"shared positions computed from ({', '.join(diff)})",
+                                {k: bound.get(k) for k in diff}, {k: found.get(k) for k in diff})
+    lengths = {k: len(v) for k, v in arrays.items()}
+    if len(set(lengths.values())) != 1 or any(v.ndim != 1 or v.dtype.kind not in "fiu" for v in arrays.values()):
+        raise VerificationError(path, "shared positions", "numeric arrays of one length", lengths)
     return ShardPositions(
-        scores=PositionScores(**arrays),
-        context_index=context_index, row=row,
+        scores=PositionScores(**{f: arrays[f] for f in _SCORE_FIELDS}),
+        context_index=arrays["context_index"], row=arrays["row"],
         labels=[ContextLabel(int(i), c, str(s)) for i, c, s in meta["labels"]],
         mode=str(meta["mode"]), head_sha256=meta["head_sha256"], cand_head_sha256=meta["cand_head_sha256"],
         load_s=float(meta["load_s"]), score_s=float(meta["score_s"]), scorer_run=dict(meta["scorer_run"]),
     )
 
 
-def scored_once(folder: Path, name: str, shard: int, score: Callable[[], ShardPositions]) -> ShardPositions:
-    """The positions of ``name`` x ``shard``: read from ``folder`` when a worker of this session
-    already scored them, else scored here (under the lock, so no two workers score the same shard)."""
+def scored_once(handover: Handover, name: str, shard: int, bound: dict[str, Any],
+                score: Callable[[], ShardPositions]) -> ShardPositions:
+    """The positions of ``name`` x ``shard``: read from the session's folder when a worker of this session
+    already scored them from exactly ``bound``, else scored here (under the lock, so no two workers score
+    the same shard) and the file (re)written. A file that is not believed is replaced, never used."""
+    folder = handover.folder
+    if not _FILE.match(f"{name}-shard{shard:02d}.npz"):
+        raise FidelityError(f"shared positions: expected a candidate name usable as a file name, found {name!r}")
     folder.mkdir(parents=True, exist_ok=True)
     target = folder / f"{name}-shard{shard:02d}.npz"
     with open(folder / f"{name}-shard{shard:02d}.lock", "a+b") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
-            if target.is_file():
-                return load_positions(target)
+            if target.is_file() and not target.is_symlink():
+                try:
+                    return load_positions(target, bound, handover.key)
+                except VerificationError:
+                    pass  # not believed: scored again below, and the file replaced
             pos = score()
-            save_positions(target, pos)
+            save_positions(target, pos, bound, handover.key)
             return pos
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def remove_session_files(folder: Path, key: bytes, *, remove_folder: bool) -> list[Path]:
+    """Remove what this session wrote in ``folder``: hand-over files signed with ``key`` and the lock file
+    beside each (empty regular files of the same name). When ``remove_folder`` (this session created the
+    folder) also the locks of shards whose scoring failed and the staged files of a killed worker, then the
+    folder when nothing else is left. Returns the files left in place (not provably this
+    session's)."""
+    from harness.io.owned import remove_empty_folder
+
+    if folder.is_symlink() or not folder.is_dir():
+        return []
+    left = []
+    for p in sorted(folder.iterdir()):
+        if not (p.suffix == ".npz" and _FILE.match(p.name) and p.is_file() and not p.is_symlink()):
+            continue
+        try:
+            _read_signed(p, key)
+        except VerificationError:
+            left.append(p)
+            continue
+        p.unlink()
+        lock = p.with_suffix(".lock")
+        if lock.is_file() and not lock.is_symlink() and lock.stat().st_size == 0:
+            lock.unlink()
+    if remove_folder:  # a folder this session created: its workers' locks and staged files (of a killed worker)
+        for p in sorted(folder.iterdir()):
+            ours = (p.suffix == ".lock" and _FILE.match(p.name) and not p.with_suffix(".npz").exists()) \
+                or _STAGED.match(p.name)
+            if ours and p.is_file() and not p.is_symlink():
+                p.unlink()
+    if remove_folder:
+        remove_empty_folder(folder)
+    return left

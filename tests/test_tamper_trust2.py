@@ -1,0 +1,329 @@
+"""Third tamper campaign: the harness never deletes, trusts or half-writes what is not its own.
+
+Each case plants ONE hostile thing (a crafted report-folder ledger, a forged hand-over file, a foreign
+file in a store) and checks that the run is refused or the thing is not believed, with a message that
+names the file, and that nothing outside what the harness wrote is deleted.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from harness.errors import VerificationError
+from harness.io.hashing import sha256_file
+from harness.plugin.report_dir import STAMP, check_ledger, remove_previous_summaries, write_stamp
+
+# ----------------------------------------------------------------------------- 1. delete only what is yours
+
+
+def _folder_with_ledger(tmp_path: Path) -> tuple[Path, Path]:
+    """A report folder with one summary written by a run, and a victim file beside the folder."""
+    rep = tmp_path / "rep"
+    (rep / "paired").mkdir(parents=True)
+    (rep / "ladder.md").write_text("ladder\n")
+    (rep / "paired" / "a-vs-b.json").write_text("{}\n")
+    write_stamp(rep, "0" * 64, tmp_path / "f.toml", [rep / "ladder.md", rep / "paired" / "a-vs-b.json"], "pytest",
+                created=["paired"])
+    victim = tmp_path / "victim" / "fidelity.toml"
+    victim.parent.mkdir()
+    victim.write_text("[suite]\n")
+    return rep, victim
+
+
+def _add_entry(rep: Path, rel: str, sha: str) -> None:
+    doc = json.loads((rep / STAMP).read_text())
+    doc["files"][rel] = {"sha256": sha, "run": doc["latest_run"]}
+    (rep / STAMP).write_text(json.dumps(doc))
+
+
+def _snapshot(root: Path) -> dict[str, str]:
+    return {p.relative_to(root).as_posix(): sha256_file(p) for p in root.rglob("*") if p.is_file()}
+
+
+@pytest.mark.parametrize("entry", ["../victim/fidelity.toml", "ABSOLUTE", "paired/../../victim/fidelity.toml",
+                                   "fidelity.toml", "./ladder.json", "paired//a-vs-b.md", "good/../ladder.json"])
+def test_ledger_naming_anything_else_is_refused_and_nothing_deleted(tmp_path: Path, entry: str) -> None:
+    """A ledger entry outside the folder (``..``, an absolute path) or of a name this project does not write
+    is refused as tampered: the stamp and the entry are named, and nothing at all is deleted."""
+    rep, victim = _folder_with_ledger(tmp_path)
+    rel = str(victim) if entry == "ABSOLUTE" else entry
+    if entry == "fidelity.toml":
+        shutil.copy(victim, rep / "fidelity.toml")  # a user's file inside the folder, named with its true sha256
+    _add_entry(rep, rel, sha256_file(victim))
+    before = _snapshot(tmp_path)
+    with pytest.raises(VerificationError, match=rf"{STAMP}: files\[.*\]: expected .*, found"):
+        check_ledger(rep)
+    with pytest.raises(VerificationError, match=rf"{STAMP}: files\["):
+        remove_previous_summaries(rep)
+    assert _snapshot(tmp_path) == before
+
+
+def test_symlinked_subfolder_is_refused_and_its_target_untouched(tmp_path: Path) -> None:
+    """``paired`` replaced by a symbolic link to another folder holding a file of the listed name and sha256:
+    refused naming the link; the linked folder keeps its files."""
+    rep, _victim = _folder_with_ledger(tmp_path)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    shutil.move(rep / "paired" / "a-vs-b.json", outside / "a-vs-b.json")
+    (rep / "paired").rmdir()
+    (rep / "paired").symlink_to(outside)
+    before = _snapshot(outside)
+    with pytest.raises(VerificationError, match=r"paired is a symbolic link"):
+        remove_previous_summaries(rep)
+    assert _snapshot(outside) == before and (rep / "ladder.md").exists()
+
+
+def test_symlinked_summary_file_is_refused(tmp_path: Path) -> None:
+    """A listed summary that is itself a symbolic link (to a file of the listed sha256) is refused."""
+    rep, victim = _folder_with_ledger(tmp_path)
+    (rep / "ladder.md").unlink()
+    (rep / "ladder.md").symlink_to(victim)
+    _add_entry(rep, "ladder.md", sha256_file(victim))
+    with pytest.raises(VerificationError, match=r"ladder\.md is a symbolic link"):
+        remove_previous_summaries(rep)
+    assert victim.read_text() == "[suite]\n"
+
+
+def test_folders_only_those_a_run_created(tmp_path: Path) -> None:
+    """A folder is removed only when the ledger says a run created it and it is empty; a ledger naming any
+    other folder is refused."""
+    rep, _victim = _folder_with_ledger(tmp_path)
+    assert remove_previous_summaries(rep) == []
+    assert not (rep / "paired").exists() and not (rep / "ladder.md").exists()
+    doc = json.loads((rep / STAMP).read_text())
+    doc["folders"] = ["paired", ".."]
+    (rep / STAMP).write_text(json.dumps(doc))
+    with pytest.raises(VerificationError, match=r"folders: expected a list of paired, found \['paired', '\.\.'\]"):
+        check_ledger(rep)
+    # a user's own (empty) paired/ folder, not recorded as created by a run, stays
+    rep2 = tmp_path / "rep2"
+    (rep2 / "paired").mkdir(parents=True)
+    (rep2 / "paired" / "x-vs-y.md").write_text("t")
+    write_stamp(rep2, "0" * 64, tmp_path / "f.toml", [rep2 / "paired" / "x-vs-y.md"], "pytest", created=[])
+    remove_previous_summaries(rep2)
+    assert (rep2 / "paired").is_dir() and not (rep2 / "paired" / "x-vs-y.md").exists()
+
+
+def test_pytest_run_refuses_a_tampered_report_folder(pytester: pytest.Pytester, fidelity_project: Path) -> None:
+    """An ordinary ``pytest fidelity.toml`` into a downloaded report folder whose ledger names the run's own
+    configuration (``../fidelity.toml``) is a usage error naming the stamp and the entry; the
+    configuration is still there."""
+    shutil.copytree(fidelity_project, pytester.path, dirs_exist_ok=True)
+    from harness.inputs.suite import Suite
+
+    rep = pytester.path / "fidelity-reports"
+    rep.mkdir()
+    toml = pytester.path / "fidelity.toml"
+    write_stamp(rep, Suite.load(pytester.path / "suite").suite_token_sha256, toml, [], "pytest")
+    _add_entry(rep, "../fidelity.toml", sha256_file(toml))
+    before = _snapshot(pytester.path)
+    result = pytester.runpytest("--collect-only", "-p", "no:cacheprovider")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"*{STAMP}: files[[]'../fidelity.toml'[]]: expected a path relative to the folder*"])
+    assert "INTERNALERROR" not in result.stderr.str() + result.stdout.str()
+    assert _snapshot(pytester.path) == before
+    # a candidate's report folder that is a symbolic link is refused too (reports are never written through one)
+    (rep / STAMP).unlink()
+    (rep / "good").symlink_to(pytester.path / "models")
+    result = pytester.runpytest("--collect-only", "-p", "no:cacheprovider")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*fidelity-reports/good: report folder entry: expected a folder*found a symbolic link*"])
+
+
+def test_store_never_deletes_a_foreign_unlisted_file(tmp_path: Path, tiny_suite: Path) -> None:
+    """An unlisted ``ctx-*.safetensors`` in a store is removed on open only when it is this store's own
+    interrupted write (its embedded identity names the context of this suite); a foreign file or a symbolic
+    link of that name is refused, named, and kept (and the link's target untouched)."""
+    import torch
+
+    from harness.capture.store import StoreWriter
+    from harness.inputs.identity import runtime_identity
+    from harness.inputs.suite import Suite
+
+    suite = Suite.load(tiny_suite)
+
+    def writer() -> StoreWriter:
+        return StoreWriter(tmp_path / "s", suite, "hidden_states", 8, "bfloat16", {"name": "m"},
+                           {"name": "e", "version": "1"}, runtime_identity(), "cpu")
+
+    with writer() as w:
+        w.write(0, torch.zeros(suite.n_ctx - 1, 8, dtype=torch.bfloat16))
+    own = tmp_path / "s" / "ctx-000000.safetensors"
+    shutil.copy(own, tmp_path / "s" / "ctx-000001.safetensors")  # index 0's content under index 1's name
+    with pytest.raises(VerificationError, match=r"ctx-000001\.safetensors: unlisted file in the capture store: "
+                                                r"expected a context file this store wrote, found \(0, "):
+        with writer():
+            pass
+    assert (tmp_path / "s" / "ctx-000001.safetensors").exists()
+    (tmp_path / "s" / "ctx-000001.safetensors").unlink()
+    precious = tmp_path / "precious.bin"
+    precious.write_bytes(b"mine")
+    (tmp_path / "s" / "ctx-000002.safetensors").symlink_to(precious)
+    with pytest.raises(VerificationError, match=r"ctx-000002\.safetensors: unlisted entry in the capture store"):
+        with writer():
+            pass
+    assert precious.read_bytes() == b"mine"
+
+
+# ----------------------------------------------------------------------------- 2. hand-overs bound to what they describe
+
+
+KEY = b"k" * 32
+
+
+def _positions(kld: float | None = None, seed: int = 0) -> Any:
+    from harness.metrics import ContextLabel
+    from harness.run.shard import ShardPositions
+    from harness.scoring.scores import PositionScores
+
+    rng = np.random.default_rng(seed)
+    n = 6
+    scores = PositionScores(
+        kld=np.full(n, kld) if kld is not None else rng.random(n) + 0.1, jsd_bits=rng.random(n), ear=rng.random(n),
+        nll_ref=rng.random(n), nll_cand=rng.random(n), argmax_ref=rng.integers(0, 9, n), argmax_cand=rng.integers(0, 9, n),
+    )
+    return ShardPositions(scores=scores, context_index=np.repeat(np.arange(2), 3), row=np.tile(np.arange(3), 2),
+                          labels=[ContextLabel(0, "d0", "prose"), ContextLabel(1, "d1", "prose")],
+                          mode="hidden_states", head_sha256="ab" * 32, cand_head_sha256=None)
+
+
+BOUND = {"session": "abc", "candidate": "good", "candidate_store_sha256": "1" * 64, "shard": 0, "window": 0}
+
+
+class _Opener:
+    """Unpickling this creates a file (a pickled hand-over must never be unpickled)."""
+
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[Any, tuple[str, str]]:
+        return (open, (self.marker, "w"))
+
+
+def _plant(folder: Path, kind: str) -> None:
+    from harness.run.shared_scores import save_positions
+
+    target = folder / "good-shard00.npz"
+    folder.mkdir(parents=True, exist_ok=True)
+    if kind == "planted":  # a forged file of the right shape, KLD 0, signed with another key
+        save_positions(target, _positions(kld=0.0), BOUND, b"x" * 32)
+    elif kind == "stale":  # this session's key, computed from another store (a candidate pointed elsewhere)
+        save_positions(target, _positions(kld=0.0), {**BOUND, "candidate_store_sha256": "2" * 64}, KEY)
+    elif kind == "renamed":  # this session's own file of another shard, renamed
+        save_positions(folder / "good-shard01.npz", _positions(kld=0.0), {**BOUND, "shard": 1}, KEY)
+        os.replace(folder / "good-shard01.npz", target)
+    elif kind == "truncated":
+        save_positions(target, _positions(kld=0.0), BOUND, KEY)
+        target.write_bytes(target.read_bytes()[:200])
+    elif kind == "pickled":  # every array present, the meta an object array whose unpickling opens a file
+        save_positions(target, _positions(kld=0.0), BOUND, KEY)
+        with np.load(target) as z:
+            arrays = {k: z[k] for k in z.files}
+        np.savez(target, **{**arrays, "meta": np.array([_Opener(str(folder / "UNPICKLED"))], dtype=object)})
+    elif kind == "unsigned":  # the earlier format: no signature, no binding
+        np.savez(target, meta=np.array(json.dumps({"schema": "fidelity.shared-positions/1"})), kld=np.zeros(6))
+
+
+@pytest.mark.parametrize("kind", ["planted", "stale", "renamed", "truncated", "pickled", "unsigned"])
+def test_handover_file_is_never_believed(tmp_path: Path, kind: str) -> None:
+    """A hand-over file that this session did not compute from exactly these inputs is scored again and
+    replaced: the numbers returned are the scorer's, never the file's (KLD 0 planted); nothing is unpickled."""
+    from harness.run.shared_scores import Handover, load_positions, scored_once
+
+    folder = tmp_path / "scored" / "abc"
+    _plant(folder, kind)
+    calls = []
+    real = _positions(seed=7)
+
+    def score() -> Any:
+        calls.append(1)
+        return real
+
+    got = scored_once(Handover(folder=folder, session="abc", key=KEY), "good", 0, BOUND, score)
+    assert calls == [1], "the planted file was believed"
+    assert np.array_equal(got.scores.kld, real.scores.kld) and got.scores.kld.min() > 0
+    assert not (folder / "UNPICKLED").exists()
+    again = load_positions(folder / "good-shard00.npz", BOUND, KEY)  # replaced by the scored positions
+    assert np.array_equal(again.scores.kld, real.scores.kld)
+
+
+def test_handover_load_names_what_differs(tmp_path: Path) -> None:
+    """Read directly, each forged file is a VerificationError naming the file and what differs."""
+    from harness.run.shared_scores import load_positions
+
+    folder = tmp_path / "f"
+    for kind, pattern in [("planted", r"signature: expected signed by this session"),
+                          ("stale", r"computed from \(candidate_store_sha256\): expected \{'candidate_store_sha256': '1111"),
+                          ("renamed", r"computed from \(shard\): expected \{'shard': 0\}, found \{'shard': 1\}"),
+                          ("truncated", r"shared positions: expected a \.npz of plain arrays"),
+                          ("pickled", r"shared positions: expected a \.npz of plain arrays, found ValueError"),
+                          ("unsigned", r"expected arrays .*signature")]:
+        _plant(folder, kind)
+        with pytest.raises(VerificationError, match=r"good-shard00\.npz: shared positions.*" if kind != "stale" else "good-shard00"):
+            load_positions(folder / "good-shard00.npz", BOUND, KEY)
+        with pytest.raises(VerificationError, match=pattern):
+            load_positions(folder / "good-shard00.npz", BOUND, KEY)
+        shutil.rmtree(folder)
+    assert not (folder / "UNPICKLED").exists()
+
+
+def test_end_of_session_removes_only_its_own_handover_files(tmp_path: Path) -> None:
+    """The controller removes the files signed with its session's key (and their locks); a planted file and
+    a user's file stay, and a folder it did not create stays."""
+    from harness.run.shared_scores import remove_session_files, save_positions
+
+    folder = tmp_path / "scored" / "abc"
+    folder.mkdir(parents=True)
+    save_positions(folder / "good-shard00.npz", _positions(), BOUND, KEY)
+    (folder / "good-shard00.lock").write_bytes(b"")
+    save_positions(folder / "bad-shard00.npz", _positions(), BOUND, b"other session")
+    (folder / "notes.txt").write_text("mine")
+    left = remove_session_files(folder, KEY, remove_folder=False)
+    assert sorted(p.name for p in folder.iterdir()) == ["bad-shard00.npz", "notes.txt"]
+    assert [p.name for p in left] == ["bad-shard00.npz"]
+    # a folder the session created goes once it is empty (staged files of a killed worker and locks go too)
+    own = tmp_path / "scored" / "def"
+    own.mkdir()
+    save_positions(own / "good-shard01.npz", _positions(), BOUND, KEY)
+    (own / ".good-shard02.npz.abcd1234.tmp").write_bytes(b"half")
+    (own / "good-shard03.lock").write_bytes(b"")
+    assert remove_session_files(own, KEY, remove_folder=True) == [] and not own.exists()
+    # a symbolic link in place of the folder: nothing behind it is touched
+    target = tmp_path / "elsewhere"
+    target.mkdir()
+    save_positions(target / "good-shard00.npz", _positions(), BOUND, KEY)
+    link = tmp_path / "scored" / "ghi"
+    link.symlink_to(target)
+    remove_session_files(link, KEY, remove_folder=True)
+    assert (target / "good-shard00.npz").exists()
+
+
+def test_binding_follows_the_store_content(tmp_path: Path, fidelity_project: Path) -> None:
+    """The binding of a hand-over names the content of the stores: another store (one context file
+    differing) gives another binding, so a file computed from it is not believed."""
+    from harness.capture.store import CaptureStore
+    from harness.inputs.head import load_head
+    from harness.inputs.suite import Suite
+    from harness.run.shared_scores import binding
+
+    suite = Suite.load(fidelity_project / "suite")
+    ref = CaptureStore.open(fidelity_project / "reference", suite)
+    head = load_head(fidelity_project / "lm_head.safetensors")
+    kw: dict[str, Any] = dict(session="abc", candidate="good", suite=suite, shard=1, reference=ref, head=head,
+                              cand_head=None, window=0, device="cpu")
+    b1 = binding(cand_store=ref, **kw)
+    other = CaptureStore.open(fidelity_project / "reference", suite)
+    other.hashes = {**other.hashes, suite.shard_indices(1)[0]: "f" * 64}
+    b2 = binding(cand_store=other, **kw)
+    assert b1 != b2 and [k for k in b1 if b1[k] != b2[k]] == ["candidate_store_sha256"]
+    assert binding(cand_store=ref, **{**kw, "shard": 2})["shard_sha256"] == suite.shard(2).sha256
+    assert b1["scorer"]["device"] == "cpu" and b1["head_sha256"] == head.sha256
+    assert pickle.loads(pickle.dumps(b1)) == b1  # plain data only
