@@ -20,9 +20,38 @@ def _build(a: argparse.Namespace) -> int:
     return 0
 
 
+def _write_published(a: argparse.Namespace) -> int:
+    from harness.capture.store import CaptureStore
+    from harness.errors import FidelityError
+    from harness.inputs.config import load_config
+    from harness.inputs.suite import Suite
+    from harness.interchange.writer import write_published
+    from harness.reports.shard import ShardReport
+
+    cfg = load_config(a.config)
+    suite = Suite.load(cfg.suite, verify=True)
+    reference = CaptureStore.open(cfg.reference.store, suite, verify=True)
+    shards = suite.parse_shards(a.reference_shards)
+    captures = {}
+    for spec in a.capture:
+        name, sep, path = spec.partition("=")
+        if not sep or not name or not path:
+            raise FidelityError(f"--capture: expected NAME=STORE, found {spec!r}")
+        captures[name] = CaptureStore.open(Path(path), suite, verify=True)
+    reports: dict[str, list[ShardReport]] = {}
+    if a.reports is not None:
+        for p in sorted(a.reports.glob("*/shard-*.json")):
+            rep = ShardReport.load(p)
+            reports.setdefault(p.parent.name, []).append(rep)
+    write_published(a.out, suite=suite, reference=reference, head=cfg.reference.head, reference_shards=shards,
+                    candidates=captures, reports=reports)
+    print(f"{a.out}: written in the published fidelity-suite layout (suite/, reference/, captures/, reports/, lm-head/)")
+    return 0
+
+
 def add_dataset(sub: SubParsers) -> None:
     p = sub.add_parser("dataset", help="build a relocatable reference dataset", formatter_class=formatter)
-    ss = p.add_subparsers(dest="dataset_cmd", required=True, metavar="{build}")
+    ss = p.add_subparsers(dest="dataset_cmd", required=True, metavar="{build,write-published}")
     b = ss.add_parser("build", help="suite, shard views, reference shards, head, corpus, reports, protocol, card, checksums",
                       formatter_class=formatter,
                       description=("Write one folder (relative paths only) that a stranger can verify and score a\n"
@@ -39,6 +68,20 @@ def add_dataset(sub: SubParsers) -> None:
     b.add_argument("--reference-shards", default="0", dest="reference_shards", help="shards whose reference is included (default 0)")
     b.add_argument("--out", required=True, type=Path, help="new or empty output folder")
     b.set_defaults(func=_build)
+    w = ss.add_parser("write-published", help="write suite, reference, captures and reports in the published fidelity-suite layout",
+                      formatter_class=formatter,
+                      description=("Write this project's suite (one JSON token file per context, shard views), the\n"
+                                   "reference shards, candidate capture stores and shard reports (as\n"
+                                   "qwen38-fidelity-report/2, or /3 for a window) in the published layout, which that\n"
+                                   "layout's own replay and kld_aggregate tools read.\n\nexample:\n"
+                                   "  fidelity dataset write-published --config fidelity.toml --reference-shards 0 \\\n"
+                                   "      --capture int8=captures/int8 --reports fidelity-reports --out published-layout/"))
+    w.add_argument("--config", type=Path, default=Path("fidelity.toml"), help="fidelity.toml (suite, reference, head)")
+    w.add_argument("--reference-shards", default="0", dest="reference_shards", help="shards whose reference is written (default 0)")
+    w.add_argument("--capture", action="append", default=[], metavar="NAME=STORE", help="a candidate capture store to include (repeatable)")
+    w.add_argument("--reports", type=Path, default=None, help="report folder (<candidate>/shard-NN.json) whose reports are included")
+    w.add_argument("--out", required=True, type=Path, help="new output folder")
+    w.set_defaults(func=_write_published)
 
 
 #: Parser builders, in help order.

@@ -208,6 +208,19 @@ def add_store(sub: SubParsers) -> None:
 def _replay(a: argparse.Namespace) -> int:
     from harness.run.replay import replay
 
+    if a.dataset is not None and (a.dataset / "dataset.json").is_file() is False:
+        from harness.inputs.published_layout import LAYOUT, looks_like
+
+        if looks_like(a.dataset):  # the published layout, read in place (its head may live elsewhere: --head)
+            from harness.dataset.replay_published import replay_published
+
+            if a.suite or a.reference:
+                raise FidelityError(f"replay --dataset ({LAYOUT}) takes the suite and the reference from the dataset: drop --suite/--reference")
+            paths = replay_published(a.dataset, a.candidate, a.out, head=a.head, shards=a.shards, score_from=a.window,
+                                     name=a.name, n_boot=a.n_boot, device=a.device)
+            for p in paths:
+                print(f"{p}: written (+ {p.with_suffix('.md').name})")
+            return 0
     if a.dataset is not None:  # a downloaded reference dataset supplies suite, reference and head
         from harness.dataset.replay import replay_dataset
 
@@ -244,8 +257,11 @@ def add_replay(sub: SubParsers) -> None:
         ),
     )
     p.add_argument("--dataset", type=Path, default=None,
-                   help="a reference dataset (fidelity dataset build): verified whole, then supplies suite, reference and head; "
-                        "--candidate may then also be a model folder, captured on the dataset's reference shards")
+                   help="a reference dataset (fidelity dataset build, or the published fidelity-suite layout with "
+                        "suite/suite-manifest.json, read in place): verified whole, then supplies suite, reference and head "
+                        "(published layout: --head names the pinned head when the dataset lacks lm-head/); "
+                        "--candidate may then also be a model folder, captured on the dataset's reference shards, "
+                        "or a published capture folder (capture-manifest.json)")
     p.add_argument("--suite", type=Path, default=None, help="suite folder")
     p.add_argument("--reference", type=Path, default=None, help="reference capture store")
     p.add_argument("--candidate", required=True, type=Path, help="candidate capture store (with --dataset: or a model folder)")

@@ -30,7 +30,10 @@ Instead of ``[suite]`` and ``[reference]``, a reference dataset (``fidelity data
 all three inputs: ``[dataset] path = "dataset"`` takes the suite from ``dataset/suite``, the reference
 store from ``dataset/reference``, the head from ``dataset/head/lm_head.safetensors``, the reference name
 from ``dataset.json``, and runs the shards the dataset holds a reference for (the run verifies the
-dataset whole, as ``fidelity verify DATASET`` does, before scoring).
+dataset whole, as ``fidelity verify DATASET`` does, before scoring). A folder in the published
+fidelity-suite layout (``suite/suite-manifest.json``, ``reference/<folder>/capture-manifest.json``) is
+read in place the same way; its head is ``lm-head/weight.safetensors`` unless ``[dataset] head = ...``
+names the pinned head file (the published datasets ship it separately).
 
     [[pairs]]                           # paired comparisons (common random numbers)
     a = "int4_g32"
@@ -111,6 +114,9 @@ class FidelityConfig:
     dataset: Path | None = None
     #: Shards the reference holds (a dataset's ``reference.shards``); None: every shard of the suite.
     reference_shards: tuple[int, ...] | None = None
+    #: The layout of ``dataset``: ``fidelity.dataset/1`` (``fidelity dataset build``) or the published
+    #: fidelity-suite layout (:data:`harness.inputs.published_layout.LAYOUT`), read in place; None without a dataset.
+    dataset_layout: str | None = None
 
     def candidate(self, name: str) -> CandidateConfig:
         """The candidate called ``name``; an unknown name suggests near matches."""
@@ -124,7 +130,7 @@ class FidelityConfig:
 
 
 _TOP_KEYS = {"suite", "reference", "dataset", "settings", "candidates", "pairs"}
-_DATASET_KEYS = {"path"}
+_DATASET_KEYS = {"path", "head"}
 _SUITE_KEYS = {"path"}
 _REF_KEYS = {"name", "model", "store", "head"}
 _SETTINGS_KEYS = {"cache_dir", "baselines", "n_boot"}
@@ -264,6 +270,8 @@ def load_config(path: str | Path) -> FidelityConfig:
     top = _Reader(path, raw, "", _TOP_KEYS)
     dataset: Path | None = None
     held: tuple[int, ...] | None = None
+    layout: str | None = None
+    suite: Path | None
     if "dataset" in raw:
         from harness.dataset.layout import dataset_inputs
 
@@ -271,15 +279,33 @@ def load_config(path: str | Path) -> FidelityConfig:
         if given:
             raise ConfigError(f"{path}: [dataset] supplies the suite, the reference and the head: expected no "
                               f"{' or '.join(given)} beside it, found {' and '.join(given)}")
-        dataset = _Reader(path, raw["dataset"], "dataset", _DATASET_KEYS).path_("path")
+        ds_reader = _Reader(path, raw["dataset"], "dataset", _DATASET_KEYS)
+        dataset = ds_reader.path_("path")
+        ds_head = ds_reader.path_("head", required=False)
         assert dataset is not None
-        try:
-            inputs = dataset_inputs(dataset)
-        except FidelityError as exc:
-            raise ConfigError(f"{path}: dataset.path: {exc}") from None
-        suite: Path | None = inputs.suite
-        reference = ReferenceConfig(name=inputs.reference_name, store=inputs.reference, head=inputs.head, model=None)
-        held = inputs.shards
+        from harness.inputs.published_layout import LAYOUT, looks_like, scan_layout
+
+        if not (dataset / "dataset.json").is_file() and looks_like(dataset):  # the published layout, read in place
+            try:
+                scan = scan_layout(dataset, ds_head)
+            except FidelityError as exc:
+                raise ConfigError(f"{path}: dataset.path: {exc}") from None
+            suite = scan.suite
+            reference = ReferenceConfig(name=scan.reference_name, store=scan.reference, head=scan.head, model=None)
+            held = scan.shards
+            layout = LAYOUT
+        else:
+            if ds_head is not None:
+                raise ConfigError(f"{path}: dataset.head: expected no head beside a fidelity dataset (it holds its own), "
+                                  f"found {ds_head}")
+            try:
+                inputs = dataset_inputs(dataset)
+            except FidelityError as exc:
+                raise ConfigError(f"{path}: dataset.path: {exc}") from None
+            suite = inputs.suite
+            reference = ReferenceConfig(name=inputs.reference_name, store=inputs.reference, head=inputs.head, model=None)
+            held = inputs.shards
+            layout = "fidelity.dataset/1"
     else:
         suite = _Reader(path, raw.get("suite", {}), "suite", _SUITE_KEYS).path_("path")
         ref = _Reader(path, raw.get("reference", {}), "reference", _REF_KEYS)
@@ -328,7 +354,7 @@ def load_config(path: str | Path) -> FidelityConfig:
         pairs.append(PairConfig(a=a, b=b, margin=margin, expect=expect))
     cfg = FidelityConfig(
         path=path,
-        suite=suite,  # type: ignore[arg-type]
+        suite=suite,  # type: ignore[arg-type]  # _Reader.path_ raises when a required path is missing
         reference=reference,
         candidates=candidates,
         pairs=tuple(pairs),
@@ -337,5 +363,6 @@ def load_config(path: str | Path) -> FidelityConfig:
         n_boot=settings.integer("n_boot", 10_000, minimum=100) or 10_000,
         dataset=dataset,
         reference_shards=held,
+        dataset_layout=layout,
     )
     return cfg

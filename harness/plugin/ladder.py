@@ -42,10 +42,10 @@ class LadderCollector:
         from harness.reports.shard import ShardReport, report_shard
 
         reports = [ShardReport.from_json_dict(p, path="<collected>") for p in self.reports]
-        from harness.inputs.suite import Suite
+        from harness.interchange.suite_manifest import load_any_suite
 
         # every report is checked against the run's suite, which the ladder's aggregates record
-        self.ladder_rows = ladder_rows(reports, self.verdicts, suite=Suite.load(config.suite, verify=False))
+        self.ladder_rows = ladder_rows(reports, self.verdicts, suite=load_any_suite(config.suite, verify=False))
         write_ladder(self.report_dir, self.ladder_rows)
         if update_baselines:
             by_cand: dict[str, dict[int, Any]] = {}

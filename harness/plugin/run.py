@@ -110,18 +110,20 @@ class FidelityPlan:
         """Validate the file, the shard and candidate selections; any problem is a usage error."""
         from harness.errors import FidelityError
         from harness.inputs.config import load_config
-        from harness.inputs.suite import Suite, parse_shard_spec
+        from harness.inputs.suite import parse_shard_spec
+        from harness.interchange.suite_manifest import load_any_suite
 
         try:
             full = load_config(path)
-            suite = Suite.load(full.suite, verify=False)
+            suite = load_any_suite(full.suite, verify=False)  # the published layout is read in place
             spec = config.getoption("fidelity_shards")
             shards = parse_shard_spec(spec, len(suite.shards)) if spec else list(range(len(suite.shards)))
             held = full.reference_shards
             if held is not None:  # a dataset holds the reference of some shards only
                 lacking = [k for k in shards if k not in held]
                 if spec and lacking:
-                    raise FidelityError(f"{full.dataset}/dataset.json: --fidelity-shards {spec}: expected shards the "
+                    where = Path(str(full.dataset)) / ("dataset.json" if full.dataset_layout == "fidelity.dataset/1" else "reference")
+                    raise FidelityError(f"{where}: --fidelity-shards {spec}: expected shards the "
                                         f"dataset holds a reference for ({','.join(map(str, held))}), found "
                                         f"{','.join(map(str, lacking))}")
                 shards = [k for k in shards if k in held]
@@ -401,8 +403,10 @@ class FidelityRun:
         nc, ns = len(p.config.candidates), len(p.shards)
         skipped = (f", {len(p.unavailable)} skipped (engine not installed: {', '.join(n for n, _ in p.unavailable)})"
                    if p.unavailable else "")
+        source = (f"dataset {p.config.dataset} (layout {p.config.dataset_layout})" if p.config.dataset is not None
+                  else f"suite {p.config.suite}")
         line = (f"fidelity: {p.path} ({nc} candidate{'s' * (nc != 1)} x {ns} shard{'s' * (ns != 1)}{skipped}; "
-                f"suite {p.config.suite}; reports {self.pytest_config.getoption('fidelity_report_dir')}/)")
+                f"{source}; reports {self.pytest_config.getoption('fidelity_report_dir')}/)")
         return [line]
 
     def pytest_sessionstart(self, session: pytest.Session) -> None:

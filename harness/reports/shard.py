@@ -65,11 +65,16 @@ def make_comparability(
     engine: dict[str, Any],
     scorer: dict[str, Any],
     cand_head_sha256: str | None = None,
+    custody: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The ``comparability`` block, with this harness's protocol and version filled in."""
+    """The ``comparability`` block, with this harness's protocol and version filled in.
+
+    ``custody``: the published digests of a dataset read in another layout (:mod:`harness.interchange`),
+    kept as ``custody`` so the report names the exact files it was verified against; absent otherwise."""
     from harness import PROTOCOL_VERSION, __version__
 
-    return {
+    extra = {} if custody is None else {"custody": custody}
+    return {**extra,
         "protocol_version": PROTOCOL_VERSION,
         "harness_version": __version__,
         "suite_token_sha256": suite_token_sha256,

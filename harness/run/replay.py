@@ -118,9 +118,7 @@ def replay(
 ) -> list[Path]:
     """Verify, score every selected shard, then write the reports; returns the JSON paths."""
     from harness.inputs.head import sidecar_path
-    from harness.io.atomic import atomic_write_files, dumps_json, refuse_overwriting_inputs
-    from harness.reports.shard import render_markdown
-    from harness.run.shard import score_shard
+    from harness.io.atomic import refuse_overwriting_inputs
 
     name = candidate_name or _default_name(Path(candidate_path))
     for what, value in (("--name", name), ("--reference-name", reference_name)):
@@ -134,6 +132,21 @@ def replay(
     refuse_overwriting_inputs([out_p, out_p.with_suffix(".md")] if out_p.suffix == ".json" else [out_p], own_inputs, "replay --out")
     inputs = verify_inputs(suite_path, reference_path, candidate_path, head_path, cand_head_path=cand_head_path,
                            shards=shards, score_from=score_from, reference_model=reference_model)
+    return write_replay(inputs, out, name=name, reference_name=reference_name, score_from=score_from, n_boot=n_boot,
+                        device=device, own_inputs=own_inputs)
+
+
+def write_replay(inputs: ReplayInputs, out: str | Path, *, name: str, reference_name: str, score_from: int = 0,
+                 n_boot: int = 10_000, device: str = "cpu", own_inputs: Sequence[Path] = (),
+                 custody: dict[str, Any] | None = None) -> list[Path]:
+    """Score every shard of verified ``inputs``, then write all reports at once; returns the JSON paths.
+
+    ``custody``: the published digests of a dataset read in another layout, kept in every report's
+    comparability block."""
+    from harness.io.atomic import atomic_write_files, dumps_json, refuse_overwriting_inputs
+    from harness.reports.shard import render_markdown
+    from harness.run.shard import score_shard
+
     paths = output_paths(out, name, inputs.shards)
     refuse_overwriting_inputs([q for p in paths for q in (p, p.with_suffix(".md"))], own_inputs, "replay --out")
     files: dict[Path, str] = {}
@@ -142,6 +155,7 @@ def replay(
             suite=inputs.suite, shard=shard, reference=inputs.reference, candidate=inputs.candidate,
             head=inputs.head, cand_head=inputs.cand_head, reference_name=reference_name, candidate_name=name,
             candidate_meta={"size_bytes": None, "tags": []}, score_from=score_from, n_boot=n_boot, device=device,
+            custody=custody,
         )
         try:
             text = dumps_json(report.to_json_dict())

@@ -79,6 +79,7 @@ class FidelitySession:
     score_from: int = 0
     progress: bool = False
     _suite: Any = None
+    _published: Any = None
     _head: Any = None
     _reference: Any = None
     _cand_heads: dict[str, Any] = field(default_factory=dict)
@@ -91,8 +92,30 @@ class FidelitySession:
 
     # ------------------------------------------------------------------ inputs
     @property
+    def published(self) -> Any:
+        """The dataset in the published layout (:mod:`harness.interchange`), opened and verified once; None otherwise."""
+        from harness.inputs.published_layout import LAYOUT
+
+        if self.config.dataset_layout != LAYOUT or self.config.dataset is None:
+            return None
+        if self._published is None:
+            from harness.inputs.published_layout import scan_layout
+            from harness.interchange.dataset import open_published
+
+            self._published = open_published(scan_layout(self.config.dataset, self.config.reference.head))
+        return self._published
+
+    @property
+    def custody(self) -> dict[str, Any] | None:
+        """The published digests of a dataset read in the published layout (every report's ``comparability.custody``)."""
+        return None if self.published is None else dict(self.published.custody)
+
+    @property
     def suite(self) -> Any:
         if self._suite is None:
+            if self.published is not None:
+                self._suite = self.published.suite
+                return self._suite
             from harness.inputs.suite import Suite
 
             self._suite = Suite.load(self.config.suite, verify=True)
@@ -100,6 +123,8 @@ class FidelitySession:
 
     @property
     def head(self) -> Any:
+        if self._head is None and self.published is not None:
+            self._head = self.published.head
         if self._head is None:
             from harness.inputs.head import load_head
 
@@ -128,6 +153,8 @@ class FidelitySession:
     @property
     def reference(self) -> Any:
         """The verified reference store; captured from the reference model when missing."""
+        if self._reference is None and self.published is not None:
+            self._reference = self.published.reference
         if self._reference is None:
             from harness.capture.store import CaptureStore
 
@@ -163,6 +190,8 @@ class FidelitySession:
         from harness.capture.store import CaptureStore
 
         if cand.store is not None:
+            if cand.name not in self._stores and self.published is not None and not (cand.store / "capture.json").is_file():
+                self._stores[cand.name] = self.published.capture_store(cand.store, cand.name)  # a published capture folder
             if cand.name not in self._stores:
                 self._stores[cand.name] = CaptureStore.open(cand.store, self.suite, verify=True)
             store = self._stores[cand.name]
@@ -263,6 +292,7 @@ class FidelitySession:
             score_from=self.score_from,
             n_boot=n_boot or self.config.n_boot,
             device=self.device,
+            custody=self.custody,
         )
         report.timing["total_s"] = time.perf_counter() - t0
         return ScoredShard(cand.name, shard, report, headline_of(report.metrics), candidate_size_bytes(cand))

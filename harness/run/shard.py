@@ -35,8 +35,11 @@ def score_shard(
     n_boot: int = 10_000,
     device: str = "cpu",
     positions: ShardPositions | None = None,
+    custody: dict[str, Any] | None = None,
 ) -> Any:
     """Score one shard of verified inputs and build its :class:`~harness.reports.shard.ShardReport`.
+
+    ``custody``: the published digests of a dataset read in another layout (comparability ``custody``).
 
     ``positions`` (from :func:`shard_positions`) reuses already scored positions: the same
     capture summarized under another window needs no rescoring.
@@ -74,6 +77,7 @@ def score_shard(
             "candidate_runtime": candidate.manifest.get("runtime"),
         },
         scorer={**SCORER_SETTINGS, "mode": mode},
+        custody=custody,
     )
     # how the logits were computed on this machine (backend, GEMM path): a fact of the run, not a
     # comparability field -- the paths agree to the documented tolerance, so shards scored on

@@ -1,0 +1,64 @@
+"""``fidelity replay --dataset`` on a dataset in the published layout (:mod:`harness.interchange`).
+
+The dataset is read in place and verified whole (suite, token files, shard views, pin, head,
+every reference file); the candidate is one of: a capture store of this project (``capture.json``,
+captured on the same token ids), a published capture folder (``capture-manifest.json``, e.g. the
+dataset's own ``captures/shard-0000/hidden-<name>``), or a transformers model folder, captured on the
+dataset's suite for the replayed shards. Refused: shards the dataset holds no reference for. Scoring
+and writing are :func:`harness.run.replay.write_replay`, the path of every other replay; each report
+carries the dataset's published digests as ``comparability.custody``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from harness.errors import FidelityError, VerificationError
+
+
+def open_candidate(dataset: object, candidate: Path, out: Path, shards: list[int], device: str, name: str) -> object:
+    """The candidate's store (module docstring): a project store, a published folder, or a captured model."""
+    from harness.capture.store import CaptureStore
+    from harness.inputs.published_layout import CAPTURE_MANIFEST
+    from harness.interchange.dataset import PublishedDataset
+
+    assert isinstance(dataset, PublishedDataset)
+    if (candidate / "capture.json").is_file():
+        return CaptureStore.open(candidate, dataset.suite, verify=True)
+    if (candidate / CAPTURE_MANIFEST).is_file() or any(candidate.rglob(CAPTURE_MANIFEST)):
+        return dataset.capture_store(candidate, name)
+    if not (candidate / "config.json").is_file():
+        raise FidelityError(f"{candidate}: expected a capture store (capture.json), a published capture folder "
+                            f"({CAPTURE_MANIFEST}) or a model folder (config.json), found none of them")
+    from harness.engines.transformers import capture
+
+    store = out / "capture"
+    capture(candidate, dataset.suite, store, shards=shards, device=device, progress=False)
+    return CaptureStore.open(store, dataset.suite, verify=True)
+
+
+def replay_published(dataset_path: Path, candidate: Path, out: Path, *, head: Path | None = None, shards: str | None = None,
+                     score_from: int = 0, name: str | None = None, n_boot: int = 10_000, device: str = "cpu") -> list[Path]:
+    """Verify the published dataset, obtain the candidate's capture, score the reference shards; returns report paths."""
+    from harness.inputs.published_layout import scan_layout
+    from harness.inputs.verify import verify_joins
+    from harness.interchange.dataset import open_published
+    from harness.run.replay import ReplayInputs, write_replay
+
+    ds = open_published(scan_layout(dataset_path, head))
+    held = list(ds.reference_shards)
+    wanted = held if shards is None else ds.suite.parse_shards(shards)
+    lacking = [k for k in wanted if k not in held]
+    if lacking:
+        raise VerificationError(dataset_path / "reference", "shards this dataset holds a reference for", held, lacking)
+    cname = name or candidate.resolve().name
+    store = open_candidate(ds, candidate, out, wanted, device, cname)
+    if shards is None:  # by default the reference shards the candidate holds (all of them for a model captured here)
+        wanted = [k for k in held if not store.missing(ds.suite.shard_indices(k))] or held  # type: ignore[attr-defined]
+    verify_joins(suite=ds.suite, reference=ds.reference, candidate=store, head=ds.head,  # type: ignore[arg-type]
+                 score_from=score_from, shards=wanted)
+    ds.reference.verify_all()
+    store.verify_all()  # type: ignore[attr-defined]
+    inputs = ReplayInputs(ds.suite, ds.reference, store, ds.head, None, wanted)
+    return write_replay(inputs, out, name=cname, reference_name=ds.reference.identity["name"], score_from=score_from,
+                        n_boot=n_boot, device=device, own_inputs=[dataset_path, candidate], custody=ds.custody)

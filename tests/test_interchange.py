@@ -1,0 +1,175 @@
+"""The published fidelity-suite layout: written from the embedded default by this project's writer,
+read in place, scored through ``fidelity replay --dataset`` and through pytest with the numbers the
+project gets on its own suite; every published digest checked; one broken thing at a time refused."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from harness.cli.main import main
+
+ROOT = Path(__file__).resolve().parents[1]
+FIX = ROOT / "fixtures"
+
+
+@pytest.fixture(scope="module")
+def pub(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """int8 captured and replayed on shard 0 in the project, then the suite, the reference of shards
+    0 and 1, the int8 capture and its report written in the published layout."""
+    tmp = tmp_path_factory.mktemp("pub")
+    assert main(["capture", "--model", str(FIX / "candidates" / "int8"), "--suite", str(FIX / "suite"),
+                 "--out", str(tmp / "cap" / "int8"), "--shards", "0", "--quiet"]) == 0
+    assert main(["replay", "--suite", str(FIX / "suite"), "--reference", str(FIX / "reference"), "--candidate",
+                 str(tmp / "cap" / "int8"), "--head", str(FIX / "lm_head.safetensors"), "--shards", "0",
+                 "--name", "int8", "--reference-name", "bf16", "--out", str(tmp / "reports" / "int8")]) == 0
+    assert main(["dataset", "write-published", "--config", str(ROOT / "fidelity.toml"), "--reference-shards", "0,1",
+                 "--capture", f"int8={tmp / 'cap' / 'int8'}", "--reports", str(tmp / "reports"), "--out", str(tmp / "v")]) == 0
+    return tmp, tmp / "v"
+
+
+def _ours(tmp: Path) -> dict:
+    return json.loads((tmp / "reports" / "int8" / "shard-00.json").read_text())
+
+
+def test_layout_written_as_published(pub: tuple[Path, Path]) -> None:
+    """Token files hash as json.dumps(ids); the parent digest chains them; views are slices (independent hashing)."""
+    _tmp, v = pub
+    tokens = np.load(FIX / "suite" / "tokens.npy")
+    digests = [hashlib.sha256(json.dumps([int(t) for t in row]).encode()).hexdigest() for row in tokens]
+    parent = json.loads((v / "suite" / "suite-manifest.json").read_text())
+    assert parent["suite_token_sha256"] == hashlib.sha256("".join(digests).encode()).hexdigest()
+    assert json.loads((v / "suite" / "tokens" / "context-0005.json").read_text()) == [int(t) for t in tokens[5]]
+    view = json.loads((v / "suite" / "shard-0001" / "suite-manifest.json").read_text())
+    assert view["context_index"] == parent["context_index"][16:32]
+    assert view["suite_token_sha256"] == hashlib.sha256("".join(digests[16:32]).encode()).hexdigest()
+    ref = json.loads((v / "reference" / "hidden-bf16" / "capture-manifest.json").read_text())
+    assert ref["complete"] is True and ref["suite_token_sha256"] == hashlib.sha256("".join(digests[:16]).encode()).hexdigest()
+    rep = json.loads((v / "reports" / "fidelity" / "shard-0000" / "report-int8.json").read_text())
+    assert rep["schema"] == "qwen38-fidelity-report/2" and rep["token_mean_kld"] == _ours(_tmp)["metrics"]["kld"]["mean"]
+    assert sum(rep["kld_tail"]["counts"]) == rep["scored_positions"] == 16 * 255
+
+
+@pytest.mark.parametrize("which", ["project store", "published capture folder"])
+def test_replay_equals_the_project(pub: tuple[Path, Path], which: str) -> None:
+    tmp, v = pub
+    cand = tmp / "cap" / "int8" if which == "project store" else v / "captures" / "shard-0000" / "hidden-int8"
+    out = tmp / f"replayed-{which.split()[1]}"
+    assert main(["replay", "--dataset", str(v), "--candidate", str(cand), "--name", "int8", "--out", str(out)]) == 0
+    assert sorted(p.name for p in out.glob("*.json")) == ["shard-00.json"]  # the candidate covers shard 0 only
+    mine = json.loads((out / "shard-00.json").read_text())
+    assert mine["metrics"] == _ours(tmp)["metrics"]
+    custody = mine["comparability"]["custody"]
+    parent = json.loads((v / "suite" / "suite-manifest.json").read_text())
+    assert custody["layout"] == "qwen38-fidelity-suite"
+    assert custody["suite_token_sha256"] == parent["suite_token_sha256"]
+    assert custody["head_sha256"] == hashlib.sha256((v / "lm-head" / "weight.safetensors").read_bytes()).hexdigest()
+    assert custody["reference"]["hidden-bf16"]["capture_manifest_sha256"] == hashlib.sha256(
+        (v / "reference" / "hidden-bf16" / "capture-manifest.json").read_bytes()).hexdigest()
+
+
+@pytest.mark.slow
+def test_pytest_scores_a_published_dataset(pub: tuple[Path, Path], tmp_path: Path) -> None:
+    tmp, v = pub
+    (tmp_path / "my.toml").write_text(
+        f'[dataset]\npath = "{v}"\n\n[settings]\nbaselines = "baselines"\n\n'
+        f'[[candidates]]\nname = "int8"\nstore = "{tmp / "cap" / "int8"}"\n')
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    run = subprocess.run([sys.executable, "-m", "pytest", "my.toml", "--fidelity-update-baselines", "-p", "no:cacheprovider",
+                          "--fidelity-shards", "0", "-m", "fidelity"], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
+    assert "layout qwen38-fidelity-suite" in run.stdout
+    mine = json.loads((tmp_path / "fidelity-reports" / "int8" / "shard-00.json").read_text())
+    assert mine["metrics"] == _ours(tmp)["metrics"]
+    assert mine["comparability"]["custody"]["layout"] == "qwen38-fidelity-suite"
+
+
+def _rewrite_capture(folder: Path, index: int, tensor: object) -> None:
+    """Replace one hidden file and fix its manifest record (a consistent but wrong capture)."""
+    from safetensors.torch import save
+
+    data = save({"hidden_states": tensor})
+    (folder / f"hidden_{index:04d}.safetensors").write_bytes(data)
+    mf = folder / "capture-manifest.json"
+    doc = json.loads(mf.read_text())
+    for rec in doc["captures"]:
+        if rec["index"] == index:
+            rec["sha256"] = hashlib.sha256(data).hexdigest()
+            rec["shape"] = list(tensor.shape)  # type: ignore[attr-defined]
+    mf.write_text(json.dumps(doc, indent=2))
+
+
+def _break(v: Path, what: str) -> str:
+    """Break one thing in the copy ``v``; returns the expected refusal text."""
+    import torch
+
+    if what == "token digest":
+        p = v / "suite" / "tokens" / "context-0003.json"
+        ids = json.loads(p.read_text())
+        ids[7] = ids[7] + 1
+        p.write_text(json.dumps(ids))
+        return "context-0003.json: token_sha256 (sha256 of json.dumps(ids))"
+    if what == "view not a slice":
+        mf = v / "suite" / "shard-0001" / "suite-manifest.json"
+        doc = json.loads(mf.read_text())
+        doc["context_index"][2], doc["context_index"][3] = doc["context_index"][3], doc["context_index"][2]
+        mf.write_text(json.dumps(doc, indent=2))
+        return "shard-0001/suite-manifest.json: suite_token_sha256"
+    if what == "view edited consistently":
+        mf = v / "suite" / "shard-0001" / "suite-manifest.json"
+        doc = json.loads(mf.read_text())
+        doc["context_index"][2]["source_cluster"] = "elsewhere"
+        mf.write_text(json.dumps(doc, indent=2))
+        return "shard view rows (a slice of the parent suite, contexts 16..31)"
+    ref = v / "reference" / "hidden-bf16"
+    if what == "reference rows":
+        _rewrite_capture(ref, 4, torch.zeros(254, 128, dtype=torch.bfloat16))
+        return "captures[4].shape rows (context_length - 1): expected 255, found 254"
+    if what == "reference width":
+        for i in range(16):
+            _rewrite_capture(ref, i, torch.zeros(255, 96, dtype=torch.bfloat16))
+        other = v / "reference" / "hidden-bf16-shard-0001"
+        for i in range(16, 32):
+            _rewrite_capture(other, i, torch.zeros(255, 96, dtype=torch.bfloat16))
+        return "head hidden_size (the reference's hidden size): expected 96, found 128"
+    if what == "reference byte":
+        p = ref / "hidden_0002.safetensors"
+        data = bytearray(p.read_bytes())
+        data[-3] ^= 0x01
+        p.write_bytes(bytes(data))
+        return "hidden_0002.safetensors: sha256 (capture-manifest.json)"
+    if what == "incomplete reference":
+        mf = ref / "capture-manifest.json"
+        doc = json.loads(mf.read_text())
+        doc["complete"] = False
+        mf.write_text(json.dumps(doc))
+        return "capture-manifest.json: complete: expected True, found False"
+    if what == "head not pinned":
+        p = v / "lm-head" / "weight.safetensors"
+        data = bytearray(p.read_bytes())
+        data[len(data) // 2] ^= 0x01
+        p.write_bytes(bytes(data))
+        return "weight.safetensors: sha256 (the head pinned by suite/ladder-pin.json)"
+    raise AssertionError(what)
+
+
+@pytest.mark.parametrize("what", ["token digest", "view not a slice", "view edited consistently", "reference rows",
+                                  "reference width", "reference byte", "incomplete reference", "head not pinned"])
+def test_refusals(pub: tuple[Path, Path], tmp_path: Path, what: str, capsys: pytest.CaptureFixture[str]) -> None:
+    tmp, v = pub
+    copy = tmp_path / "v"
+    shutil.copytree(v, copy)
+    expected = _break(copy, what)
+    capsys.readouterr()
+    assert main(["replay", "--dataset", str(copy), "--candidate", str(tmp / "cap" / "int8"), "--out", str(tmp_path / "out")]) == 1
+    err = capsys.readouterr().err
+    assert expected in err, err
+    assert not (tmp_path / "out").exists()
