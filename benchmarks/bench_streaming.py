@@ -40,7 +40,7 @@ def make_suite(root: Path, n_contexts: int, n_ctx: int, vocab: int) -> object:
 
 def write_store(path: Path, suite: object, hidden: int, noise: float) -> None:
     from harness.capture.store import StoreWriter
-    from harness.inputs.identity import runtime_identity
+    from harness.engines.identity import runtime_identity
 
     with StoreWriter(path, suite, "hidden_states", hidden, "bfloat16",
                      {"name": path.name, "config_sha256": "0" * 64, "weights": {}}, {"name": "synthetic", "version": "0"},

@@ -8,7 +8,7 @@ The fixture model's unquantized bf16 weights are scored through each engine on s
 * ``vllm`` -- the same model folder through vLLM's pooling runner (hidden states x the shared head);
 * ``llamacpp`` -- ``fixtures/gguf/fixture-bf16.gguf`` (llama.cpp's logits, its own bf16 head).
 
-Every ordered pair is scored (:mod:`harness.reports.cross_engine`): cell (R, C) = KL(P_R || Q_C),
+Every ordered pair is scored (:mod:`harness.run.cross_engine`): cell (R, C) = KL(P_R || Q_C),
 row engine R the reference distribution, column engine C the candidate; a diagonal cell compares
 two captures by one engine (vLLM and llama.cpp: two in this run). Each candidate of ``fidelity.toml`` and ``fidelity-gguf.toml`` is then
 shown with floor_E = KL(transformers reference || E on the bf16 weights) of the engine E serving it
@@ -55,7 +55,7 @@ class BF16Captures:
 
 def _unavailable(engine: str, model: Path | None) -> str:
     """Why ``engine`` cannot run ``model`` here ('' when it can): not importable, or the file missing."""
-    from harness.capture.engine import get_engine
+    from harness.engines.registry import get_engine
 
     eng = get_engine(engine)
     if not eng.available():
@@ -76,9 +76,9 @@ def config() -> Any:
 def captures(config: Any, tmp_path_factory: pytest.TempPathFactory) -> BF16Captures:
     import time
 
-    from harness.capture.engine import EngineOptions
     from harness.capture.loop import capture
     from harness.capture.store import CaptureStore
+    from harness.engines.base import EngineOptions
     from harness.inputs.head import load_head
     from harness.inputs.suite import Suite
 
@@ -117,7 +117,7 @@ def _capture_of(captures: BF16Captures, r: str, c: str) -> tuple[Any, Any]:
 
 @pytest.fixture(scope="module")
 def scored(captures: BF16Captures) -> Matrix:
-    from harness.reports.cross_engine import FloorMatrix, score_pair
+    from harness.run.cross_engine import FloorMatrix, score_pair
 
     m = FloorMatrix(ENGINES, SHARD, floor_row="transformers")
     kld = {}
@@ -155,7 +155,7 @@ def _runtime(store: Any) -> str:
 def net_rows(matrix: Any, config: Any) -> list[Any]:
     """One row per candidate of every configuration, scored against the reference of the floors' row."""
     from harness.inputs.config import load_config
-    from harness.reports.cross_engine import net_row, skipped_row
+    from harness.run.cross_engine import net_row, skipped_row
     from harness.run.session import FidelitySession, candidate_size_bytes
 
     rows = []
@@ -302,7 +302,7 @@ def test_net_of_floor(matrix: Any, net_rows: list[Any]) -> None:
 def test_report(matrix: Any, net_rows: list[Any], captures: BF16Captures, request: pytest.FixtureRequest) -> None:
     """The matrix and the net table go to the terminal summary and to cross_engine.md / .json."""
     from harness.plugin.run import active_run
-    from harness.reports.cross_engine import from_json_dict, render_markdown, to_json_dict
+    from harness.run.cross_engine import from_json_dict, render_markdown, to_json_dict
 
     doc = to_json_dict(matrix, net_rows)
     m2, rows2 = from_json_dict(doc)

@@ -170,7 +170,7 @@ def fidelity_project(tmp_path_factory: pytest.TempPathFactory, tiny_corpus: Path
     """A complete tiny fidelity project: suite (8 contexts x 32 tokens, 4 shards), the reference
     model, its capture store and head, two perturbed candidates (``good``, ``bad``),
     and ``fidelity.toml`` (no baselines yet; the plugin collects the cases from the file). Copy it before changing it."""
-    from harness.engines.transformers import capture
+    from harness.capture.loop import capture
     from harness.inputs.head import export_head
     from harness.inputs.suite import build_suite
 
@@ -180,7 +180,7 @@ def fidelity_project(tmp_path_factory: pytest.TempPathFactory, tiny_corpus: Path
     perturb_model(ref, root / "models" / "bad", noise=0.5, seed=3)
     suite = build_suite(tiny_corpus, tiny_tokenizer, n_ctx=32, n_contexts=8, n_shards=4, seed=0, out=root / "suite")
     export_head(ref, root / "lm_head.safetensors")
-    capture(ref, suite, root / "reference", progress=False)
+    capture("transformers", ref, suite, root / "reference", progress=False)
     (root / "fidelity.toml").write_text(FIDELITY_TOML, "utf-8")
     return root
 

@@ -18,18 +18,19 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
+from harness.capture.loop import capture
 from harness.capture.store import CaptureStore
-from harness.engines.transformers import capture, capture_hidden, load_model
+from harness.engines.identity import identity_key, model_identity
+from harness.engines.transformers import capture_hidden, load_model
 from harness.errors import FidelityError, VerificationError
 from harness.inputs.head import export_head, load_head
-from harness.inputs.identity import identity_key, model_identity
 from harness.inputs.suite import Suite
 
 
 @pytest.fixture(scope="module")
 def ref_store(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path, tiny_suite: Path) -> Path:
     out = tmp_path_factory.mktemp("stores") / "ref"
-    capture(tiny_model, tiny_suite, out, progress=False)
+    capture("transformers", tiny_model, tiny_suite, out, progress=False)
     return out
 
 
@@ -60,7 +61,7 @@ def test_hidden_times_head_reproduces_logits(ref_store: Path, tiny_suite: Path, 
 
 def test_logits_store(tmp_path: Path, tiny_suite: Path, tiny_model: Path) -> None:
     suite = Suite.load(tiny_suite)
-    store = capture(tiny_model, suite, tmp_path / "lg", shards=[1], kind="logits", progress=False)
+    store = capture("transformers", tiny_model, suite, tmp_path / "lg", shards=[1], kind="logits", progress=False)
     assert store.kind == "logits" and store.indices == [2, 3] and store.dtype == "float32"
     model = load_model(tiny_model)
     ref = model(input_ids=torch.as_tensor(suite.tokens[2].astype(np.int64))[None]).logits[0, :-1].float()
@@ -84,7 +85,7 @@ def test_resume_recaptures_only_damaged(tmp_path: Path, ref_store: Path, tiny_su
     data[-3] ^= 0xFF
     bad.write_bytes(bytes(data))
     before = {p.name: p.stat().st_mtime_ns for p in store.glob("ctx-*.safetensors")}
-    capture(tiny_model, tiny_suite, store, progress=False)
+    capture("transformers", tiny_model, tiny_suite, store, progress=False)
     after = {p.name: p.stat().st_mtime_ns for p in store.glob("ctx-*.safetensors")}
     changed = sorted(n for n in after if before.get(n) != after[n])
     assert changed == ["ctx-000001.safetensors", "ctx-000004.safetensors"]
@@ -101,7 +102,8 @@ _SLOW_CAPTURE = textwrap.dedent(
         time.sleep(delay)
         return orig(model, ids)
     T.capture_hidden = slow
-    T.capture(model_dir, suite, out, progress=False)
+    from harness.capture.loop import capture
+    capture("transformers", model_dir, suite, out, progress=False)
     """
 )
 
@@ -138,7 +140,7 @@ def test_concurrent_captures_and_kill_9(tmp_path: Path, ref_store: Path, tiny_su
     assert survivor.returncode == 0, err.decode()[-2000:]
     done = {p.name: p.stat().st_mtime_ns for p in store.glob("ctx-*.safetensors")}
     assert len(done) == 6
-    capture(tiny_model, tiny_suite, store, progress=False)
+    capture("transformers", tiny_model, tiny_suite, store, progress=False)
     assert {p.name: p.stat().st_mtime_ns for p in store.glob("ctx-*.safetensors")} == done  # nothing redone
     assert CaptureStore.open(store, Suite.load(tiny_suite)).verify_all() == 6
     assert _files(store) == _files(ref_store)
@@ -150,7 +152,7 @@ def test_concurrent_captures_and_kill_9(tmp_path: Path, ref_store: Path, tiny_su
 def test_tokenizer_vocab_larger_than_model(tmp_path: Path, tiny_suite: Path, tiny_model_factory: Any) -> None:
     small = tiny_model_factory(tmp_path / "small", vocab_size=256)
     with pytest.raises(FidelityError, match=r"small: model vocab 256 is smaller than the suite's tokenizer vocab 300"):
-        capture(small, tiny_suite, tmp_path / "out", progress=False)
+        capture("transformers", small, tiny_suite, tmp_path / "out", progress=False)
     assert not (tmp_path / "out").exists()
 
 
@@ -168,7 +170,7 @@ def test_model_folder_refusals(tmp_path: Path, tiny_model: Path, tiny_suite: Pat
     shutil.copytree(noweights, pickled)
     (pickled / "pytorch_model.bin").write_bytes(b"not really a pickle")
     with pytest.raises(FidelityError, match=r"pickled: only pickle weights found \(pytorch_model.bin\); the harness never loads pickle"):
-        capture(pickled, tiny_suite, tmp_path / "out", progress=False)
+        capture("transformers", pickled, tiny_suite, tmp_path / "out", progress=False)
 
 
 def test_model_identity(tiny_model: Path, tmp_path: Path) -> None:

@@ -134,8 +134,8 @@ def test_recipe_is_plain_yaml(name: str) -> None:
 
 @pytest.mark.parametrize("name", CT)
 def test_identity_and_size_are_the_files(name: str) -> None:
+    from harness.engines.identity import model_identity
     from harness.inputs.config import CandidateConfig
-    from harness.inputs.identity import model_identity
     from harness.io.hashing import sha256_file
     from harness.run.session import candidate_size_bytes
 

@@ -1,4 +1,4 @@
-"""The cross-engine floor matrix (:mod:`harness.reports.cross_engine`) on a tiny project: pairs of
+"""The cross-engine floor matrix (:mod:`harness.run.cross_engine`) on a tiny project: pairs of
 hidden-state and logits captures in every role (a logits store as the reference side too), checked
 against a float64 softmax/KL computed by hand; the direction of each cell; net-of-floor rows;
 rendering, the JSON round trip and the plugin's report writer. Engines are stand-ins here (the
@@ -16,8 +16,9 @@ import pytest
 
 @pytest.fixture(scope="module")
 def stores(fidelity_project: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    from harness.capture.loop import capture
     from harness.capture.store import CaptureStore
-    from harness.engines.transformers import capture
+    from harness.engines.base import EngineOptions
     from harness.inputs.head import load_head
     from harness.inputs.suite import Suite
 
@@ -26,10 +27,10 @@ def stores(fidelity_project: Path, tmp_path_factory: pytest.TempPathFactory) -> 
     suite = Suite.load(root / "suite")
     s: dict[str, Any] = {"suite": suite, "head": load_head(root / "lm_head.safetensors"),
                          "ref": CaptureStore.open(root / "reference", suite)}
-    s["ref_again"] = capture(root / "models" / "reference", suite, tmp / "ref_again", shards=[0], progress=False)
-    s["good_l"] = capture(root / "models" / "good", suite, tmp / "good_l", shards=[0], progress=False, kind="logits", dtype="float32")
-    s["bad_h"] = capture(root / "models" / "bad", suite, tmp / "bad_h", shards=[0], progress=False)
-    s["bad_l"] = capture(root / "models" / "bad", suite, tmp / "bad_l", shards=[0], progress=False, kind="logits", dtype="float32")
+    s["ref_again"] = capture("transformers", root / "models" / "reference", suite, tmp / "ref_again", shards=[0], progress=False)
+    s["good_l"] = capture("transformers", root / "models" / "good", suite, tmp / "good_l", shards=[0], progress=False, kind="logits", options=EngineOptions(dtype="float32"))
+    s["bad_h"] = capture("transformers", root / "models" / "bad", suite, tmp / "bad_h", shards=[0], progress=False)
+    s["bad_l"] = capture("transformers", root / "models" / "bad", suite, tmp / "bad_l", shards=[0], progress=False, kind="logits", options=EngineOptions(dtype="float32"))
     s["sharp_l"] = _sharpened(s["ref"], s["head"].weight, suite, tmp / "sharp_l")
     return s
 
@@ -65,7 +66,7 @@ def _kl64(p_store: Any, q_store: Any, suite: Any, head: Any) -> tuple[np.ndarray
 
 
 def _pair(s: dict[str, Any], r: str, c: str) -> Any:
-    from harness.reports.cross_engine import score_pair
+    from harness.run.cross_engine import score_pair
 
     cell, scores = score_pair(suite=s["suite"], shard=0, reference=s[r], candidate=s[c], head=s["head"], reference_engine=r,
                               candidate_engine=c)
@@ -107,7 +108,7 @@ def test_same_model_captured_twice_is_zero(stores: dict[str, Any]) -> None:
 
 def test_logits_reference_needs_a_head_of_its_vocabulary(stores: dict[str, Any]) -> None:
     from harness.errors import VerificationError
-    from harness.inputs.verify import check_widths
+    from harness.run.verify import check_widths
 
     with pytest.raises(VerificationError, match="head.*logits reference"):
         check_widths(stores["suite"], stores["good_l"], stores["ref"], None)
@@ -115,7 +116,7 @@ def test_logits_reference_needs_a_head_of_its_vocabulary(stores: dict[str, Any])
 
 
 def _matrix(stores: dict[str, Any]) -> Any:
-    from harness.reports.cross_engine import FloorMatrix
+    from harness.run.cross_engine import FloorMatrix
 
     m = FloorMatrix(("ref", "good_l", "gone"), 0, floor_row="ref")
     for r, c in (("ref", "ref_again"), ("ref", "good_l"), ("good_l", "ref"), ("good_l", "good_l")):
@@ -129,7 +130,7 @@ def _matrix(stores: dict[str, Any]) -> Any:
 
 
 def test_net_of_floor_rows(stores: dict[str, Any]) -> None:
-    from harness.reports.cross_engine import net_row, skipped_row
+    from harness.run.cross_engine import net_row, skipped_row
     from harness.run.shard import shard_positions
 
     m = _matrix(stores)
@@ -151,7 +152,7 @@ def test_net_of_floor_rows(stores: dict[str, Any]) -> None:
 def test_render_round_trip_and_write(stores: dict[str, Any], tmp_path: Path) -> None:
     from harness.errors import FidelityError
     from harness.plugin.cases import write_extras
-    from harness.reports.cross_engine import from_json_dict, net_row, render_markdown, to_json_dict
+    from harness.run.cross_engine import from_json_dict, net_row, render_markdown, to_json_dict
     from harness.run.shard import shard_positions
 
     m = _matrix(stores)

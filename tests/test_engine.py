@@ -16,7 +16,7 @@ MODEL = ROOT / "fixtures" / "model"
 
 
 def test_registry_finds_every_engine_module() -> None:
-    from harness.capture.engine import engine_names, get_engine
+    from harness.engines.registry import engine_names, get_engine
 
     names = engine_names()
     assert names[0] == "transformers"

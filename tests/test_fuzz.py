@@ -205,8 +205,8 @@ def test_baseline_infinite_and_huge_thresholds_refused(scratch: Path) -> None:
 @pytest.fixture(scope="module")
 def valid_report() -> dict[str, Any]:
     from harness.metrics import ContextLabel, summarize
+    from harness.metrics.scores import PositionScores
     from harness.reports.shard import ShardReport, make_comparability
-    from harness.scoring.scores import PositionScores
 
     rng = np.random.default_rng(0)
     n = 60
@@ -250,7 +250,7 @@ def store_fx(tmp_path_factory: pytest.TempPathFactory, tiny_suite: Path) -> tupl
     import torch
 
     from harness.capture.store import StoreWriter
-    from harness.inputs.identity import runtime_identity
+    from harness.engines.identity import runtime_identity
     from harness.inputs.suite import Suite
 
     suite = Suite.load(tiny_suite)

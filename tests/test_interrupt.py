@@ -66,7 +66,7 @@ def _tree(root: Path) -> dict[str, bytes]:
 def test_kill_9_during_fidelity_capture_then_rerun(tmp_path: Path, fidelity_project: Path) -> None:
     """SIGKILL a lone `fidelity capture` mid-way; a rerun finishes it and the store equals an
     uninterrupted capture byte for byte (manifest included), with no temporaries left."""
-    from harness.engines.transformers import capture
+    from harness.capture.loop import capture
 
     script = tmp_path / "slow_cli.py"
     script.write_text(_SLOW_CLI_CAPTURE)
@@ -87,7 +87,7 @@ def test_kill_9_during_fidelity_capture_then_rerun(tmp_path: Path, fidelity_proj
     # what a kill inside an atomic write leaves behind: a temporary, never under the final name
     (store / ".ctx-000007.safetensors.abc123.tmp").write_bytes(b"half a tensor")
     (store / ".capture.json.def456.tmp").write_text('{"schema": "fidelity.capture/1", "fi')
-    capture(model, suite, store, progress=False)
+    capture("transformers", model, suite, store, progress=False)
     assert _tree(store) == _tree(fidelity_project / "reference")
 
 

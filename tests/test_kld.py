@@ -242,7 +242,7 @@ def test_block_needs_100_positions() -> None:
 
 
 def test_positions_from_scores() -> None:
-    from harness.scoring.scores import PositionScores
+    from harness.metrics.scores import PositionScores
 
     s = PositionScores.empty(3)
     s.kld[:] = [0.1, 0.2, 0.3]
@@ -307,14 +307,14 @@ def test_export_import_round_trip(fidelity_project: Path, tmp_path: Path, capsys
 def test_stats_cli(fidelity_project: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     import json
 
+    from harness.capture.loop import capture
     from harness.cli.main import main
-    from harness.engines.transformers import capture
 
     root = fidelity_project
     out = tmp_path / "ref.kld"
     assert main(["kld", "export", "--suite", str(root / "suite"), "--reference", str(root / "reference"),
                  "--head", str(root / "lm_head.safetensors"), "--out", str(out)]) == 0
-    cand = capture(root / "models" / "bad", root / "suite", tmp_path / "bad", progress=False)
+    cand = capture("transformers", root / "models" / "bad", root / "suite", tmp_path / "bad", progress=False)
     capsys.readouterr()
     assert main(["kld", "stats", "--kld", str(out), "--suite", str(root / "suite"), "--candidate", str(cand.root),
                  "--reference", str(root / "reference"), "--head", str(root / "lm_head.safetensors"),

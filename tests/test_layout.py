@@ -1,10 +1,12 @@
-"""The package's shape: every module imports, no import cycle, no private name crosses a module,
-statistics load without torch (all checked on the source, independently of the code under test)."""
+"""The package's shape: every module imports, imports flow one way (each folder has a rank and imports
+only its own folder and lower ranks), no import cycle, no private name crosses a module, statistics
+load without torch (all checked on the source, independently of the code under test)."""
 
 from __future__ import annotations
 
 import ast
 import importlib
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -28,15 +30,50 @@ MODULES = _modules()
 MODULES.pop("harness.__main__")  # runs the CLI when imported (python -m harness)
 
 
+#: The rank of each folder of ``harness/`` (and of the package's top-level modules, by name): a module
+#: imports only from its own folder and from folders of a lower rank (docs/design.md, section 5).
+RANKS: dict[str, int] = {
+    "": 0,  # harness/__init__.py: the version numbers
+    "errors": 0,
+    "io": 1,
+    "metrics": 2,
+    "planning": 2,
+    "engines": 3,
+    "inputs": 4,
+    "capture": 5,
+    "scoring": 6,
+    "attribution": 7,
+    "gate": 7,
+    "llamacpp": 7,
+    "reports": 8,
+    "dataset": 9,
+    "run": 10,
+    "cli": 11,
+    "plugin": 11,
+    "__main__": 12,
+}
+
+#: A string naming a module (``import_module("harness.x.y")``, ``"harness.x.y:NAME"`` entry points).
+_MODULE_STRING = re.compile(r"^harness(\.\w+)+(:\w+)?$")
+
+
 def _imports(path: Path) -> list[tuple[str, list[str]]]:
-    """Every ``harness`` import in a file, at any depth (function-level imports count too)."""
+    """Every ``harness`` import in a file, at any depth (function-level imports count too), and
+    every string constant that is a harness module's name (what ``importlib`` would import)."""
     found = []
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "harness":
             found.append((node.module, [a.name for a in node.names]))
         elif isinstance(node, ast.Import):
             found.extend((a.name, []) for a in node.names if a.name.split(".")[0] == "harness")
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and _MODULE_STRING.match(node.value):
+            found.append((node.value.split(":")[0], []))
     return found
+
+
+def _folder(module: str) -> str:
+    """The folder (or top-level module) of ``harness`` a module belongs to: its rank's key."""
+    return module.split(".")[1] if "." in module else ""
 
 
 def _edges() -> dict[str, set[str]]:
@@ -51,6 +88,31 @@ def _edges() -> dict[str, set[str]]:
     for mod in graph:  # a package's __init__ is not an edge of its own children
         graph[mod].discard(mod)
     return graph
+
+
+def test_every_folder_has_a_rank() -> None:
+    folders = {_folder(m) for m in MODULES} | {"__main__"}
+    assert folders == set(RANKS), f"unranked: {sorted(folders - set(RANKS))}, gone: {sorted(set(RANKS) - folders)}"
+
+
+def test_imports_flow_one_way() -> None:
+    """No module imports a folder of the same or a higher rank than its own (other than its own folder)."""
+    upward = []
+    for mod, path in {**MODULES, "harness.__main__": ROOT / "__main__.py"}.items():
+        here = _folder(mod)
+        for target, _names in _imports(path):
+            there = _folder(target)
+            if there != here and RANKS[there] >= RANKS[here]:
+                upward.append(f"{mod} (rank {RANKS[here]}) imports {target} (rank {RANKS[there]})")
+    assert not upward, "\n".join(upward)
+
+
+def test_the_rank_check_sees_string_imports(tmp_path: Path) -> None:
+    """The scanner itself: a function-level import and an import_module string are both found."""
+    src = tmp_path / "m.py"
+    src.write_text("import importlib\ndef f():\n    from harness.run import shard\n"
+                   "    return importlib.import_module('harness.plugin.run')\n")
+    assert sorted(_imports(src)) == [("harness.plugin.run", []), ("harness.run", ["shard"])]
 
 
 @pytest.mark.parametrize("module", sorted(MODULES))

@@ -33,8 +33,9 @@ def _gguf(name: str) -> Path:
 
 def test_logits_candidate_against_hidden_reference(fidelity_project: Path, tmp_path: Path) -> None:
     """A logits store (what llama.cpp gives) is scored against a hidden-state reference through the head."""
+    from harness.capture.loop import capture
     from harness.capture.store import CaptureStore
-    from harness.engines.transformers import capture
+    from harness.engines.base import EngineOptions
     from harness.inputs.head import load_head
     from harness.inputs.suite import Suite
     from harness.run.shard import shard_positions
@@ -43,9 +44,9 @@ def test_logits_candidate_against_hidden_reference(fidelity_project: Path, tmp_p
     suite = Suite.load(root / "suite")
     head = load_head(root / "lm_head.safetensors")
     ref = CaptureStore.open(root / "reference", suite)
-    bad_h = capture(root / "models" / "bad", suite, tmp_path / "bad_h", shards=[0], progress=False)
-    bad_l = capture(root / "models" / "bad", suite, tmp_path / "bad_l", shards=[0], progress=False, kind="logits", dtype="float32")
-    self_l = capture(root / "models" / "reference", suite, tmp_path / "ref_l", shards=[0], progress=False, kind="logits", dtype="float32")
+    bad_h = capture("transformers", root / "models" / "bad", suite, tmp_path / "bad_h", shards=[0], progress=False)
+    bad_l = capture("transformers", root / "models" / "bad", suite, tmp_path / "bad_l", shards=[0], progress=False, kind="logits", options=EngineOptions(dtype="float32"))
+    self_l = capture("transformers", root / "models" / "reference", suite, tmp_path / "ref_l", shards=[0], progress=False, kind="logits", options=EngineOptions(dtype="float32"))
     ph = shard_positions(suite=suite, shard=0, reference=ref, candidate=bad_h, head=head)
     pl = shard_positions(suite=suite, shard=0, reference=ref, candidate=bad_l, head=head)
     ps = shard_positions(suite=suite, shard=0, reference=ref, candidate=self_l, head=head)
@@ -79,14 +80,15 @@ def test_capture_bf16_gguf_matches_reference(fixture_suite: object, tmp_path: Pa
     """The fixture model's own bf16 weights through llama.cpp: KLD to the transformers reference is a
     small floor (different kernels, not different weights); the store is a verified logits store."""
     _need_llamacpp()
+    from harness.capture.loop import capture
     from harness.capture.store import CaptureStore
-    from harness.engines.llamacpp import capture
+    from harness.engines.base import EngineOptions
     from harness.inputs.head import load_head
     from harness.run.shard import shard_positions
 
     suite = fixture_suite
     g = _gguf("bf16")
-    store = capture(g, suite, tmp_path / "cap", shards=[0], progress=False, threads=2)
+    store = capture("llamacpp", g, suite, tmp_path / "cap", shards=[0], progress=False, options=EngineOptions(threads=2))
     assert store.kind == "logits" and store.width == 4096 and store.dtype == "float32"
     assert store.identity["format"] == "gguf" and len(store.identity["sha256"]) == 64
     assert store.manifest["engine"]["name"] == "llamacpp"
@@ -97,7 +99,7 @@ def test_capture_bf16_gguf_matches_reference(fixture_suite: object, tmp_path: Pa
     assert pos.scores.top1.mean() > 0.97
     # resumable: a second run captures nothing new and gives identical bytes
     before = json.loads((store.root / "capture.json").read_text())
-    capture(g, suite, tmp_path / "cap", shards=[0], progress=False, threads=2)
+    capture("llamacpp", g, suite, tmp_path / "cap", shards=[0], progress=False, options=EngineOptions(threads=2))
     assert json.loads((store.root / "capture.json").read_text()) == before
 
 
@@ -148,15 +150,16 @@ def test_capture_hidden_states_through_shared_head(fixture_suite: object, tmp_pa
     """kind hidden_states: llama.cpp's per-token embeddings (no pooling) are the final norm's output;
     through the shared head they score like the logits capture of the same bf16 GGUF."""
     _need_llamacpp()
+    from harness.capture.loop import capture
     from harness.capture.store import CaptureStore
-    from harness.engines.llamacpp import capture
+    from harness.engines.base import EngineOptions
     from harness.inputs.head import load_head
     from harness.run.shard import shard_positions
 
     suite = fixture_suite
     g = _gguf("bf16")
-    hs = capture(g, suite, tmp_path / "h", shards=[0], progress=False, threads=2, kind="hidden_states")
-    lg = capture(g, suite, tmp_path / "l", shards=[0], progress=False, threads=2)
+    hs = capture("llamacpp", g, suite, tmp_path / "h", shards=[0], progress=False, kind="hidden_states", options=EngineOptions(threads=2))
+    lg = capture("llamacpp", g, suite, tmp_path / "l", shards=[0], progress=False, options=EngineOptions(threads=2))
     assert hs.kind == "hidden_states" and hs.width == 128 and hs.dtype == "bfloat16"
     ref = CaptureStore.open(ROOT / "fixtures" / "reference", suite)
     head = load_head(ROOT / "fixtures" / "lm_head.safetensors")

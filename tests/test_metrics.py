@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 from harness.io.atomic import dumps_json
 from harness.metrics import ContextLabel, LogHistogram, headline_from_totals, merge_totals, paired, summarize, totals
 from harness.metrics.histogram import EDGES, N_BINS, exceedance_counts
+from harness.metrics.scores import PositionScores
 from harness.metrics.tails import cvar, quantile, weighted_tail_stats
-from harness.scoring.scores import PositionScores
 
 
 def make_scores(n: int, seed: int = 0, scale: float = 1.0) -> PositionScores:

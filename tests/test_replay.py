@@ -19,11 +19,11 @@ def _strip(d: dict[str, Any]) -> dict[str, Any]:
 
 
 def test_replay_equals_the_pytest_case(pytester: pytest.Pytester, fidelity_project: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from harness.engines.transformers import capture
+    from harness.capture.loop import capture
 
     root = pytester.path
     shutil.copytree(fidelity_project, root, dirs_exist_ok=True, ignore=shutil.ignore_patterns("models"))
-    capture(fidelity_project / "models" / "good", root / "suite", root / "cand", progress=False)
+    capture("transformers", fidelity_project / "models" / "good", root / "suite", root / "cand", progress=False)
     toml = root / "fidelity.toml"
     text = toml.read_text().split("[[candidates]]")[0].replace('model = "models/reference"\n', "")
     toml.write_text(text + '[[candidates]]\nname = "stored"\nstore = "cand"\n')

@@ -10,8 +10,8 @@ import pytest
 
 from harness.errors import VerificationError
 from harness.metrics import ContextLabel, summarize
+from harness.metrics.scores import PositionScores
 from harness.reports.shard import SCHEMA, ShardReport, make_comparability
-from harness.scoring.scores import PositionScores
 
 
 @pytest.fixture(scope="module")

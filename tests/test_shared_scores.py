@@ -10,9 +10,9 @@ import pytest
 
 from harness.errors import FidelityError, VerificationError
 from harness.metrics import ContextLabel
+from harness.metrics.scores import PositionScores
 from harness.run.shard import ShardPositions
 from harness.run.shared_scores import Handover, load_positions, save_positions, scored_once, shared_dir
-from harness.scoring.scores import PositionScores
 
 KEY = bytes(range(32))
 BOUND = {"session": "s1", "candidate": "int8", "shard": 2}

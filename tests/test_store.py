@@ -12,8 +12,8 @@ import torch
 from safetensors.torch import save_file
 
 from harness.capture.store import CaptureStore, StoreWriter, context_filename
+from harness.engines.identity import identity_key, runtime_identity
 from harness.errors import FidelityError, VerificationError
-from harness.inputs.identity import identity_key, runtime_identity
 from harness.inputs.suite import Suite
 from harness.io.hashing import sha256_file
 

@@ -14,7 +14,7 @@ import torch
 
 import harness.scoring.streaming as streaming
 from harness.capture.store import CaptureStore, StoreWriter
-from harness.inputs.identity import runtime_identity
+from harness.engines.identity import runtime_identity
 from harness.inputs.suite import Suite
 from harness.scoring.scorer import score_hidden
 from harness.scoring.streaming import Prefetcher, chunk_indices, score_hidden_streaming

@@ -40,14 +40,14 @@ N_BOOT = "200"
 @pytest.fixture(scope="module")
 def base(tmp_path_factory: pytest.TempPathFactory, fidelity_project: Path) -> Path:
     """suite/, reference/, cand/ (the ``good`` model captured), lm_head.safetensors + .json."""
-    from harness.engines.transformers import capture
+    from harness.capture.loop import capture
 
     root = tmp_path_factory.mktemp("tamper-base")
     for name in ("suite", "reference"):
         shutil.copytree(fidelity_project / name, root / name)
     for name in ("lm_head.safetensors", "lm_head.json"):
         shutil.copy(fidelity_project / name, root / name)
-    capture(fidelity_project / "models" / "good", root / "suite", root / "cand", progress=False)
+    capture("transformers", fidelity_project / "models" / "good", root / "suite", root / "cand", progress=False)
     for p in root.rglob(".lock"):
         p.unlink()
     return root

@@ -38,14 +38,14 @@ N_BOOT = "200"
 @pytest.fixture(scope="module")
 def base(tmp_path_factory: pytest.TempPathFactory, fidelity_project: Path) -> Path:
     """suite/, reference/, cand/ (``good`` captured), the shared head, the models, fidelity.toml."""
-    from harness.engines.transformers import capture
+    from harness.capture.loop import capture
 
     root = tmp_path_factory.mktemp("trust-base")
     for name in ("suite", "reference", "models"):
         shutil.copytree(fidelity_project / name, root / name)
     for name in ("lm_head.safetensors", "lm_head.json", "fidelity.toml"):
         shutil.copy(fidelity_project / name, root / name)
-    capture(fidelity_project / "models" / "good", root / "suite", root / "cand", progress=False)
+    capture("transformers", fidelity_project / "models" / "good", root / "suite", root / "cand", progress=False)
     for p in root.rglob(".lock"):
         p.unlink()
     return root
@@ -172,7 +172,7 @@ def test_candidate_copy_of_the_reference_under_another_name_is_a_self_check(fx: 
 
 
 def test_head_sidecar_of_another_model_refused(fx: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from harness.inputs.identity import model_identity
+    from harness.engines.identity import model_identity
 
     side = json.loads((fx / "lm_head.json").read_text())
     side["source_model"] = model_identity(fx / "models" / "bad")
@@ -209,8 +209,8 @@ def test_candidate_head_with_another_vocabulary_refused(fx: Path, capsys: pytest
 def test_logits_candidate_of_another_vocabulary_refused(fx: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """A logits-only candidate (say, llama.cpp) whose vocabulary is not the shared head's."""
     from harness.capture.store import StoreWriter
+    from harness.engines.identity import runtime_identity
     from harness.inputs.head import load_head
-    from harness.inputs.identity import runtime_identity
     from harness.inputs.suite import Suite
 
     suite = Suite.load(fx / "suite")
@@ -786,7 +786,7 @@ def _tiny_world(root: Path, n_contexts: int, n_ctx: int = 4, vocab: int = 48, hi
     """A synthetic suite of ``n_contexts`` one-context shards with a reference and a candidate store
     (random bf16 hidden states) and a head whose sidecar names the reference model."""
     from harness.capture.store import StoreWriter
-    from harness.inputs.identity import runtime_identity
+    from harness.engines.identity import runtime_identity
     from harness.io.atomic import atomic_write_json
     from harness.llamacpp.kld_tools import suite_from_tokens
 

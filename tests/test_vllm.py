@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_vllm_is_a_registered_engine() -> None:
-    from harness.capture.engine import get_engine
+    from harness.engines.registry import get_engine
 
     eng = get_engine("vllm")
     assert eng.kinds == ("hidden_states",)

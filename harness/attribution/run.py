@@ -110,7 +110,7 @@ def attribute(req: AttributionRequest) -> dict[str, Any]:
             eff["additivity"] = None
             eff["bits_to_spend"] = []
         out_groupings.append(eff)
-    from harness.inputs.identity import model_identity
+    from harness.engines.identity import model_identity
 
     return {
         "schema": SCHEMA,

@@ -1,7 +1,7 @@
 """The one capture loop every engine shares.
 
 ``capture(engine, model, suite, out)`` loads the model through its engine
-(:mod:`harness.capture.engine`), checks its vocabulary against the suite's, opens a resumable
+(:mod:`harness.engines.base`), checks its vocabulary against the suite's, opens a resumable
 :class:`~harness.capture.store.StoreWriter` with the model's and the engine's identity, and writes
 one context file per suite context of the chosen shards, skipping contexts already stored and
 verified. Engines implement only load and forward-to-capture-point.
@@ -13,7 +13,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from harness.capture.engine import STORE_DTYPES, EngineOptions, get_engine, require
+from harness.engines.base import STORE_DTYPES, EngineOptions
+from harness.engines.registry import get_engine, require
 from harness.errors import FidelityError
 
 if TYPE_CHECKING:
@@ -37,7 +38,7 @@ def capture(
     from tqdm import tqdm
 
     from harness.capture.store import CaptureStore, StoreWriter
-    from harness.inputs.identity import runtime_identity
+    from harness.engines.identity import runtime_identity
     from harness.inputs.suite import Suite as SuiteCls
 
     eng = get_engine(engine)

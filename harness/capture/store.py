@@ -15,9 +15,9 @@ kind: ``"hidden_states"`` (post-final-norm hidden states, bf16, ``[n_ctx-1, hidd
 suite_token_sha256, n_ctx: the suite the contexts come from.
 hidden_size / vocab_size: the row width (``hidden_size`` for hidden states, ``vocab_size`` for logits).
 dtype: ``"bfloat16"`` or ``"float32"``.
-model: ``harness.inputs.identity.model_identity`` of the captured model (identity by content).
+model: ``harness.engines.identity.model_identity`` of the captured model (identity by content).
 engine: ``{"name", "version"}`` of the engine that ran it.
-runtime: ``harness.inputs.identity.runtime_identity()``.
+runtime: ``harness.engines.identity.runtime_identity()``.
 device: the device it ran on, e.g. ``"cpu"`` or ``"cuda:0"``.
 files: ``{file name: {"index", "sha256"}}``; the name must be ``ctx-{index:06d}.safetensors``.
 

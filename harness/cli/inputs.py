@@ -109,8 +109,8 @@ def _capture(a: argparse.Namespace) -> int:
         import torch
 
         torch.set_num_threads(a.threads)
-    from harness.capture.engine import EngineOptions
     from harness.capture.loop import capture
+    from harness.engines.base import EngineOptions
     from harness.inputs.suite import Suite
 
     suite = Suite.load(a.suite)
@@ -222,7 +222,7 @@ def _replay(a: argparse.Namespace) -> int:
                 print(f"{p}: written (+ {p.with_suffix('.md').name})")
             return 0
     if a.dataset is not None:  # a downloaded reference dataset supplies suite, reference and head
-        from harness.dataset.replay import replay_dataset
+        from harness.run.dataset_replay import replay_dataset
 
         if a.suite or a.reference or a.head:
             raise FidelityError("replay --dataset takes the suite, reference and head from the dataset: drop --suite/--reference/--head")

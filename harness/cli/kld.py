@@ -63,8 +63,8 @@ def _stats(a: argparse.Namespace) -> int:
     print(print_block(approx), end="")
     if a.reference is not None:
         from harness.metrics import summarize
+        from harness.metrics.scores import PositionScores
         from harness.run.shard import shard_positions
-        from harness.scoring.scores import PositionScores
 
         ref = CaptureStore.open(a.reference, suite, verify=True)
         parts = [shard_positions(suite=suite, shard=k, reference=ref, candidate=cand, head=head) for k in range(suite.n_shards)]

@@ -9,8 +9,8 @@ from typing import Any
 
 import numpy as np
 
-from harness.dataset.layout import MANIFEST, SCHEMA, part_bytes, seed_projection
 from harness.errors import FidelityError
+from harness.inputs.dataset_layout import MANIFEST, SCHEMA, part_bytes, seed_projection
 from harness.io.atomic import atomic_write_bytes, atomic_write_json, atomic_write_text
 from harness.io.hashing import sha256_file
 

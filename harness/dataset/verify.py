@@ -17,8 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from harness.dataset.layout import MANIFEST, SCHEMA
 from harness.errors import VerificationError
+from harness.inputs.dataset_layout import MANIFEST, SCHEMA
 from harness.io.hashing import sha256_file, tokens_sha256
 
 

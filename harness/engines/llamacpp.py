@@ -27,14 +27,11 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from harness.capture.engine import EngineOptions
+from harness.engines.base import EngineOptions
 from harness.errors import FidelityError
 
 if TYPE_CHECKING:
     import numpy as np
-
-    from harness.capture.store import CaptureStore
-    from harness.inputs.suite import Suite
 
 ENGINE_NAME = "llamacpp"
 INSTALL_HINT = 'CMAKE_ARGS="-DGGML_NATIVE=OFF" pip install llama-cpp-python==0.3.36'
@@ -162,7 +159,7 @@ def capture_hidden(model: Any, token_ids: np.ndarray | Sequence[int]) -> Any:
 
 
 class LlamaCppLoaded:
-    """A GGUF model loaded through llama.cpp (see :class:`harness.capture.engine.LoadedModel`)."""
+    """A GGUF model loaded through llama.cpp (see :class:`harness.engines.base.LoadedModel`)."""
 
     def __init__(self, model: Any, extra_bufts: bool | None) -> None:
         self.model = model
@@ -187,7 +184,7 @@ class LlamaCppEngine:
     """Engine ``llamacpp``: a GGUF file through llama-cpp-python (logits by default, or hidden states)."""
 
     name = ENGINE_NAME
-    kinds = ("logits", "hidden_states")
+    kinds: tuple[str, ...] = ("logits", "hidden_states")
     install_hint = INSTALL_HINT
 
     def available(self) -> bool:
@@ -201,24 +198,6 @@ class LlamaCppEngine:
         return LlamaCppLoaded(m, extra)
 
 
-#: The registered engine (see harness.capture.engine).
+#: The registered engine (see harness.engines.base).
 ENGINE = LlamaCppEngine()
 
-
-def capture(
-    model_path: str | Path,
-    suite: Suite | str | Path,
-    out: str | Path,
-    shards: Sequence[int] | str | None = None,
-    progress: bool = True,
-    threads: int | None = None,
-    kind: str = "logits",
-) -> CaptureStore:
-    """Capture ``suite`` contexts (all, or the given shards) of a GGUF model into a store at ``out``:
-    ``kind="logits"`` (float32, default) or ``"hidden_states"`` (llama.cpp's per-token embeddings
-    without pooling = the output of the final norm, rounded to bf16, scored through the shared head).
-    The shared loop (:func:`harness.capture.loop.capture`) with engine ``llamacpp``; resumable."""
-    from harness.capture.loop import capture as capture_loop
-
-    opts = EngineOptions(threads=threads)
-    return capture_loop(ENGINE_NAME, model_path, suite, out, shards=shards, kind=kind, options=opts, progress=progress)

@@ -12,16 +12,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-from harness.capture.engine import EngineOptions
+from harness.engines.base import EngineOptions
+from harness.engines.identity import QUANTIZATION_JSON, model_identity, quantized_module
 from harness.errors import FidelityError
-from harness.inputs.identity import QUANTIZATION_JSON, model_identity, quantized_module
 
 if TYPE_CHECKING:
     import numpy as np
     import torch
-
-    from harness.capture.store import CaptureStore
-    from harness.inputs.suite import Suite
 
 ENGINE_NAME = "transformers"
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
@@ -214,7 +211,7 @@ def engine_identity() -> dict[str, str]:
 
 
 class TransformersLoaded:
-    """A transformers model loaded for capture (see :class:`harness.capture.engine.LoadedModel`)."""
+    """A transformers model loaded for capture (see :class:`harness.engines.base.LoadedModel`)."""
 
     def __init__(self, model: torch.nn.Module, device: str) -> None:
         self.model: torch.nn.Module | None = model
@@ -238,7 +235,7 @@ class TransformersEngine:
     """Engine ``transformers``: a Hugging Face model folder (safetensors), any format transformers loads."""
 
     name = ENGINE_NAME
-    kinds = ("hidden_states", "logits")
+    kinds: tuple[str, ...] = ("hidden_states", "logits")
     install_hint = "pip install transformers"
 
     def available(self) -> bool:
@@ -258,24 +255,6 @@ class TransformersEngine:
         return TransformersLoaded(m, str(torch.device(options.device)))
 
 
-#: The registered engine (see harness.capture.engine).
+#: The registered engine (see harness.engines.base).
 ENGINE = TransformersEngine()
 
-
-def capture(
-    model_dir: str | Path,
-    suite: Suite | str | Path,
-    out: str | Path,
-    shards: Sequence[int] | str | None = None,
-    device: str = "cpu",
-    dtype: str = "bfloat16",
-    progress: bool = True,
-    kind: str = "hidden_states",
-    trust_remote_code: bool = False,
-) -> CaptureStore:
-    """Capture ``suite`` contexts of a transformers model into the store at ``out`` (the shared loop,
-    :func:`harness.capture.loop.capture`, with engine ``transformers``)."""
-    from harness.capture.loop import capture as capture_loop
-
-    opts = EngineOptions(device=device, dtype=dtype, trust_remote_code=trust_remote_code)
-    return capture_loop(ENGINE_NAME, model_dir, suite, out, shards=shards, kind=kind, options=opts, progress=progress)

@@ -22,9 +22,9 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from harness.capture.engine import EngineOptions
+from harness.engines.base import EngineOptions
+from harness.engines.identity import model_identity
 from harness.errors import FidelityError
-from harness.inputs.identity import model_identity
 
 if TYPE_CHECKING:
     import numpy as np
@@ -52,7 +52,7 @@ def available() -> bool:
 
 
 class VllmLoaded:
-    """A model loaded in an in-process vLLM engine (see :class:`harness.capture.engine.LoadedModel`)."""
+    """A model loaded in an in-process vLLM engine (see :class:`harness.engines.base.LoadedModel`)."""
 
     def __init__(self, llm: Any, hidden_size: int, vocab_size: int, dtype: str, device: str) -> None:
         self.llm = llm
@@ -88,7 +88,7 @@ class VllmEngine:
     """Engine ``vllm``: a Hugging Face model folder in any format vLLM serves (compressed-tensors, FP8, ...)."""
 
     name = ENGINE_NAME
-    kinds = ("hidden_states",)
+    kinds: tuple[str, ...] = ("hidden_states",)
     install_hint = INSTALL_HINT
 
     def available(self) -> bool:
@@ -121,5 +121,5 @@ class VllmEngine:
         return VllmLoaded(llm, int(text["hidden_size"]), int(text["vocab_size"]), options.dtype, device)
 
 
-#: The registered engine (see harness.capture.engine).
+#: The registered engine (see harness.engines.base).
 ENGINE = VllmEngine()

@@ -218,7 +218,7 @@ def _candidate(path: Path, raw: Any, i: int) -> CandidateConfig:
             "(it becomes a pytest id and a folder name)"
         )
     engine = r.string("engine", required=False) or "transformers"
-    from harness.capture.engine import engine_names, get_engine
+    from harness.engines.registry import engine_names, get_engine
 
     try:
         get_engine(engine)
@@ -273,7 +273,7 @@ def load_config(path: str | Path) -> FidelityConfig:
     layout: str | None = None
     suite: Path | None
     if "dataset" in raw:
-        from harness.dataset.layout import dataset_inputs
+        from harness.inputs.dataset_layout import dataset_inputs
 
         given = [f"[{k}]" for k in ("suite", "reference") if k in raw]
         if given:

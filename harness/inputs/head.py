@@ -7,7 +7,7 @@ measures the model body. The head is ``lm_head.safetensors`` with one tensor ``w
 sha256: sha256 of the safetensors file.
 vocab_size, hidden_size: the tensor's shape.
 dtype: always ``"bfloat16"``.
-source_model: ``harness.inputs.identity.model_identity`` of the model it was exported from.
+source_model: ``harness.engines.identity.model_identity`` of the model it was exported from.
 """
 
 from __future__ import annotations
@@ -83,7 +83,7 @@ def export_head(model_dir: str | Path, out_path: str | Path) -> HeadTensor:
     import torch
     from safetensors.torch import save
 
-    from harness.inputs.identity import model_identity
+    from harness.engines.identity import model_identity
 
     model_dir = Path(model_dir)
     out_path = Path(out_path)

@@ -73,7 +73,7 @@ def import_kld(path: str | Path, out: str | Path, n_shards: int = 1) -> tuple[Su
     import torch
 
     from harness.capture.store import CaptureStore, StoreWriter
-    from harness.inputs.identity import runtime_identity
+    from harness.engines.identity import runtime_identity
     from harness.io.hashing import sha256_file
 
     kf = read_kld(path)

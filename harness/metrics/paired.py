@@ -37,8 +37,8 @@ from harness.metrics.bootstrap import (
     tail_replicates,
 )
 from harness.metrics.positions import ContextLabel, layout
+from harness.metrics.scores import PositionScores
 from harness.metrics.tails import cvar, quantile
-from harness.scoring.scores import PositionScores
 
 
 def paired(

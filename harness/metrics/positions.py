@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from harness.scoring.scores import PositionScores
+from harness.metrics.scores import PositionScores
 
 
 @dataclass(frozen=True)

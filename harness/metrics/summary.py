@@ -53,8 +53,8 @@ from harness.metrics.bootstrap import (
 from harness.metrics.histogram import LogHistogram, exceedance_counts
 from harness.metrics.positions import ContextLabel, Layout, layout
 from harness.metrics.records import ContextRow, Headline, ShardSummary, StratumRow, Totals
+from harness.metrics.scores import PositionScores
 from harness.metrics.tails import cvar, quantile
-from harness.scoring.scores import PositionScores
 
 N_WORST = 20
 DELTA_P_PERCENTILES = (1, 5, 10, 25, 50, 75, 90, 95, 99)

@@ -16,7 +16,7 @@ adaptive each scored shard under adaptive    ``adaptive.json``, ``adaptive.md``
 
 Kind ``cross_engine`` (sent by ``fidelity_tests/test_cross_engine.py``): the floor matrix and the
 candidates net of their engine's floor, written as ``cross_engine.json`` and ``cross_engine.md``
-and printed in full (:mod:`harness.reports.cross_engine`).
+and printed in full (:mod:`harness.run.cross_engine`).
 
 No pytest import here: the plugin builds these objects in its fixtures.
 """
@@ -162,7 +162,7 @@ def write_extras(report_dir: str | Path, extras: Mapping[str, Sequence[dict[str,
                      f"paired {rep['a']} vs {rep['b']}: {rep['verdict_named']} (diff {rep['kld_mean']['diff']:.4g}, {iv}, "
                      f"margin ±{rep['margin']:g}) {path}")
     for doc in extras.get("cross_engine", []):
-        from harness.reports.cross_engine import from_json_dict, matrix_lines, net_lines, write_cross_engine
+        from harness.run.cross_engine import from_json_dict, matrix_lines, net_lines, write_cross_engine
 
         matrix, rows = from_json_dict(doc)
         md, js = write_cross_engine(out, matrix, rows)

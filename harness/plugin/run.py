@@ -210,7 +210,7 @@ class ConfigCases(pytest.Module):
 def unavailable_engines(config: FidelityConfig, names: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
     """``(name, skip reason)`` of the live candidates among ``names`` whose engine's package is not installed
     (e.g. engine ``vllm`` on a machine without vLLM). Replayed stores need no engine and are never listed."""
-    from harness.capture.engine import get_engine
+    from harness.engines.registry import get_engine
 
     out = []
     for name in names:

@@ -65,7 +65,7 @@ def paired_report(
     """Paired comparison of ``a`` and ``b`` from their :class:`~harness.run.shard.ShardPositions` (same shards, same order)."""
     from harness.errors import FidelityError
     from harness.metrics import paired
-    from harness.scoring.scores import PositionScores
+    from harness.metrics.scores import PositionScores
 
     for pa, pb in zip(pos_a, pos_b):
         if not (np.array_equal(pa.context_index, pb.context_index) and np.array_equal(pa.row, pb.row)):

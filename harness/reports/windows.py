@@ -63,7 +63,7 @@ def window_summary(positions: Sequence[Any], k: int, *, n_boot: int, seed: int |
         ratio_interval,
     )
     from harness.metrics.positions import layout
-    from harness.scoring.scores import PositionScores
+    from harness.metrics.scores import PositionScores
 
     scores = PositionScores.concat([p.scores for p in positions])
     ctx = np.concatenate([p.context_index for p in positions])

@@ -65,11 +65,11 @@ def verify_inputs(
     reference_model: str | Path | None = None,
 ) -> ReplayInputs:
     """Load and verify every input of a replay (module docstring, steps 1-4); the joins between
-    them are checked by :func:`harness.inputs.verify.verify_joins`, as in a pytest run."""
+    them are checked by :func:`harness.run.verify.verify_joins`, as in a pytest run."""
     from harness.capture.store import CaptureStore
     from harness.inputs.head import load_head
     from harness.inputs.suite import Suite
-    from harness.inputs.verify import verify_joins
+    from harness.run.verify import verify_joins
 
     suite = Suite.load(suite_path, verify=True)
     shard_list = suite.parse_shards(shards)

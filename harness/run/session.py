@@ -169,13 +169,13 @@ class FidelitySession:
                         f"{ref.store}: reference capture store is missing and no reference.model is "
                         f"configured in {self.config.path} to capture it from"
                     )
-                from harness.capture.engine import EngineOptions
                 from harness.capture.loop import capture
+                from harness.engines.base import EngineOptions
 
                 capture("transformers", ref.model, self.suite, ref.store, options=EngineOptions(device=self.device),
                         progress=self.progress)
             store = CaptureStore.open(ref.store, self.suite, verify=True)
-            from harness.inputs.verify import check_reference_identity
+            from harness.run.verify import check_reference_identity
 
             # the configured reference model and the head's source model must be the store's model
             check_reference_identity(store, reference_model=ref.model, head=self.head)
@@ -211,8 +211,8 @@ class FidelitySession:
 
     def live_store_path(self, cand: CandidateConfig) -> Path:
         """Cache folder of a live candidate's capture, keyed by its identity (by content)."""
-        from harness.capture.engine import get_engine
-        from harness.inputs.identity import identity_key
+        from harness.engines.identity import identity_key
+        from harness.engines.registry import get_engine
 
         assert cand.model is not None
         ident = get_engine(cand.engine, str(self.config.path)).model_identity(cand.model)
@@ -224,7 +224,8 @@ class FidelitySession:
         from harness.capture.store import CaptureStore
 
         assert cand.model is not None
-        from harness.capture.engine import EngineOptions, get_engine, require
+        from harness.engines.base import EngineOptions
+        from harness.engines.registry import get_engine, require
 
         require(get_engine(cand.engine, str(self.config.path)))
         out = self.live_store_path(cand)
@@ -265,9 +266,9 @@ class FidelitySession:
         return self._positions[key]
 
     def verify_joins(self, cand: CandidateConfig, shard: int) -> None:
-        """The identity checks ``fidelity replay`` runs (:func:`harness.inputs.verify.verify_joins`),
+        """The identity checks ``fidelity replay`` runs (:func:`harness.run.verify.verify_joins`),
         before any position of ``cand`` x ``shard`` is scored."""
-        from harness.inputs.verify import verify_joins
+        from harness.run.verify import verify_joins
 
         verify_joins(suite=self.suite, reference=self.reference, candidate=self.candidate_store(cand, shard),
                      head=self.head,

@@ -17,7 +17,7 @@ from harness.errors import FidelityError
 
 if TYPE_CHECKING:
     from harness.metrics.positions import ContextLabel
-    from harness.scoring.scores import PositionScores
+    from harness.metrics.scores import PositionScores
 
 
 def score_shard(
@@ -114,8 +114,8 @@ def shard_positions(
     """Load one shard of both captures and score every position (no window, no statistics)."""
     import torch
 
-    from harness.inputs.verify import check_scores_finite
     from harness.metrics import ContextLabel
+    from harness.run.verify import check_scores_finite
     from harness.scoring.scorer import score_hidden, score_logits, scorer_run
 
     # one side logits (llama.cpp), the other hidden states (transformers, vLLM), in either role: the

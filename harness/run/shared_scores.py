@@ -151,8 +151,8 @@ def load_positions(path: Path, bound: dict[str, Any], key: bytes) -> ShardPositi
     """Read what :func:`save_positions` wrote, believing it only when it is signed with ``key`` and was
     computed from exactly ``bound``; anything else is a VerificationError naming the file."""
     from harness.metrics import ContextLabel
+    from harness.metrics.scores import PositionScores
     from harness.run.shard import ShardPositions
-    from harness.scoring.scores import PositionScores
 
     meta, arrays = _read_signed(path, key)
     if meta.get("binding") != bound:

@@ -144,7 +144,7 @@ def bench_bootstrap(n_contexts: int, n_clusters: int, positions_per_context: int
         ratio_replicates,
         tail_replicates,
     )
-    from harness.scoring.scores import PositionScores
+    from harness.metrics.scores import PositionScores
 
     rng = np.random.default_rng(0)
     n = n_contexts * positions_per_context

@@ -78,8 +78,8 @@ import torch
 import triton
 import triton.language as tl
 
+from harness.metrics.scores import PositionScores
 from harness.scoring.backends import interpreting
-from harness.scoring.scores import PositionScores
 from harness.scoring.torch_path import score_hidden_tiled
 
 __all__ = ["fused_score", "phase1", "phase2", "DEFAULT_BLOCKS"]

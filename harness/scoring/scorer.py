@@ -2,7 +2,7 @@
 
 :func:`score_hidden` dispatches to the tiled torch path (:mod:`harness.scoring.torch_path`, any
 device) or the fused Triton kernel (:mod:`harness.scoring.fused_kl`, CUDA). The per-position
-outputs are :class:`harness.scoring.scores.PositionScores`. Logits mode, the benchmark's
+outputs are :class:`harness.metrics.scores.PositionScores`. Logits mode, the benchmark's
 reference methods and the GEMM helpers live in :mod:`harness.scoring.torch_path` and are
 re-exported here.
 """
@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 import torch
 
+from harness.metrics.scores import PositionScores
 from harness.scoring.backends import choose_backend
-from harness.scoring.scores import PositionScores
 from harness.scoring.torch_path import (
     MEMORY_BUDGET_BYTES,
     bare_gemms,

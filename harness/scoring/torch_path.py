@@ -56,8 +56,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from harness.metrics.scores import PositionScores
 from harness.scoring.gemm import choose_gemm, gemm_mode
-from harness.scoring.scores import PositionScores
 
 __all__ = [
     "PositionScores",

@@ -42,7 +42,7 @@ if TYPE_CHECKING:
     from harness.capture.store import CaptureStore
     from harness.inputs.head import HeadTensor
     from harness.inputs.suite import Suite
-    from harness.scoring.scores import PositionScores
+    from harness.metrics.scores import PositionScores
 
 SCHEMA = "fidelity.cross-engine/1"
 #: How every cell reads.
@@ -180,8 +180,8 @@ def score_pair(*, suite: Suite, shard: int, reference: CaptureStore, candidate: 
     """Score ``candidate`` against ``reference`` on ``shard`` (either store may be hidden states or
     logits: a hidden-state side goes through ``head``) after the width and context joins; returns the
     cell and the per-position scores it summarizes (in the shard's context order)."""
-    from harness.inputs.verify import check_contexts, check_widths
     from harness.run.shard import shard_positions
+    from harness.run.verify import check_contexts, check_widths
 
     check_widths(suite, reference, candidate, head)
     check_contexts([reference, candidate], suite, [shard])

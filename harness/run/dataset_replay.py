@@ -17,8 +17,8 @@ from harness.errors import FidelityError, VerificationError
 def replay_dataset(dataset: Path, candidate: Path, out: Path, *, shards: str | None = None, score_from: int = 0,
                    name: str | None = None, n_boot: int = 10_000, device: str = "cpu") -> list[Path]:
     """Verify ``dataset``, obtain the candidate's capture, score the reference shards; returns report paths."""
-    from harness.dataset.layout import MANIFEST
     from harness.dataset.verify import verify_dataset
+    from harness.inputs.dataset_layout import MANIFEST
     from harness.inputs.suite import Suite
     from harness.run.replay import replay
 
@@ -35,10 +35,11 @@ def replay_dataset(dataset: Path, candidate: Path, out: Path, *, shards: str | N
     if not (candidate / "capture.json").is_file():
         if not (candidate / "config.json").is_file():
             raise FidelityError(f"{candidate}: neither a capture store (capture.json) nor a model folder (config.json)")
-        from harness.engines.transformers import capture
+        from harness.capture.loop import capture
+        from harness.engines.base import EngineOptions
 
         store = out / "capture"
-        capture(candidate, suite, store, shards=wanted, device=device, progress=False)
+        capture("transformers", candidate, suite, store, shards=wanted, progress=False, options=EngineOptions(device=device))
     return replay(dataset / "suite", dataset / "reference", store, dataset / "head" / "lm_head.safetensors", out,
                   shards=",".join(map(str, wanted)), score_from=score_from, n_boot=n_boot, device=device,
                   candidate_name=name or candidate.resolve().name, reference_name=doc["reference"]["name"])

@@ -1,4 +1,4 @@
-"""The engine interface and the engine registry.
+"""The engine interface: what an engine implements (the registry is :mod:`harness.engines.registry`).
 
 An *engine* runs a model over token ids and hands back the tensor at the capture point; the shared
 capture loop (:mod:`harness.capture.loop`) does everything else (suite, shard selection, identity,
@@ -8,23 +8,15 @@ resumable store writing, progress). An engine implements two things:
 * ``LoadedModel.forward(token_ids, kind)`` -> ``[n_ctx-1, width]`` rows, row ``r`` predicting token ``r+1``:
   post-final-norm hidden states (``kind="hidden_states"``, stored bf16) or logits (``"logits"``, float32).
 
-Registry: every module of the package ``harness.engines`` that defines a module-level ``ENGINE``
-(an object satisfying :class:`Engine`) is an engine, named by ``ENGINE.name``. Adding an engine is
-adding one module there; configuration validation, the live captures of a pytest run, ``fidelity
-capture --engine`` and the cache identity all read this registry.
+An engine is an object satisfying :class:`Engine`, named by its ``name``; the registry
+(:mod:`harness.engines.registry`) holds the built-in ones and those other packages declare.
 """
 
 from __future__ import annotations
 
-import difflib
-import functools
-import importlib
-import pkgutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
-
-from harness.errors import FidelityError
 
 if TYPE_CHECKING:
     import numpy as np
@@ -32,10 +24,6 @@ if TYPE_CHECKING:
 
 #: Capture kinds and the dtype each is stored in.
 STORE_DTYPES: dict[str, str] = {"hidden_states": "bfloat16", "logits": "float32"}
-
-#: The package whose modules are searched for ``ENGINE`` objects.
-ENGINES_PACKAGE = "harness.engines"
-
 
 @dataclass(frozen=True)
 class EngineOptions:
@@ -95,42 +83,3 @@ class Engine(Protocol):
     def load(self, model: Path, n_ctx: int, kind: str, options: EngineOptions) -> LoadedModel:
         """Load ``model`` for contexts of ``n_ctx`` tokens, to capture ``kind``."""
         ...
-
-
-@functools.cache
-def engines() -> dict[str, Engine]:
-    """Every registered engine by name (modules of ``harness.engines`` defining ``ENGINE``)."""
-    pkg = importlib.import_module(ENGINES_PACKAGE)
-    found: dict[str, Engine] = {}
-    for info in sorted(pkgutil.iter_modules(pkg.__path__), key=lambda i: i.name):
-        module = importlib.import_module(f"{ENGINES_PACKAGE}.{info.name}")
-        engine = getattr(module, "ENGINE", None)
-        if engine is None:
-            continue
-        if engine.name in found:
-            raise FidelityError(f"engine name {engine.name!r} is registered twice ({info.name})")
-        found[engine.name] = engine
-    return found
-
-
-def engine_names() -> tuple[str, ...]:
-    """Registered engine names, ``transformers`` first, then alphabetical."""
-    names = sorted(engines(), key=lambda n: (n != "transformers", n))
-    return tuple(names)
-
-
-def get_engine(name: str, where: str = "") -> Engine:
-    """The engine called ``name``; an unknown name is a FidelityError with a near match."""
-    table = engines()
-    if name not in table:
-        close = difflib.get_close_matches(name, list(table), n=1)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
-        prefix = f"{where}: " if where else ""
-        raise FidelityError(f"{prefix}engine: expected one of {', '.join(engine_names())}, found {name!r}{hint}")
-    return table[name]
-
-
-def require(engine: Engine) -> None:
-    """Raise a FidelityError with the install command when the engine's package is missing."""
-    if not engine.available():
-        raise FidelityError(f"engine {engine.name!r} is not installed: install it with: {engine.install_hint}")

@@ -79,7 +79,7 @@ def check_reference_identity(reference: CaptureStore, *, reference_model: Path |
     """The reference store's model is the configured reference model and the head's source model."""
     found = reference.identity
     if model_identity is None and reference_model is not None and Path(reference_model).is_dir():
-        from harness.inputs.identity import model_identity as identify
+        from harness.engines.identity import model_identity as identify
 
         model_identity = identify(reference_model)
     if model_identity is not None and content_identity(model_identity) != content_identity(found):
