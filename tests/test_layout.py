@@ -46,11 +46,12 @@ RANKS: dict[str, int] = {
     "gate": 7,
     "llamacpp": 7,
     "reports": 8,
-    "dataset": 9,
-    "run": 10,
-    "cli": 11,
-    "plugin": 11,
-    "__main__": 12,
+    "interchange": 9,
+    "dataset": 10,
+    "run": 11,
+    "cli": 12,
+    "plugin": 12,
+    "__main__": 13,
 }
 
 #: A string naming a module (``import_module("harness.x.y")``, ``"harness.x.y:NAME"`` entry points).

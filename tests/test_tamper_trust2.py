@@ -145,7 +145,7 @@ def test_store_never_deletes_a_foreign_unlisted_file(tmp_path: Path, tiny_suite:
     import torch
 
     from harness.capture.store import StoreWriter
-    from harness.inputs.identity import runtime_identity
+    from harness.engines.identity import runtime_identity
     from harness.inputs.suite import Suite
 
     suite = Suite.load(tiny_suite)
@@ -181,8 +181,8 @@ KEY = b"k" * 32
 
 def _positions(kld: float | None = None, seed: int = 0) -> Any:
     from harness.metrics import ContextLabel
+    from harness.metrics.scores import PositionScores
     from harness.run.shard import ShardPositions
-    from harness.scoring.scores import PositionScores
 
     rng = np.random.default_rng(seed)
     n = 6

@@ -212,7 +212,7 @@ def _replay(a: argparse.Namespace) -> int:
         from harness.inputs.published_layout import LAYOUT, looks_like
 
         if looks_like(a.dataset):  # the published layout, read in place (its head may live elsewhere: --head)
-            from harness.dataset.replay_published import replay_published
+            from harness.run.dataset_replay_published import replay_published
 
             if a.suite or a.reference:
                 raise FidelityError(f"replay --dataset ({LAYOUT}) takes the suite and the reference from the dataset: drop --suite/--reference")

@@ -30,10 +30,11 @@ def open_candidate(dataset: object, candidate: Path, out: Path, shards: list[int
     if not (candidate / "config.json").is_file():
         raise FidelityError(f"{candidate}: expected a capture store (capture.json), a published capture folder "
                             f"({CAPTURE_MANIFEST}) or a model folder (config.json), found none of them")
-    from harness.engines.transformers import capture
+    from harness.capture.loop import capture
+    from harness.engines.base import EngineOptions
 
     store = out / "capture"
-    capture(candidate, dataset.suite, store, shards=shards, device=device, progress=False)
+    capture("transformers", candidate, dataset.suite, store, shards=shards, options=EngineOptions(device=device), progress=False)
     return CaptureStore.open(store, dataset.suite, verify=True)
 
 
@@ -41,9 +42,9 @@ def replay_published(dataset_path: Path, candidate: Path, out: Path, *, head: Pa
                      score_from: int = 0, name: str | None = None, n_boot: int = 10_000, device: str = "cpu") -> list[Path]:
     """Verify the published dataset, obtain the candidate's capture, score the reference shards; returns report paths."""
     from harness.inputs.published_layout import scan_layout
-    from harness.inputs.verify import verify_joins
     from harness.interchange.dataset import open_published
     from harness.run.replay import ReplayInputs, write_replay
+    from harness.run.verify import verify_joins
 
     ds = open_published(scan_layout(dataset_path, head))
     held = list(ds.reference_shards)
