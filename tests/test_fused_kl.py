@@ -29,7 +29,9 @@ pytestmark = [
 ]
 
 CASES = ["random", "own_head", "identical", "ties", "peaked", "flat", "odd_hidden", "overflow"]
-FIELDS = ["kld", "jsd_bits", "ear", "nll_ref", "nll_cand", "argmax_ref", "argmax_cand"]
+FIELDS = ["kld", "jsd_bits", "ear", "nll_ref", "nll_cand", "argmax_ref", "argmax_cand",
+          "kld_rev", "entropy_ref", "p_ref_top", "q_ref_top", "top5_overlap", "top10_overlap"]
+EXACT = ("argmax_ref", "argmax_cand", "top5_overlap", "top10_overlap")
 
 
 @pytest.fixture(scope="module")
@@ -72,14 +74,27 @@ def reference64(r: dict[str, np.ndarray], name: str) -> dict[str, np.ndarray]:
         "nll_cand": -lq[rows, y],
         "argmax_ref": la.argmax(1),
         "argmax_cand": lb.argmax(1),
+        "kld_rev": (q * (lq - lp)).sum(1),
+        "entropy_ref": -(np.where(p > 0, p * lp, 0.0)).sum(1),
+        "p_ref_top": p.max(1),
+        "q_ref_top": q[rows, la.argmax(1)],
+        **{f"top{k}_overlap": _overlap(la, lb, k) for k in (5, 10)},
     }
 
 
+def _overlap(la: np.ndarray, lb: np.ndarray, k: int) -> np.ndarray:
+    """Shared ids of the k largest float64 logits of each row (ties to the lowest id: a stable sort)."""
+    a = np.argsort(-la, axis=1, kind="stable")[:, :k]
+    b = np.argsort(-lb, axis=1, kind="stable")[:, :k]
+    return np.array([len(set(x.tolist()) & set(y.tolist())) for x, y in zip(a, b)])
+
+
 def close(got: np.ndarray, want: np.ndarray, field: str, rtol: float = 1e-4) -> None:
-    if field.startswith("argmax"):
+    if field in EXACT:
         np.testing.assert_array_equal(got, want, err_msg=field)
         return
-    atol = {"kld": 1e-6, "jsd_bits": 1e-6, "ear": 1e-5, "nll_ref": 1e-4, "nll_cand": 1e-4}[field]
+    atol = {"kld": 1e-6, "jsd_bits": 1e-6, "ear": 1e-5, "nll_ref": 1e-4, "nll_cand": 1e-4, "kld_rev": 1e-6,
+            "entropy_ref": 1e-5, "p_ref_top": 1e-6, "q_ref_top": 1e-6}[field]
     np.testing.assert_allclose(got, want, rtol=rtol, atol=atol, err_msg=field)
 
 
@@ -87,7 +102,7 @@ def close(got: np.ndarray, want: np.ndarray, field: str, rtol: float = 1e-4) -> 
 def test_fused_matches_float64_reference(results, name: str) -> None:
     want = reference64(results, name)
     for f in FIELDS:
-        if name == "flat" and f.startswith("argmax"):
+        if name == "flat" and f in EXACT:
             continue  # logits ~1e-2 apart: fp32 and float64 may legitimately pick different maxima
         close(results[f"{name}/fused/{f}"], want[f], f)
 
@@ -102,7 +117,7 @@ def test_fused_matches_torch_path(results, name: str) -> None:
     rtol = 1e-3 if name == "peaked" else 1e-4
     for f in FIELDS:
         t, k = results[f"{name}/torch/{f}"], results[f"{name}/fused/{f}"]
-        if f.startswith("argmax"):
+        if f in EXACT:
             if name != "flat":
                 np.testing.assert_array_equal(k, t, err_msg=f)
         else:
@@ -114,6 +129,9 @@ def test_identical_operands_are_exactly_zero(results) -> None:
     assert np.all(results["identical/fused/kld"] == 0.0)
     assert np.all(results["identical/fused/jsd_bits"] == 0.0)
     assert np.all(results["identical/fused/ear"] == 1.0)
+    assert np.all(results["identical/fused/kld_rev"] == 0.0)
+    np.testing.assert_array_equal(results["identical/fused/q_ref_top"], results["identical/fused/p_ref_top"])
+    assert np.all(results["identical/fused/top10_overlap"] == 10) and np.all(results["identical/fused/top5_overlap"] == 5)
     np.testing.assert_array_equal(results["identical/fused/argmax_ref"], results["identical/fused/argmax_cand"])
 
 

@@ -211,7 +211,8 @@ def valid_report() -> dict[str, Any]:
     rng = np.random.default_rng(0)
     n = 60
     s = PositionScores(rng.lognormal(-7, 2, n), rng.random(n) * 0.01, 1 - rng.random(n) * 0.01, rng.random(n),
-                       rng.random(n), rng.integers(0, 3, n), rng.integers(0, 3, n))
+                       rng.random(n), rng.integers(0, 3, n), rng.integers(0, 3, n), rng.lognormal(-7, 2, n),
+                       rng.random(n) * 3, rng.random(n), rng.random(n), rng.integers(0, 6, n), rng.integers(0, 11, n))
     labels = [ContextLabel(i, f"doc{i // 2}", "code" if i % 2 else "prose") for i in range(4)]
     m = summarize(s, np.repeat(np.arange(4), 15), np.tile(np.arange(15), 4), labels, n_boot=100, n_boot_tails=20)
     comp = make_comparability(suite_token_sha256="a" * 64, shard_index=1, shard_sha256="b" * 64, score_from=0,

@@ -26,6 +26,12 @@ def make_scores(n: int, seed: int = 0, scale: float = 1.0) -> PositionScores:
         nll_cand=rng.random(n) * 5,
         argmax_ref=rng.integers(0, 3, n),
         argmax_cand=rng.integers(0, 3, n),
+        kld_rev=rng.lognormal(-7, 2, n) * scale,
+        entropy_ref=rng.lognormal(0, 1.5, n),
+        p_ref_top=rng.random(n),
+        q_ref_top=rng.random(n),
+        top5_overlap=rng.integers(0, 6, n),
+        top10_overlap=rng.integers(0, 11, n),
     )
 
 
@@ -178,7 +184,8 @@ def test_property_halves_combine_to_whole(values: list[float], data: st.DataObje
     cut = data.draw(st.integers(1, n - 1))
     rng = np.random.default_rng(n)
     s = PositionScores(
-        np.array(values), rng.random(n), rng.random(n), rng.random(n), rng.random(n), rng.integers(0, 2, n), rng.integers(0, 2, n)
+        np.array(values), rng.random(n), rng.random(n), rng.random(n), rng.random(n), rng.integers(0, 2, n), rng.integers(0, 2, n),
+        rng.random(n), rng.random(n) * 5, rng.random(n), rng.random(n), rng.integers(0, 6, n), rng.integers(0, 11, n),
     )
     whole = totals(s)
     merged = merge_totals([totals(s.select(slice(0, cut))), totals(s.select(slice(cut, n)))])

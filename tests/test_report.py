@@ -20,7 +20,8 @@ def metrics() -> dict:
     n = 240
     s = PositionScores(
         rng.lognormal(-7, 2, n), rng.random(n) * 0.01, 1 - rng.random(n) * 0.01, rng.random(n), rng.random(n),
-        rng.integers(0, 3, n), rng.integers(0, 3, n),
+        rng.integers(0, 3, n), rng.integers(0, 3, n), rng.lognormal(-7, 2, n), rng.random(n) * 4, rng.random(n),
+        rng.random(n), rng.integers(0, 6, n), rng.integers(0, 11, n),
     )
     labels = [ContextLabel(i, f"doc{i // 2}", "code" if i % 2 else "prose") for i in range(8)]
     return summarize(s, np.repeat(np.arange(8), 30), np.tile(np.arange(30), 8), labels, n_boot=200, n_boot_tails=50)

@@ -8,8 +8,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy.spatial.distance import jensenshannon
+from scipy.special import entr, rel_entr
 from scipy.special import log_softmax as np_log_softmax
-from scipy.special import rel_entr
 
 from harness.scoring.scorer import PositionScores, default_tile_rows, score_hidden, score_logits, score_two_pass
 
@@ -30,15 +30,27 @@ def reference(ref_logits: torch.Tensor, cand_logits: torch.Tensor, targets: torc
         "nll_cand": -lb[idx, y],
         "argmax_ref": ref_logits.double().numpy().argmax(1),
         "argmax_cand": cand_logits.double().numpy().argmax(1),
+        "kld_rev": rel_entr(q, p).sum(1),
+        "entropy_ref": entr(p).sum(1),
+        "p_ref_top": p.max(1),
+        "q_ref_top": q[idx, p.argmax(1)],
+        **{f"top{k}_overlap": _overlap(ref_logits, cand_logits, k) for k in (5, 10)},
     }
+
+
+def _overlap(ref_logits: torch.Tensor, cand_logits: torch.Tensor, k: int) -> np.ndarray:
+    """Tokens shared by the k largest float64 logits of each row (ties to the lowest id, by a stable sort)."""
+    a = np.argsort(-ref_logits.double().numpy(), axis=1, kind="stable")[:, :k]
+    b = np.argsort(-cand_logits.double().numpy(), axis=1, kind="stable")[:, :k]
+    return np.array([len(set(x.tolist()) & set(y.tolist())) for x, y in zip(a, b)])
 
 
 def assert_matches(s: PositionScores, ref: dict[str, np.ndarray], rtol: float = 2e-5, atol: float = 2e-7) -> None:
     __tracebackhide__ = True
-    for k in ("kld", "jsd_bits", "ear", "nll_ref", "nll_cand"):
+    for k in ("kld", "jsd_bits", "ear", "nll_ref", "nll_cand", "kld_rev", "entropy_ref", "p_ref_top", "q_ref_top"):
         np.testing.assert_allclose(getattr(s, k), ref[k], rtol=rtol, atol=atol, err_msg=k)
-    np.testing.assert_array_equal(s.argmax_ref, ref["argmax_ref"])
-    np.testing.assert_array_equal(s.argmax_cand, ref["argmax_cand"])
+    for k in ("argmax_ref", "argmax_cand", "top5_overlap", "top10_overlap"):
+        np.testing.assert_array_equal(getattr(s, k), ref[k], err_msg=k)
 
 
 def _pair(n: int, v: int, scale: float, noise: float, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -106,6 +118,9 @@ def test_identical_operands_give_exact_zero(scale: float) -> None:
     assert (s.ear == 1.0).all()
     np.testing.assert_array_equal(s.nll_ref, s.nll_cand)
     assert s.top1.all()
+    assert (s.kld_rev == 0.0).all()
+    np.testing.assert_array_equal(s.q_ref_top, s.p_ref_top)
+    assert (s.top5_overlap == 5).all() and (s.top10_overlap == 10).all()
 
 
 def test_hidden_mode_matches_reference_fp32() -> None:

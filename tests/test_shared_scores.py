@@ -26,7 +26,9 @@ def _positions(n: int = 7, seed: int = 0) -> ShardPositions:
     rng = np.random.default_rng(seed)
     scores = PositionScores(
         kld=rng.random(n), jsd_bits=rng.random(n), ear=rng.random(n), nll_ref=rng.random(n), nll_cand=rng.random(n),
-        argmax_ref=rng.integers(0, 50, n), argmax_cand=rng.integers(0, 50, n),
+        argmax_ref=rng.integers(0, 50, n), argmax_cand=rng.integers(0, 50, n), kld_rev=rng.random(n),
+        entropy_ref=rng.random(n), p_ref_top=rng.random(n), q_ref_top=rng.random(n), top5_overlap=rng.integers(0, 6, n),
+        top10_overlap=rng.integers(0, 11, n),
     )
     return ShardPositions(scores=scores, context_index=np.repeat(np.arange(2), [3, n - 3]), row=np.arange(n),
                           labels=[ContextLabel(4, "doc-a", "prose"), ContextLabel(9, "doc-b", "code")],

@@ -29,6 +29,49 @@ class HistogramJSON(TypedDict):
     counts: list[int]
 
 
+class EntropySpec(TypedDict):
+    """Edges of the fixed reference-entropy histogram: ``lo`` … ``hi`` nats, ``bins_per_decade``,
+    ``n_counts`` = bins + underflow ``[0, lo)`` + overflow ``[hi, inf)``."""
+
+    kind: str
+    lo: float
+    hi: float
+    bins_per_decade: int
+    n_counts: int
+
+
+class ConfidenceBins(TypedDict):
+    """Positions by the reference's top probability, in fixed buckets ``edges[i] <= p < edges[i+1]``
+    (the last closed at 1): counts, KLD sums and top-1 agreement counts per bucket (all additive)."""
+
+    edges: list[float]
+    counts: list[int]
+    sum_kld: list[float]
+    top1_count: list[int]
+
+
+class EntropyBins(TypedDict):
+    """Positions by the reference entropy in the fixed fine bins of ``spec``: counts and KLD sums (additive)."""
+
+    spec: EntropySpec
+    counts: list[int]
+    sum_kld: list[float]
+
+
+class DiagnosticTotals(TypedDict):
+    """Additive diagnostic sums (harness.metrics.diagnostics): sums over positions, the overlap
+    counts summed, and the two bucket tables; two disjoint sets merge exactly."""
+
+    sum_kld_rev: float  # sum of KL(q||p), nats
+    sum_entropy_ref: float  # sum of H(p), nats
+    sum_p_ref_top: float  # sum of p(argmax p)
+    sum_q_ref_top: float  # sum of q(argmax p)
+    top5_shared: int  # sum over positions of |top5(p) ∩ top5(q)|
+    top10_shared: int  # sum over positions of |top10(p) ∩ top10(q)|
+    by_confidence: ConfidenceBins
+    by_entropy: EntropyBins
+
+
 class Totals(TypedDict):
     """Additive sums of one position set; two disjoint sets merge exactly (``merge_totals``)."""
 
@@ -44,6 +87,8 @@ class Totals(TypedDict):
     max_kld: float
     exceedance: dict[str, int]
     histogram: HistogramJSON
+    #: reports written before the diagnostics existed lack the key
+    diagnostics: NotRequired[DiagnosticTotals]
 
 
 class Headline(TypedDict):
@@ -72,6 +117,10 @@ class ContextRow(TypedDict):
     sum_ear: float
     sum_nll_ref: float
     sum_nll_cand: float
+    #: diagnostics per context (absent from reports written before they existed)
+    sum_kld_rev: NotRequired[float]
+    top5_shared: NotRequired[int]
+    top10_shared: NotRequired[int]
 
 
 class StratumRow(TypedDict):
@@ -152,6 +201,48 @@ class DeltaP(TypedDict):
     percentiles: dict[str, float]
 
 
+class BucketRow(TypedDict):
+    """One reference-confidence bucket ``[lo, hi)``: positions, mean KLD and top-1 agreement in it."""
+
+    lo: float
+    hi: float
+    positions: int
+    mean_kld: float
+    top1: float
+
+
+class DecileRow(TypedDict):
+    """One reference-entropy decile (1 = lowest entropy), a run of whole fixed bins ``[lo, hi)`` nats
+    (``hi`` None: open-ended); ``positions`` is its actual count (about a tenth, never a split bin)."""
+
+    decile: int
+    lo: float
+    hi: float | None
+    positions: int
+    mean_kld: float
+
+
+class SameTop(TypedDict):
+    """llama-perplexity's "Same top p": the top-1 agreement with its i.i.d. binomial standard error."""
+
+    fraction: float
+    se_iid: float | None  # None with a single position
+
+
+class Diagnostics(TypedDict):
+    """The diagnostic block of a shard report or aggregate (harness.metrics.diagnostics)."""
+
+    kld_rev: MeanCI  # mean KL(q||p), nats
+    entropy_ref_mean: float  # mean H(p), nats
+    p_ref_top_mean: float  # mean reference confidence p(argmax p)
+    q_ref_top_mean: float  # mean candidate probability of the reference's top token
+    top5_overlap: MeanCI  # mean |top5(p) ∩ top5(q)| / 5
+    top10_overlap: MeanCI  # mean |top10(p) ∩ top10(q)| / 10
+    same_top: SameTop
+    by_confidence: list[BucketRow]  # non-empty buckets only
+    by_entropy_decile: list[DecileRow]
+
+
 class ShardSummary(TypedDict):
     """The ``metrics`` block of a shard report (what ``summarize`` returns)."""
 
@@ -175,10 +266,20 @@ class ShardSummary(TypedDict):
     #: the smallest difference in mean KLD this run resolves (harness.planning.design); reports written
     #: before it existed lack the key, and None when the run has too few clusters
     resolvable_delta: NotRequired[float | None]
+    #: reverse KL, entropy, top-k overlap, KLD by confidence and entropy (reports written before it lack the key)
+    diagnostics: NotRequired[Diagnostics]
 
 
 __all__ = [
     "BootstrapInfo",
+    "BucketRow",
+    "ConfidenceBins",
+    "DecileRow",
+    "DiagnosticTotals",
+    "Diagnostics",
+    "EntropyBins",
+    "EntropySpec",
+    "SameTop",
     "ContextRow",
     "DeltaP",
     "Headline",

@@ -10,7 +10,14 @@ import numpy as np
 
 @dataclass
 class PositionScores:
-    """Per-position scores; every field is a numpy array of length N (one entry per position)."""
+    """Per-position scores; every field is a numpy array of length N (one entry per position).
+
+    The top-k sets are the token ids of the k largest logits of each side (k is capped at the
+    vocabulary size); the overlap counts the ids in both sets, so ``top10_overlap / 10`` is the
+    fraction of the reference's top 10 the candidate keeps. A tie at the k-th place is broken by
+    the lowest token id in the fused kernel and by ``torch.topk``'s order in the torch path (the
+    two agree except where the k-th largest logit is tied).
+    """
 
     kld: np.ndarray  # float64, nats, KL(p||q)
     jsd_bits: np.ndarray  # float64
@@ -19,6 +26,12 @@ class PositionScores:
     nll_cand: np.ndarray  # float64, -ln q(y)
     argmax_ref: np.ndarray  # int64, ties to the lowest token id
     argmax_cand: np.ndarray  # int64
+    kld_rev: np.ndarray  # float64, nats, reverse KL(q||p) = sum q (ln q - ln p)
+    entropy_ref: np.ndarray  # float64, nats, H(p) = -sum p ln p
+    p_ref_top: np.ndarray  # float64, p(argmax p): the reference's confidence
+    q_ref_top: np.ndarray  # float64, q(argmax p): the candidate's probability of the reference's top token
+    top5_overlap: np.ndarray  # int64 in [0, 5]: tokens shared by the 5 largest logits of each side
+    top10_overlap: np.ndarray  # int64 in [0, 10]: the same for the 10 largest
 
     @property
     def top1(self) -> np.ndarray:
@@ -37,7 +50,7 @@ class PositionScores:
         def i() -> np.ndarray:
             return np.zeros(n, dtype=np.int64)
 
-        return cls(f(), f(), f(), f(), f(), i(), i())
+        return cls(f(), f(), f(), f(), f(), i(), i(), f(), f(), f(), f(), i(), i())
 
     @classmethod
     def concat(cls, parts: Sequence[PositionScores]) -> PositionScores:

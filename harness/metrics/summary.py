@@ -23,6 +23,10 @@ Field meanings (all KLD values in nats; "positions" are the scored positions aft
 * ``per_stratum`` — positions, contexts, mean KLD, top-1 per stratum.
 * ``contexts`` — one row per context with sums, so the headline can be recomputed from the report
   alone; ``worst_contexts`` — the 20 contexts with the highest mean KLD.
+* ``diagnostics`` — reverse KL with its interval, reference entropy and confidence, the candidate's
+  probability of the reference's top token, top-5/top-10 overlap with intervals, llama-perplexity's
+  "same top", KLD by reference-confidence bucket and by reference-entropy decile
+  (:mod:`harness.metrics.diagnostics`).
 * ``totals`` — additive sums, max, histogram and exceedance counts: :func:`merge_totals` combines
   the totals of two shards exactly as if they had been scored together.
 """
@@ -50,6 +54,7 @@ from harness.metrics.bootstrap import (
     ratio_intervals,
     tail_replicates,
 )
+from harness.metrics.diagnostics import diagnostic_totals, diagnostics_from_totals, merge_diagnostic_totals
 from harness.metrics.histogram import LogHistogram, exceedance_counts
 from harness.metrics.positions import ContextLabel, Layout, layout
 from harness.metrics.records import ContextRow, Headline, ShardSummary, StratumRow, Totals
@@ -74,6 +79,9 @@ def position_arrays(s: PositionScores) -> dict[str, np.ndarray]:
         "nll_ref": s.nll_ref,
         "nll_cand": s.nll_cand,
         "delta_p": np.exp(-s.nll_cand) - np.exp(-s.nll_ref),
+        "kld_rev": s.kld_rev,
+        "top5_shared": s.top5_overlap.astype(np.float64),
+        "top10_shared": s.top10_overlap.astype(np.float64),
     }
 
 
@@ -93,6 +101,7 @@ def totals(s: PositionScores) -> Totals:
         "max_kld": _f(a["kld"].max()) if len(s) else 0.0,
         "exceedance": exceedance_counts(a["kld"]),
         "histogram": LogHistogram.from_values(a["kld"]).to_json(),
+        "diagnostics": diagnostic_totals(s),
     }
 
 
@@ -103,7 +112,8 @@ def merge_totals(parts: Sequence[Totals]) -> Totals:
     hist = LogHistogram.from_json(parts[0]["histogram"])
     for p in parts[1:]:
         hist = hist + LogHistogram.from_json(p["histogram"])
-    return {
+    diag = [p["diagnostics"] for p in parts if "diagnostics" in p]
+    out: Totals = {
         "n_positions": int(sum(p["n_positions"] for p in parts)),
         "top1_count": int(sum(p["top1_count"] for p in parts)),
         "sum_kld": math.fsum(p["sum_kld"] for p in parts),
@@ -117,6 +127,9 @@ def merge_totals(parts: Sequence[Totals]) -> Totals:
         "exceedance": {t: int(sum(p["exceedance"][t] for p in parts)) for t in parts[0]["exceedance"]},
         "histogram": hist.to_json(),
     }
+    if len(diag) == len(parts):  # only when every part has them (reports written before lack the key)
+        out["diagnostics"] = merge_diagnostic_totals(diag)
+    return out
 
 
 def headline_from_totals(t: Totals) -> Headline:
@@ -154,6 +167,9 @@ def _context_table(L: Layout, a: dict[str, np.ndarray]) -> tuple[list[ContextRow
                 "sum_ear": _f(sums["ear"][i]),
                 "sum_nll_ref": _f(sums["nll_ref"][i]),
                 "sum_nll_cand": _f(sums["nll_cand"][i]),
+                "sum_kld_rev": _f(sums["kld_rev"][i]),
+                "top5_shared": int(round(sums["top5_shared"][i])),
+                "top10_shared": int(round(sums["top10_shared"][i])),
             }
         )
     sums["positions"] = pos.astype(np.float64)
@@ -205,6 +221,12 @@ def summarize(
     names = ("kld", "top1", "ear", "jsd_bits")
     ivs = ratio_intervals(W, np.stack([cl_sums[k] for k in names], axis=1), cl_sums["positions"], bounds=(0.0, math.inf))
     ci = {k: iv if (iv is None or k in ("kld", "jsd_bits")) else [iv[0], min(iv[1], 1.0)] for k, iv in zip(names, ivs)}
+    diag = diagnostics_from_totals(diagnostic_totals(s), n, int(s.top1.sum()))
+    dnames = ("kld_rev", "top5_shared", "top10_shared")
+    div = ratio_intervals(W, np.stack([cl_sums[k] for k in dnames], axis=1), cl_sums["positions"], bounds=(0.0, math.inf))
+    diag["kld_rev"]["ci95"] = div[0]
+    diag["top5_overlap"]["ci95"] = None if div[1] is None else [div[1][0] / 5, min(div[1][1] / 5, 1.0)]
+    diag["top10_overlap"]["ci95"] = None if div[2] is None else [div[2][0] / 10, min(div[2][1] / 10, 1.0)]
     nt = min(n_boot_tails, n_boot)
     estimable = C >= MIN_CLUSTERS
     if estimable:
@@ -267,6 +289,7 @@ def summarize(
         "worst_contexts": worst,
         "contexts": rows,
         "totals": totals(s),
+        "diagnostics": diag,
     }
 
 

@@ -135,6 +135,30 @@ def check_rows_match_summary(report: Any) -> None:
     for thr, c in t["exceedance"].items():
         if not 0 <= int(c) <= n:
             raise VerificationError(name, f"metrics.totals.exceedance[{thr}]", f"0..{n}", c)
+    _check_diagnostic_totals(name, rows, t, n)
+
+
+def _check_diagnostic_totals(name: str, rows: list[Any], t: Any, n: int) -> None:
+    """The diagnostics' totals against the per-context rows and the position count (when the report has them)."""
+    d = t.get("diagnostics")
+    if d is None:
+        return
+    for what, got in (("by_confidence", sum(int(c) for c in d["by_confidence"]["counts"])),
+                      ("by_entropy", sum(int(c) for c in d["by_entropy"]["counts"]))):
+        if got != n:
+            raise VerificationError(name, f"metrics.totals.diagnostics.{what} total", n, got, "rows disagree with the summary")
+    if not all(k in r for r in rows for k in DIAGNOSTIC_ROW_KEYS):
+        raise VerificationError(name, "metrics.contexts", f"per-context {', '.join(DIAGNOSTIC_ROW_KEYS)}", "missing",
+                                "the totals have diagnostics, the rows do not")
+    for key in ("top5_shared", "top10_shared"):
+        got_i = sum(int(r[key]) for r in rows)
+        if got_i != int(d[key]):
+            raise VerificationError(name, f"metrics.totals.diagnostics.{key}", got_i, d[key], "rows disagree with the summary")
+    from_rows = math.fsum(float(r["sum_kld_rev"]) for r in rows)
+    scale = math.fsum(abs(float(r["sum_kld_rev"])) for r in rows)
+    if not _close(float(d["sum_kld_rev"]), from_rows, scale):
+        raise VerificationError(name, "metrics.totals.diagnostics.sum_kld_rev", f"{from_rows!r} (the sum of the per-context rows)",
+                                repr(float(d["sum_kld_rev"])), "rows disagree with the summary")
 
 
 def check_against_suite(report: Any, suite: Any) -> None:
@@ -187,7 +211,18 @@ def _cluster_bootstrap(rows: list[dict[str, Any]], n_boot: int, seed: int) -> di
     counts = per_cluster("positions")
     sums = np.stack([per_cluster("sum_kld"), per_cluster("top1"), per_cluster("sum_ear")], axis=1)
     kld, top1, ear = ratio_intervals(W, sums, counts, bounds=(0.0, math.inf))
-    return {"kld": kld, "top1": top1 and [top1[0], min(top1[1], 1.0)], "ear": ear and [ear[0], min(ear[1], 1.0)]}
+    out = {"kld": kld, "top1": top1 and [top1[0], min(top1[1], 1.0)], "ear": ear and [ear[0], min(ear[1], 1.0)]}
+    if rows and all(k in r for r in rows for k in DIAGNOSTIC_ROW_KEYS):
+        # the diagnostics' intervals: the same draws, a separate call (the headline's values do not move)
+        d = np.stack([per_cluster(k) for k in DIAGNOSTIC_ROW_KEYS], axis=1)
+        rev, t5, t10 = ratio_intervals(W, d, counts, bounds=(0.0, math.inf))
+        out.update({"kld_rev": rev, "top5_overlap": t5 and [t5[0] / 5, min(t5[1] / 5, 1.0)],
+                    "top10_overlap": t10 and [t10[0] / 10, min(t10[1] / 10, 1.0)]})
+    return out
+
+
+#: Per-context row fields of the diagnostics (reports written before them lack the keys).
+DIAGNOSTIC_ROW_KEYS = ("sum_kld_rev", "top5_shared", "top10_shared")
 
 
 def aggregate(reports: Sequence[Any], *, n_shards: int | None = None, suite: Any = None) -> dict[str, Any]:
@@ -257,10 +292,25 @@ def aggregate(reports: Sequence[Any], *, n_shards: int | None = None, suite: Any
         "exceedance": t["exceedance"],
         "histogram": t["histogram"],
         "per_stratum": dict(sorted(strata.items())),
+        **_diagnostics(t, n, ci),
         "bootstrap": {"method": MEAN_METHOD, "method_text": MEAN_METHOD_TEXT + ", over per-context rows",
                       "min_clusters": MIN_CLUSTERS, "n_boot": int(boot["n_boot"]), "seed": int(boot["seed"])},
         **({} if shape is None else {"suite": shape.to_json()}),
     }
+
+
+def _diagnostics(t: Any, n: int, ci: dict[str, list[float] | None]) -> dict[str, Any]:
+    """``{"diagnostics": ...}`` from merged totals, with the intervals of the per-context rows; ``{}``
+    when a report of the set predates the diagnostics (no partial block)."""
+    from harness.metrics.diagnostics import diagnostics_from_totals
+
+    if "diagnostics" not in t or "kld_rev" not in ci:
+        return {}
+    d = diagnostics_from_totals(t["diagnostics"], n, int(t["top1_count"]))
+    d["kld_rev"]["ci95"] = ci["kld_rev"]
+    d["top5_overlap"]["ci95"] = ci["top5_overlap"]
+    d["top10_overlap"]["ci95"] = ci["top10_overlap"]
+    return {"diagnostics": d}
 
 
 # ------------------------------------------------------------------ ladder (one row per candidate)
@@ -290,12 +340,25 @@ def ladder_rows(reports: Sequence[Any], verdicts: dict[tuple[str, int], bool] | 
                 "p99_bounds": agg["kld"]["quantile_bounds"]["p99"],
                 "max_kld": agg["kld"]["max"],
                 "top1": agg["top1"]["agreement"],
+                **_ladder_diagnostics(agg),
                 "verdict": verdict,
                 "resolvable_delta": single_run_resolvable_delta([row for r in group for row in r.metrics["contexts"]]),
                 "aggregate": agg,
             }
         )
     return sorted(rows, key=lambda r: (r["mean_kld"], r["candidate"]))
+
+
+def _ladder_diagnostics(agg: dict[str, Any]) -> dict[str, Any]:
+    """The diagnostics a ladder row carries beside the headline (absent for reports that predate them):
+    mean reverse KL, top-5/top-10 overlap, llama-perplexity's "same top", the candidate's mean probability
+    of the reference's top token; the tables stay in ``aggregate.diagnostics``."""
+    d = agg.get("diagnostics")
+    if d is None:
+        return {}
+    return {"kld_rev_mean": d["kld_rev"]["mean"], "kld_rev_ci95": d["kld_rev"]["ci95"],
+            "top5_overlap": d["top5_overlap"]["mean"], "top10_overlap": d["top10_overlap"]["mean"],
+            "same_top": d["same_top"]["fraction"], "q_ref_top_mean": d["q_ref_top_mean"]}
 
 
 def _fmt(x: float) -> str:

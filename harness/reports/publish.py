@@ -190,6 +190,10 @@ def render_candidate(name: str, agg: dict[str, Any], shards: Sequence[Any], tail
         lines += [f"| {q} | [{fmt_opt(b[0])}, {fmt_opt(b[1])}] |" for q, b in k["quantile_bounds"].items()]
         lines.append("")
     lines += ["Exceedance counts (exact): " + ", ".join(f"KLD > {t}: {c}" for t, c in agg["exceedance"].items()) + ".", ""]
+    if "diagnostics" in agg:
+        from harness.reports.diagnostics import diagnostics_lines
+
+        lines += diagnostics_lines(agg["diagnostics"])
     if window:
         lines += ["## Scoring-window control", "", f"Verdict: {window['verdict']}.", "", "| score_from | mean KLD | change |", "|---|---|---|"]
         for kk, w in sorted(window["windows"].items(), key=lambda t: int(t[0])):

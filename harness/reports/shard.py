@@ -295,6 +295,10 @@ def render_markdown(r: ShardReport) -> str:
         f"p99 interval {_interval(k.get('p99_ci95'))}; CVaR1% interval {_interval(k.get('cvar1_ci95'))}.",
         "",
     ]
+    if "diagnostics" in m:
+        from harness.reports.diagnostics import diagnostics_lines
+
+        lines += diagnostics_lines(m["diagnostics"])
     if "exceedance" in m:
         lines += ["| KLD > | " + " | ".join(m["exceedance"]) + " |", "|---" * (len(m["exceedance"]) + 1) + "|"]
         lines += ["| positions | " + " | ".join(str(v) for v in m["exceedance"].values()) + " |", ""]

@@ -50,9 +50,10 @@ __all__ = ["Handover", "binding", "load_positions", "remove_session_files", "sav
            "shared_dir", "store_content_sha256"]
 
 #: PositionScores fields, in the order written (each an array of one entry per position)
-_SCORE_FIELDS = ("kld", "jsd_bits", "ear", "nll_ref", "nll_cand", "argmax_ref", "argmax_cand")
+_SCORE_FIELDS = ("kld", "jsd_bits", "ear", "nll_ref", "nll_cand", "argmax_ref", "argmax_cand",
+                 "kld_rev", "entropy_ref", "p_ref_top", "q_ref_top", "top5_overlap", "top10_overlap")
 _ARRAYS = (*_SCORE_FIELDS, "context_index", "row")
-_SCHEMA = "fidelity.shared-positions/2"
+_SCHEMA = "fidelity.shared-positions/3"
 #: The names a session writes in its folder (a candidate's name, then the shard).
 _FILE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+]*-shard\d{2,}\.(npz|lock)$")
 #: A hand-over file staged by :func:`harness.io.atomic.atomic_write_bytes` (left by a killed worker).

@@ -149,7 +149,8 @@ def bench_bootstrap(n_contexts: int, n_clusters: int, positions_per_context: int
     rng = np.random.default_rng(0)
     n = n_contexts * positions_per_context
     s = PositionScores(rng.lognormal(-7, 2, n), rng.random(n), rng.random(n), rng.random(n) * 5, rng.random(n) * 5,
-                       rng.integers(0, 4, n), rng.integers(0, 4, n))
+                       rng.integers(0, 4, n), rng.integers(0, 4, n), rng.lognormal(-7, 2, n), rng.random(n) * 5,
+                       rng.random(n), rng.random(n), rng.integers(0, 6, n), rng.integers(0, 11, n))
     ctx_cluster = np.concatenate([np.arange(n_clusters), rng.integers(0, n_clusters, n_contexts - n_clusters)])
     labels = [ContextLabel(i, int(ctx_cluster[i]), "prose") for i in range(n_contexts)]
     ci = np.repeat(np.arange(n_contexts), positions_per_context)

@@ -43,6 +43,18 @@ when a block's maximum is *strictly* greater, so ties go to the lowest token id,
 NLL: the target's logit is picked out of its block (exact), then nll = a + ln S - l_y (float64
 on the host).
 
+The other phase-1 scores
+------------------------
+* Reverse KL(q||p): the same cancellation-free form with the roles exchanged (weights e^(m-b),
+  x -> -x, Z -> -Z): KL(q||p) = G/R + (-Z - expm1(-Z)), G = sum_j e^(m_j - b) phi(-x_j).
+* Entropy of p: H = ln S + E/S with E = sum_j e^(l_j - a) (a - l_j) >= 0, rescaled when the max
+  grows (E <- e^(a_old - a_new) (E + (a_new - a_old) S)).
+* p(argmax p) = 1/S; q(argmax p) = e^(m_top - b)/R, m_top the candidate's logit at the running
+  reference argmax (replaced with it).
+* Top-k sets: each side keeps a running list of its ``TOPK`` largest logits and their ids
+  (:func:`_topk_merge` folds each column block in, ties to the lowest id); the host counts the
+  shared ids of the first 5 and of all 10.
+
 Phase 2 (optional; a second pass over the head): JSD and EAR
 ------------------------------------------------------------
 min(p, q) and the JSD terms depend on the *final* normalizers, which no single pass has while it
@@ -80,6 +92,7 @@ import triton.language as tl
 
 from harness.metrics.scores import PositionScores
 from harness.scoring.backends import interpreting
+from harness.scoring.torch_path import TOPK as TOPK_REPORTED
 from harness.scoring.torch_path import score_hidden_tiled
 
 __all__ = ["fused_score", "phase1", "phase2", "DEFAULT_BLOCKS"]
@@ -90,6 +103,8 @@ DEFAULT_BLOCKS: dict[str, tuple[int, int, int, int, int]] = {
     "interpret": (16, 64, 32, 1, 1),
 }
 _LN2 = math.log(2.0)
+#: Length of the running top-k lists phase 1 keeps per row and side (the largest reported k).
+TOPK = max(TOPK_REPORTED)
 
 
 @triton.jit
@@ -153,9 +168,34 @@ def _tile_logits(HA, HB, W, WB, rows, cols, rmask, cmask, K, s_ha, s_hb, s_w, s_
 
 
 @triton.jit
-def _phase1_kernel(HA, HB, W, WB, Y, OUT_F, OUT_I, N, V, K, s_ha, s_hb, s_w, s_wb,
+def _topk_merge(vals, ids, blk, cols, TOPK: tl.constexpr, KP: tl.constexpr):
+    """Merge one column block into a running top-``TOPK`` list (``[BLOCK_M, KP]`` values and ids,
+    slots ``>= TOPK`` unused at -inf). ``TOPK`` extractions of the larger of the two maxima; the
+    running list comes from earlier blocks (lower ids), so it wins a tie, and within either side
+    ``tie_break_left`` takes the lowest slot / column: ties go to the lowest token id."""
+    slot = tl.arange(0, KP)[None, :]
+    nv = tl.full(vals.shape, float("-inf"), tl.float32)
+    ni = tl.zeros(ids.shape, tl.int32)
+    for j in tl.static_range(TOPK):
+        cm = tl.max(vals, 1)
+        cp = tl.argmax(vals, 1, tie_break_left=True)
+        bm = tl.max(blk, 1)
+        bp = tl.argmax(blk, 1, tie_break_left=True)
+        take = cm >= bm
+        c_id = tl.sum(tl.where(slot == cp[:, None], ids, 0), 1)
+        b_id = tl.sum(tl.where(tl.arange(0, blk.shape[1])[None, :] == bp[:, None], cols[None, :], 0), 1)
+        nv = tl.where(slot == j, tl.where(take, cm, bm)[:, None], nv)
+        ni = tl.where(slot == j, tl.where(take, c_id, b_id)[:, None], ni)
+        vals = tl.where(take[:, None] & (slot == cp[:, None]), float("-inf"), vals)
+        blk = tl.where((~take)[:, None] & (tl.arange(0, blk.shape[1])[None, :] == bp[:, None]), float("-inf"), blk)
+    return nv, ni
+
+
+@triton.jit
+def _phase1_kernel(HA, HB, W, WB, Y, OUT_F, OUT_I, OUT_T, N, V, K, s_ha, s_hb, s_w, s_wb,
                    SHARED_W: tl.constexpr, UPCAST: tl.constexpr, EVEN_K: tl.constexpr,
-                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                   TOPK: tl.constexpr, KP: tl.constexpr):
     pid = tl.program_id(0)
     rows = pid * BLOCK_M + tl.arange(0, BLOCK_M)
     rmask = rows < N
@@ -170,6 +210,13 @@ def _phase1_kernel(HA, HB, W, WB, Y, OUT_F, OUT_I, N, V, K, s_ha, s_hb, s_w, s_w
     c = tl.zeros((BLOCK_M,), tl.float32)
     ia = tl.zeros((BLOCK_M,), tl.int32)
     ib = tl.zeros((BLOCK_M,), tl.int32)
+    E = tl.zeros((BLOCK_M,), tl.float32)  # sum e^(l-a) (a-l) >= 0 (entropy numerator)
+    G = tl.zeros((BLOCK_M,), tl.float32)  # reverse-KL analogue of F, weighted by e^(m-b)
+    mt = tl.zeros((BLOCK_M,), tl.float32)  # candidate logit at the running reference argmax
+    va = tl.full((BLOCK_M, KP), float("-inf"), tl.float32)
+    vb = tl.full((BLOCK_M, KP), float("-inf"), tl.float32)
+    ta = tl.zeros((BLOCK_M, KP), tl.int32)
+    tb = tl.zeros((BLOCK_M, KP), tl.int32)
     for v0 in range(0, V, BLOCK_N):
         cols = v0 + tl.arange(0, BLOCK_N)
         cmask = cols < V
@@ -184,6 +231,8 @@ def _phase1_kernel(HA, HB, W, WB, Y, OUT_F, OUT_I, N, V, K, s_ha, s_hb, s_w, s_w
             c = tl_max - tm_max  # centring constant for x = d - c (any constant is exact)
         t_ia = tl.argmax(l, 1, tie_break_left=True).to(tl.int32) + v0
         t_ib = tl.argmax(m, 1, tie_break_left=True).to(tl.int32) + v0
+        t_mt = tl.sum(tl.where(cols[None, :] == t_ia[:, None], m, 0.0), 1)
+        mt = tl.where(tl_max > a, t_mt, mt)
         ia = tl.where(tl_max > a, t_ia, ia)  # strictly greater: ties keep the lower id
         ib = tl.where(tm_max > b, t_ib, ib)
         a_new = tl.maximum(a, tl_max)
@@ -191,19 +240,33 @@ def _phase1_kernel(HA, HB, W, WB, Y, OUT_F, OUT_I, N, V, K, s_ha, s_hb, s_w, s_w
         alpha = tl.exp(a - a_new)
         beta = tl.exp(b - b_new)
         la = l - a_new[:, None]  # -inf on masked columns
+        lm = m - b_new[:, None]
         wl = tl.exp(la)
-        wm = tl.exp(m - b_new[:, None])
+        wm = tl.exp(lm)
         x = tl.where(cmask[None, :], dlm - c[:, None], 0.0)
         term = tl.where(x < -1.0, tl.exp(la - x) - wl + wl * x, wl * _phi(x))
+        xr = -x  # the reverse KL: the same form with the roles of l and m exchanged
+        term_r = tl.where(xr < -1.0, tl.exp(lm - xr) - wm + wm * xr, wm * _phi(xr))
+        E = tl.where(a == float("-inf"), 0.0, alpha * (E + (a_new - a) * S)) + tl.sum(tl.where(cmask[None, :], -wl * la, 0.0), 1)
         S = S * alpha + tl.sum(wl, 1)
         F = F * alpha + tl.sum(term, 1)
         R = R * beta + tl.sum(wm, 1)
+        G = G * beta + tl.sum(term_r, 1)
         a = a_new
         b = b_new
+        va, ta = _topk_merge(va, ta, l, cols, TOPK, KP)
+        vb, tb = _topk_merge(vb, tb, m, cols, TOPK, KP)
         hit = cols[None, :] == y[:, None]
         ly += tl.sum(tl.where(hit, l, 0.0), 1)
         my += tl.sum(tl.where(hit, m, 0.0), 1)
-    base = OUT_F + rows * 8
+    base = OUT_F + rows * 11
+    tl.store(base + 8, E, mask=rmask)
+    tl.store(base + 9, G, mask=rmask)
+    tl.store(base + 10, mt, mask=rmask)
+    slots = tl.arange(0, KP)[None, :]
+    tmask = rmask[:, None] & (slots < TOPK)
+    tl.store(OUT_T + rows[:, None] * (2 * TOPK) + slots, ta, mask=tmask)
+    tl.store(OUT_T + rows[:, None] * (2 * TOPK) + TOPK + slots, tb, mask=tmask)
     tl.store(base + 0, a, mask=rmask)
     tl.store(base + 1, S, mask=rmask)
     tl.store(base + 2, b, mask=rmask)
@@ -292,19 +355,23 @@ def _launch_args(blocks: tuple[int, int, int, int, int] | None, dev: torch.devic
 
 
 def phase1(ha: torch.Tensor, hb: torch.Tensor, w: torch.Tensor, wb: torch.Tensor, targets: torch.Tensor,
-           blocks: tuple[int, int, int, int, int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Run phase 1; returns per-row fp32 ``[N, 8]`` (a, S, b, R, F, l_y, m_y, c) and int32 ``[N, 2]`` argmaxes."""
+           blocks: tuple[int, int, int, int, int] | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Run phase 1; returns per-row fp32 ``[N, 11]`` (a, S, b, R, F, l_y, m_y, c, E, G, m_top), int32
+    ``[N, 2]`` argmaxes and int32 ``[N, 2, TOPK]`` top-k token ids (reference, candidate; largest first)."""
     n, k = ha.shape
     v = w.shape[0]
     dev = ha.device
-    out_f = torch.empty(n, 8, dtype=torch.float32, device=dev)
+    if v < TOPK:
+        raise ValueError(f"fused Triton scorer: vocabulary {v} is smaller than the top-{TOPK} it keeps; use backend='torch'")
+    out_f = torch.empty(n, 11, dtype=torch.float32, device=dev)
     out_i = torch.empty(n, 2, dtype=torch.int32, device=dev)
+    out_t = torch.empty(n, 2, TOPK, dtype=torch.int32, device=dev)
     kw = _launch_args(blocks, dev, w, k)
     y = targets.to(dev, torch.int32).contiguous()
     grid = (triton.cdiv(n, kw["BLOCK_M"]),)
-    _phase1_kernel[grid](ha, hb, w, wb, y, out_f, out_i, n, v, k, ha.stride(0), hb.stride(0), w.stride(0), wb.stride(0),
-                         SHARED_W=wb is w, **kw)
-    return out_f, out_i
+    _phase1_kernel[grid](ha, hb, w, wb, y, out_f, out_i, out_t, n, v, k, ha.stride(0), hb.stride(0), w.stride(0),
+                         wb.stride(0), SHARED_W=wb is w, TOPK=TOPK, KP=triton.next_power_of_2(TOPK), **kw)
+    return out_f, out_i, out_t
 
 
 def phase2(ha: torch.Tensor, hb: torch.Tensor, w: torch.Tensor, wb: torch.Tensor, rowp: torch.Tensor,
@@ -348,13 +415,14 @@ def fused_score(
         return PositionScores.empty(0)
     with torch.inference_mode():
         ha, hb, w, wb = _prep(ref_hidden, cand_hidden, head, cand_head, dev)
-        st, am = phase1(ha, hb, w, wb, targets, blocks)
+        st, am, top = phase1(ha, hb, w, wb, targets, blocks)
         s64 = st.double()
-        a, S, b, R, F, ly, my, c = s64.unbind(1)
+        a, S, b, R, F, ly, my, c, E, G, mt = s64.unbind(1)
         lnS, lnR = S.log(), R.log()
         lse_l, lse_m = a + lnS, b + lnR
         Z = (b - a + c) + (lnR - lnS)
         kld = (F / S + (Z - torch.expm1(Z))).clamp_min(0.0)
+        kld_rev = (G / R + (-Z - torch.expm1(-Z))).clamp_min(0.0)
         out = PositionScores.empty(n)
         if jsd_ear:
             rowp = torch.stack([a, b, lnS - lnR, S / R], 1).float()
@@ -371,7 +439,15 @@ def fused_score(
         ami = am.long().cpu().numpy()
         out.argmax_ref[:] = ami[:, 0]
         out.argmax_cand[:] = ami[:, 1]
-    bad = ~np.isfinite(out.kld) | ~np.isfinite(out.nll_ref) | ~np.isfinite(out.nll_cand)
+        out.kld_rev[:] = kld_rev.cpu().numpy()
+        out.entropy_ref[:] = (lnS + E / S).cpu().numpy()
+        out.p_ref_top[:] = (1.0 / S).cpu().numpy()
+        out.q_ref_top[:] = (torch.exp(mt - b) / R).cpu().numpy()
+        tops = top.long().cpu().numpy()
+        for k, field in zip(TOPK_REPORTED, (out.top5_overlap, out.top10_overlap)):
+            field[:] = (tops[:, 0, :k, None] == tops[:, 1, None, :k]).any(2).sum(1)
+    bad = ~np.isfinite(out.kld) | ~np.isfinite(out.nll_ref) | ~np.isfinite(out.nll_cand) | ~np.isfinite(out.kld_rev)
+    bad |= ~np.isfinite(out.entropy_ref) | ~np.isfinite(out.q_ref_top)
     if jsd_ear:
         bad |= ~np.isfinite(out.jsd_bits) | ~np.isfinite(out.ear)
     if fallback and bad.any():  # pathological logit ranges (module docstring): rescore those rows exactly

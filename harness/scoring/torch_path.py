@@ -115,6 +115,10 @@ class _Workspace:
         return [b[:rows] for b in self.bufs]
 
 
+#: The top-k overlaps the scorer reports (``PositionScores.top5_overlap``, ``top10_overlap``).
+TOPK = (5, 10)
+
+
 def _metrics_chunk(
     ref: torch.Tensor,
     cand: torch.Tensor,
@@ -125,15 +129,27 @@ def _metrics_chunk(
 ) -> None:
     """All metrics for one chunk of rows of logits (any float dtype), written to ``out[start:]``.
 
+    This is the scorer's whole per-tile metric pass: it reads the two logits tiles and never
+    multiplies by the head (the GEMMs that produce the tiles are the caller's).
+
     Notation: x, y = reference and candidate logits; X = x - max x, Y = y - max y (fp32, exact
     for bf16/fp16 logits); P = exp(X), Q = exp(Y) (unnormalized); s_a, s_b their row sums
     (float64). Then d = ln p - ln q = (X - Y) - (ln s_a - ln s_b): the normalizers cancel in
     float64 before anything is rounded to fp32, so d is accurate even when the divergence is tiny.
+
+    From the same buffers: H(p) = ln s_a + sum P (-X) / s_a (two non-negative terms, no
+    cancellation); p(argmax p) = 1 / s_a (the maximal term of P is exp(0)); q(argmax p) =
+    exp(Y[argmax p]) / s_b; KL(q||p) = -sum (Q s_a / s_b) d / s_a (Q rescaled to P's scale, the
+    same d as the forward KL, so identical inputs give exactly 0); the top-k sets from
+    ``torch.topk`` of the logits.
     """
-    rows = ref.shape[0]
+    rows, vocab = ref.shape
     X, Y, P, Q, A, B = ws.view(rows)
     mx_a, am_a = torch.max(ref, dim=1)  # first maximal index: ties go to the lowest token id
     mx_b, am_b = torch.max(cand, dim=1)
+    k_max = min(max(TOPK), vocab)
+    top_a = torch.topk(ref, k_max, dim=1, sorted=True).indices
+    top_b = torch.topk(cand, k_max, dim=1, sorted=True).indices
     torch.sub(ref, mx_a[:, None].float(), out=X)  # x - max x, fp32 (exact for bf16/fp16 logits)
     torch.exp(X, out=P)
     torch.sub(cand, mx_b[:, None].float(), out=Y)
@@ -145,9 +161,12 @@ def _metrics_chunk(
     yi = targets.view(-1, 1)
     nll_a = ln_a - X.gather(1, yi).view(-1).double()
     nll_b = ln_b - Y.gather(1, yi).view(-1).double()
+    y_top = Y.gather(1, am_a.view(-1, 1)).view(-1).double()  # candidate logit (shifted) at the reference's argmax
+    ent_neg = torch.mul(P, X, out=A).sum(1, dtype=torch.float64)  # sum P X <= 0
     X.sub_(Y).sub_((ln_a - ln_b).float()[:, None])  # X := d = ln p - ln q (exactly 0 where inputs agree)
     Q.mul_((s_a / s_b).float()[:, None])  # Q := q * s_a, on the same scale as P = p * s_a
     kld = torch.mul(P, X, out=Y).sum(1, dtype=torch.float64)
+    rev_neg = torch.mul(Q, X, out=Y).sum(1, dtype=torch.float64)  # sum q s_a d = -s_a KL(q||p)
     torch.minimum(P, Q, out=A)
     s_min = A.sum(1, dtype=torch.float64)
     torch.abs(X, out=B)  # a = |d|
@@ -161,8 +180,8 @@ def _metrics_chunk(
     j_sum = torch.mul(P, X, out=Y).sum(1, dtype=torch.float64)  # sum (p + q) * log1p(s)
 
     sl = slice(start, start + rows)
-    stats = torch.stack([kld, s_a, s_min, j_min, j_sum, nll_a, nll_b]).cpu().numpy()
-    kld_n, sa_n, smin_n, jmin_n, jsum_n, nlla_n, nllb_n = stats
+    stats = torch.stack([kld, s_a, s_min, j_min, j_sum, nll_a, nll_b, rev_neg, ent_neg, ln_a, y_top, s_b]).cpu().numpy()
+    kld_n, sa_n, smin_n, jmin_n, jsum_n, nlla_n, nllb_n, revn_n, entn_n, lna_n, ytop_n, sb_n = stats
     out.kld[sl] = kld_n / sa_n
     out.jsd_bits[sl] = 0.5 * (jsum_n - jmin_n) / sa_n / _LN2
     out.ear[sl] = np.clip(smin_n / sa_n, 0.0, 1.0)
@@ -170,6 +189,14 @@ def _metrics_chunk(
     out.nll_cand[sl] = nllb_n
     out.argmax_ref[sl] = am_a.cpu().numpy()
     out.argmax_cand[sl] = am_b.cpu().numpy()
+    out.kld_rev[sl] = -revn_n / sa_n
+    out.entropy_ref[sl] = lna_n - entn_n / sa_n
+    out.p_ref_top[sl] = 1.0 / sa_n
+    out.q_ref_top[sl] = np.exp(ytop_n) / sb_n
+    for k, field in zip(TOPK, (out.top5_overlap, out.top10_overlap)):
+        kk = min(k, k_max)
+        shared = (top_a[:, :kk, None] == top_b[:, None, :kk]).any(2).sum(1)
+        field[sl] = shared.cpu().numpy()
 
 
 class _MetricRunner:

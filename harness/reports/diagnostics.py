@@ -1,0 +1,63 @@
+"""Markdown of the diagnostics block (harness.metrics.diagnostics), shared by shard reports and published pages."""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["diagnostics_lines"]
+
+
+def _g(x: Any, digits: int = 4) -> str:
+    if x is None:
+        return "—"
+    if isinstance(x, float):
+        if x == 0.0:
+            return "0"
+        return f"{x:.{digits}g}" if (abs(x) >= 1e-3 and abs(x) < 1e5) else f"{x:.{digits - 1}e}"
+    return str(x)
+
+
+def _iv(ci: Any) -> str:
+    return f"[{_g(ci[0])}, {_g(ci[1])}]" if ci else "not estimable"
+
+
+def diagnostics_lines(d: Any) -> list[str]:
+    """The ``## Diagnostics`` section: scalar scores, then KLD by reference confidence and by entropy decile."""
+    st = d["same_top"]
+    se = "" if st.get("se_iid") is None else f" ± {100 * st['se_iid']:.3f} % (i.i.d. SE)"
+    lines = [
+        "## Diagnostics",
+        "",
+        "| score | value | 95% interval |",
+        "|---|---|---|",
+        f"| mean reverse KL(q‖p) (nats) | {_g(d['kld_rev']['mean'])} | {_iv(d['kld_rev'].get('ci95'))} |",
+        f"| top-5 overlap (fraction of the reference's top 5 kept) | {_g(d['top5_overlap']['mean'])} | "
+        f"{_iv(d['top5_overlap'].get('ci95'))} |",
+        f"| top-10 overlap | {_g(d['top10_overlap']['mean'])} | {_iv(d['top10_overlap'].get('ci95'))} |",
+        f"| same top (llama-perplexity's \"Same top p\") | {100 * st['fraction']:.3f} %{se} | |",
+        f"| candidate probability of the reference's top token (mean) | {_g(d['q_ref_top_mean'])} | |",
+        f"| reference top probability (mean) | {_g(d['p_ref_top_mean'])} | |",
+        f"| reference entropy (mean, nats) | {_g(d['entropy_ref_mean'])} | |",
+        "",
+        "### KLD by reference confidence (top probability)",
+        "",
+        "| p(top) | positions | mean KLD | top-1 |",
+        "|---|---|---|---|",
+    ]
+    for r in d["by_confidence"]:
+        lines.append(f"| [{r['lo']:g}, {r['hi']:g}{']' if r['hi'] == 1.0 else ')'} | {r['positions']} | {_g(r['mean_kld'])} | "
+                     f"{_g(r['top1'])} |")
+    lines += [
+        "",
+        "### KLD by reference-entropy decile",
+        "",
+        "Deciles are runs of whole fixed entropy bins (20 a decade), so their counts are about, not exactly, a tenth.",
+        "",
+        "| decile | entropy (nats) | positions | mean KLD |",
+        "|---|---|---|---|",
+    ]
+    for r in d["by_entropy_decile"]:
+        hi = "∞" if r["hi"] is None else _g(r["hi"], 3)
+        lines.append(f"| {r['decile']} | [{_g(r['lo'], 3)}, {hi}) | {r['positions']} | {_g(r['mean_kld'])} |")
+    lines.append("")
+    return lines
