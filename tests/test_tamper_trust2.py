@@ -189,6 +189,8 @@ def _positions(kld: float | None = None, seed: int = 0) -> Any:
     scores = PositionScores(
         kld=np.full(n, kld) if kld is not None else rng.random(n) + 0.1, jsd_bits=rng.random(n), ear=rng.random(n),
         nll_ref=rng.random(n), nll_cand=rng.random(n), argmax_ref=rng.integers(0, 9, n), argmax_cand=rng.integers(0, 9, n),
+        kld_rev=rng.random(n), entropy_ref=rng.random(n), p_ref_top=rng.random(n), q_ref_top=rng.random(n),
+        top5_overlap=rng.integers(0, 6, n), top10_overlap=rng.integers(0, 11, n),
     )
     return ShardPositions(scores=scores, context_index=np.repeat(np.arange(2), 3), row=np.tile(np.arange(3), 2),
                           labels=[ContextLabel(0, "d0", "prose"), ContextLabel(1, "d1", "prose")],
