@@ -51,7 +51,7 @@ from harness.metrics.scores import PositionScores
 #: Edges of the reference-confidence buckets (the reference's top probability); the last bucket is closed at 1.
 CONFIDENCE_EDGES: tuple[float, ...] = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99, 1.0)
 #: The fixed fine histogram of the reference entropy (nats) that the deciles are formed from.
-ENTROPY_SPEC: EntropySpec = {"kind": "log10", "lo": 1e-6, "hi": 100.0, "bins_per_decade": 20, "n_counts": 162}
+ENTROPY_SPEC: EntropySpec = {"kind": "log10", "lo": 1e-6, "hi": 100.0, "bins_per_decade": 40, "n_counts": 322}
 
 
 def _entropy_edges(spec: EntropySpec) -> np.ndarray:

@@ -51,7 +51,7 @@ def diagnostics_lines(d: Any) -> list[str]:
         "",
         "### KLD by reference-entropy decile",
         "",
-        "Deciles are runs of whole fixed entropy bins (20 a decade), so their counts are about, not exactly, a tenth.",
+        "Deciles are runs of whole fixed entropy bins (40 a decade), so their counts are about, not exactly, a tenth.",
         "",
         "| decile | entropy (nats) | positions | mean KLD |",
         "|---|---|---|---|",
