@@ -28,7 +28,7 @@ def test_publish_then_verify_refuses_tampering(run: Path, capsys: pytest.Capture
                  "--complete", "4"]) == 0
     files = sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file())
     assert files == ["README.md", "bad/report.md", "checksums.txt", "good/report.md", "kld-vs-size.json", "kld-vs-size.png",
-                     "ladder.md", "results.json"]
+                     "ladder.md", "results.json", "tails.png"]
     results = json.loads((out / "results.json").read_text())
     good = results["candidates"]["good"]
     assert len(good["shards"]) == 4 and good["tails"]["cumulative"]["n_positions"] == 248
@@ -41,10 +41,10 @@ def test_publish_then_verify_refuses_tampering(run: Path, capsys: pytest.Capture
                     "pytest fidelity.toml --fidelity-candidates good --fidelity-shards 0,1,2,3"):
         assert section in page, section
     lines = (out / "checksums.txt").read_text().splitlines()
-    assert len(lines) == 7 and all(len(l.split("  ")[0]) == 64 for l in lines)  # sha256sum format
+    assert len(lines) == 8 and all(len(l.split("  ")[0]) == 64 for l in lines)  # sha256sum format
     capsys.readouterr()
     assert main(["verify", str(out)]) == 0
-    assert "OK (7 files" in capsys.readouterr().out
+    assert "OK (8 files" in capsys.readouterr().out
     # changed
     ladder = out / "ladder.md"
     original = ladder.read_bytes()

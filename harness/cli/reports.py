@@ -145,7 +145,9 @@ def add_publish(sub: SubParsers) -> None:
         formatter_class=formatter,
         description=(
             "From a report folder (pytest --fidelity-report-dir or fidelity replay output), write:\n"
-            "README.md, ladder.md, results.json, kld-vs-size.json/.png, <candidate>/report.md and\n"
+            "README.md (a Hugging Face model card: license, tags, base_model from the config's [card],\n"
+            "model-index results per candidate, the ladder and the plots), ladder.md, results.json,\n"
+            "kld-vs-size.json/.png, tails.png (with tail reports), <candidate>/report.md and\n"
             "checksums.txt (sha256sum format). Every report is checked against the suite (--suite, or\n"
             "the suite of --config); verdicts are recomputed from the reports and the baselines\n"
             "(--baselines, or those of --config), never copied. The set appears whole or not at all.\n\n"

@@ -119,7 +119,7 @@ def build_dataset(*, config_path: Path, reports_dir: Path | None, corpus: Path, 
         "bytes": sizes, "seed_scale_bytes": seed,
     }
     atomic_write_json(out / MANIFEST, doc)
-    atomic_write_text(out / "README.md", render_card(doc, suite.n_contexts))
+    atomic_write_text(out / "README.md", render_card(doc, suite.n_contexts, suite.meta.get("documents") or {}))
     write_checksums(out)
     return doc
 
@@ -139,10 +139,13 @@ def size_lines(doc: dict[str, Any]) -> list[str]:
     return lines
 
 
-def render_card(doc: dict[str, Any], n_contexts: int) -> str:
-    """The dataset card: what, sizes per part, how to verify, how to replay."""
+def render_card(doc: dict[str, Any], n_contexts: int, documents: dict[str, Any]) -> str:
+    """The dataset card (:mod:`harness.dataset.card`): metadata the Hub reads, then what the folder holds,
+    sizes per part, how to verify, how to replay, and the documents' sources and licences."""
+    from harness.dataset.card import render_dataset_card
+
     shards = ",".join(map(str, doc["reference"]["shards"]))
-    return "\n".join([
+    return render_dataset_card(doc, n_contexts, documents, [
         "# Fidelity reference dataset", "",
         f"The token suite ({n_contexts} contexts x {doc['n_ctx']} tokens, {doc['n_shards']} shards, suite_token_sha256 "
         f"`{doc['suite_token_sha256']}`), the BF16 reference hidden states of shard(s) {shards}, the shared LM head, "

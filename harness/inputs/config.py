@@ -35,6 +35,10 @@ fidelity-suite layout (``suite/suite-manifest.json``, ``reference/<folder>/captu
 read in place the same way; its head is ``lm-head/weight.safetensors`` unless ``[dataset] head = ...``
 names the pinned head file (the published datasets ship it separately).
 
+    [card]                              # optional: what the published set's Hugging Face model card says
+    base_model = "Qwen/Qwen3-8B"        # the BF16 original's Hub id: base_model, base_model_relation: quantized
+    license = "apache-2.0"              # the candidates' licence (a quantization keeps its base model's)
+
     [[pairs]]                           # paired comparisons (common random numbers)
     a = "int4_g32"
     b = "int4_g32_b"
@@ -98,6 +102,25 @@ class ReferenceConfig:
     model: Path | None
 
 
+#: A Hugging Face Hub repository id (``org/name``).
+HUB_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9_.-]+$")
+#: A licence identifier as the Hub writes them (``apache-2.0``, ``mit``, ``cc-by-4.0``, ``other``).
+LICENSE_RE = re.compile(r"^[a-z0-9][a-z0-9.+-]*$")
+
+
+@dataclass(frozen=True)
+class CardConfig:
+    """``[card]``: metadata of the published set's model card (``fidelity publish``), both optional.
+
+    base_model: the Hub id of the BF16 original the candidates were made from; the card then says
+    ``base_model: <id>`` and ``base_model_relation: quantized``.
+    license: the candidates' licence id (the Hub's spelling); absent: ``unknown``.
+    """
+
+    base_model: str | None = None
+    license: str | None = None
+
+
 @dataclass(frozen=True)
 class FidelityConfig:
     """A validated ``fidelity.toml``. Relative paths are resolved against the file's folder."""
@@ -117,6 +140,8 @@ class FidelityConfig:
     #: The layout of ``dataset``: ``fidelity.dataset/1`` (``fidelity dataset build``) or the published
     #: fidelity-suite layout (:data:`harness.inputs.published_layout.LAYOUT`), read in place; None without a dataset.
     dataset_layout: str | None = None
+    #: ``[card]``: the published model card's base model and licence.
+    card: CardConfig = field(default_factory=CardConfig)
 
     def candidate(self, name: str) -> CandidateConfig:
         """The candidate called ``name``; an unknown name suggests near matches."""
@@ -129,7 +154,8 @@ class FidelityConfig:
         raise ConfigError(f"{self.path}: unknown candidate {name!r}{hint}")
 
 
-_TOP_KEYS = {"suite", "reference", "dataset", "settings", "candidates", "pairs"}
+_TOP_KEYS = {"suite", "reference", "dataset", "settings", "candidates", "pairs", "card"}
+_CARD_KEYS = {"base_model", "license"}
 _DATASET_KEYS = {"path", "head"}
 _SUITE_KEYS = {"path"}
 _REF_KEYS = {"name", "model", "store", "head"}
@@ -258,6 +284,17 @@ def _candidate(path: Path, raw: Any, i: int) -> CandidateConfig:
     )
 
 
+def _card(path: Path, raw: Any) -> CardConfig:
+    r = _Reader(path, raw, "card", _CARD_KEYS)
+    base, lic = r.string("base_model", required=False), r.string("license", required=False)
+    if base is not None and not HUB_ID_RE.match(base):
+        raise ConfigError(f"{path}: card.base_model: expected a Hugging Face Hub id like 'Qwen/Qwen3-8B', found {base!r}")
+    if lic is not None and not LICENSE_RE.match(lic):
+        raise ConfigError(f"{path}: card.license: expected a licence id as the Hub spells it (lower case, like "
+                          f"'apache-2.0' or 'mit'), found {lic!r}")
+    return CardConfig(base_model=base, license=lic)
+
+
 def load_config(path: str | Path) -> FidelityConfig:
     """Read and validate ``fidelity.toml``; raises :class:`ConfigError` naming the file and key."""
     path = Path(path)
@@ -364,5 +401,6 @@ def load_config(path: str | Path) -> FidelityConfig:
         dataset=dataset,
         reference_shards=held,
         dataset_layout=layout,
+        card=_card(path, raw.get("card", {})),
     )
     return cfg

@@ -9,11 +9,13 @@ aggregated under the fail-closed rules of :mod:`harness.reports.aggregate`.
 
 The publishable set (``fidelity publish``)::
 
-    README.md            the protocol in brief and how to verify the set
+    README.md            a Hugging Face model card (:mod:`harness.reports.card`): metadata with model-index
+                         results per candidate, the ladder, the plots, the protocol in brief, how to verify
     ladder.md            one row per candidate, sorted by mean KLD
     results.json         every measurement: aggregates, every shard report, tails, windows, pairs
     kld-vs-size.json     the points of the plot (on-disk GiB, mean KLD, interval, Pareto flag)
     kld-vs-size.png      mean KLD (log) versus size, interval bars, Pareto frontier, labels; relative intervals
+    tails.png            the KLD complementary CDF of every candidate (when the reports hold tail reports)
     <candidate>/report.md  one page per candidate
     checksums.txt        sha256 of every other file (``sha256sum -c`` compatible)
 
@@ -219,7 +221,7 @@ def render_candidate(name: str, agg: dict[str, Any], shards: Sequence[Any], tail
 
 
 README = """\
-# Fidelity report set
+## What is measured
 
 Exact full-vocabulary KL divergence KL(p‖q) of each candidate's next-token distribution (q)
 from the BF16 reference's (p), in nats, on a fixed suite of token contexts. Both models' final
@@ -245,6 +247,7 @@ hidden states go through one shared BF16 LM head, so the number measures the mod
 |---|---|
 | `ladder.md` | one row per candidate, sorted by mean KLD |
 | `results.json` | every measurement: aggregates, every shard report, tails, windows, pairs |
+| `tails.png` | (when the set holds tail reports) fraction of positions with KLD ≥ x, per candidate, log-log; the numbers are in `results.json` (`candidates.<name>.tails`) |
 | `kld-vs-size.json`, `kld-vs-size.png` | mean KLD (log scale, interval bars) versus on-disk size (the png's axis in GiB, or MiB when every candidate is under 1 GiB, like the sizes in `ladder.md` and the pages; the json in GiB: `size_gib`), Pareto frontier; below, each 95% interval relative to its mean (%), to scale; colours as in `tails.png` |
 | `<candidate>/report.md` | one page per candidate: headline, interval, tails, window control, identity, how to reproduce |
 | `checksums.txt` | sha256 of every other file |
@@ -324,7 +327,7 @@ def derive_verdicts(groups: dict[str, list[Any]], baselines: dict[str, Any]) -> 
 
 
 def _render_set(groups: dict[str, list[Any]], suite: Any, baselines: dict[str, Any], extras: dict[str, Any],
-                repro: dict[str, Any] | None, n_shards: int | None = None) -> dict[str, Any]:
+                repro: dict[str, Any] | None, n_shards: int | None = None, card: dict[str, Any] | None = None) -> dict[str, Any]:
     """Every derived file of a published set (but the plot and checksums), from the shard reports,
     the suite and the baselines alone: ``publish`` writes these and ``verify`` re-derives them."""
     from harness import PROTOCOL_VERSION
@@ -342,6 +345,7 @@ def _render_set(groups: dict[str, list[Any]], suite: Any, baselines: dict[str, A
         "suite": shape.to_json(),
         "n_shards_required": n_shards,
         "reproduction": repro,
+        "card": card,
         "baselines": {name: (b.to_json() if (b := baselines.get(name)) is not None else None) for name in aggs},
         "candidates": {
             name: {"aggregate": aggs[name],
@@ -364,8 +368,13 @@ def _render_set(groups: dict[str, list[Any]], suite: Any, baselines: dict[str, A
         mine = [p for p in pairs if name in (p["a"], p["b"])]
         files[f"{name}/report.md"] = render_candidate(name, agg, groups[name], tails.get(name), window, mine, repro)
     windows = sorted({a["score_from"] for a in aggs.values()})
-    files["README.md"] = README.format(protocol=PROTOCOL_VERSION, windows=", ".join(map(str, windows)),
-                                       candidates=", ".join(f"`{n}`" for n in aggs))
+    from harness.reports.card import render_card
+
+    details = README.format(protocol=PROTOCOL_VERSION, windows=", ".join(map(str, windows)),
+                            candidates=", ".join(f"`{n}`" for n in aggs))
+    n_contexts = sum(s.stop - s.start for s in shape.shards)
+    files["README.md"] = render_card(card, aggs, {**shape.to_json(), "n_contexts": n_contexts}, format_ladder(rows),
+                                     bool(tails), details)
     return {"files": files, "points": points}
 
 
@@ -407,13 +416,20 @@ def publish(reports_dir: str | Path, out_dir: str | Path, *, config: Any = None,
         "adaptive": _read_json(reports_dir / "adaptive.json"),
         "paired": [_read_json(p) for p in sorted((reports_dir / "paired").glob("*.json"))] if (reports_dir / "paired").is_dir() else [],
     }
-    derived = _render_set(groups, suite, baselines, extras, reproduction_info(config, groups), n_shards=n_shards)
+    from harness.reports.card import card_info
+
+    derived = _render_set(groups, suite, baselines, extras, reproduction_info(config, groups), n_shards=n_shards,
+                          card=card_info(config) if config is not None else None)
     with staged_directory(out) as stage:
         from harness.io.atomic import atomic_write_files
 
         atomic_write_files({stage / rel: text for rel, text in derived["files"].items()})
         palette = None if config is None else [c.name for c in config.candidates]  # colours as in tails.png
         plot_kld_vs_size(derived["points"], stage / "kld-vs-size.png", palette)
+        if extras["tails"]:  # the card embeds it (colours as in the run's tails.png)
+            from harness.reports.plot import plot_ccdf
+
+            plot_ccdf({n: t["ccdf"] for n, t in sorted(extras["tails"].items())}, stage / "tails.png", palette)
         write_checksums(stage)
     return [out / rel for rel in _files(out)] + [out / CHECKSUMS]
 
@@ -485,7 +501,10 @@ def rederive_set(root: str | Path) -> list[str]:
         repro = res.get("reproduction")
         if repro is not None and not isinstance(repro, dict):
             raise VerificationError(rp, "reproduction", "an object or null", type(repro).__name__)
-        derived = _render_set(groups, suite, baselines, extras, repro, n_shards=required)
+        card = res.get("card")
+        if card is not None and not isinstance(card, dict):
+            raise VerificationError(rp, "card", "an object or null", type(card).__name__)
+        derived = _render_set(groups, suite, baselines, extras, repro, n_shards=required, card=card)
     except FidelityError as e:
         return [f"re-deriving the set from its shard reports failed: {e}"]
     problems = []
@@ -494,13 +513,23 @@ def rederive_set(root: str | Path) -> list[str]:
         if not path.is_file():
             problems.append(f"{path}: missing (re-derived from the shard reports)")
             continue
+        if rel == "README.md":  # a model card: its metadata compared as data, its body as text
+            from harness.reports.card import split_card
+
+            (want_meta, text), (got_meta, found) = split_card(text), split_card(path.read_text(encoding="utf-8"))
+            diff = _first_numeric_difference(want_meta, got_meta, "metadata")
+            if diff:
+                problems.append(f"{path}: {diff[0]}: expected {diff[1]!r} (re-derived from the shard reports), found {diff[2]!r}")
+                continue
+        else:
+            found = path.read_text(encoding="utf-8")
         if rel.endswith(".json"):
             want, got = json.loads(text), read_json(path)
             diff = _first_numeric_difference(want, got, "$")
             if diff:
                 problems.append(f"{path}: {diff[0]}: expected {diff[1]!r} (re-derived from the shard reports), found {diff[2]!r}")
-        elif path.read_text(encoding="utf-8") != text:
-            want_lines, got_lines = text.splitlines(), path.read_text(encoding="utf-8").splitlines()
+        elif found != text:
+            want_lines, got_lines = text.splitlines(), found.splitlines()
             n = next((i for i, (a, b) in enumerate(zip(want_lines, got_lines)) if a != b), min(len(want_lines), len(got_lines)))
             problems.append(f"{path}:{n + 1}: expected {want_lines[n] if n < len(want_lines) else '<end>'!r} "
                             f"(re-derived from the shard reports), found {got_lines[n] if n < len(got_lines) else '<end>'!r}")

@@ -1,0 +1,127 @@
+"""The published set's ``README.md`` as a Hugging Face model card (``fidelity publish``).
+
+The card is written through huggingface_hub's own classes (:class:`huggingface_hub.ModelCard`,
+:class:`~huggingface_hub.ModelCardData`, :class:`~huggingface_hub.EvalResult`), so the Hub reads its
+YAML metadata block:
+
+* ``license`` -- ``[card] license`` of the configuration, else ``unknown``;
+* ``tags`` -- ``fidelity``, ``kl-divergence``, ``quantized`` and every candidate's tags;
+* ``pipeline_tag: text-generation``;
+* ``base_model`` and ``base_model_relation: quantized`` when the configuration names the BF16 original on
+  the Hub (``[card] base_model``);
+* ``model-index``: one evaluation result per candidate -- metric type ``kl_divergence``, name
+  ``mean KL divergence vs BF16 (<candidate>)``, value the token-mean KLD in nats, ``config`` the candidate
+  and ``args`` its 95% interval (studentized source-cluster bootstrap), positions, shards and window --
+  on the suite as the dataset (``revision``: its ``suite_token_sha256``).
+
+The body shows the ladder table and embeds the plots of the set by relative links (``kld-vs-size.png``;
+``tails.png`` when the set has tail reports), then the protocol, the files and how to verify.
+
+``fidelity verify`` re-derives the card: :func:`split_card` parses a card back with huggingface_hub into
+its metadata (compared as data, so another YAML spelling of the same numbers is not a difference) and
+its body (compared as text).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+#: The metric every candidate's evaluation result reports.
+METRIC_TYPE = "kl_divergence"
+METRIC_NAME = "mean KL divergence vs BF16"
+TASK_TYPE = "text-generation"
+TASK_NAME = "fidelity to the BF16 original (exact full-vocabulary KL divergence)"
+#: The model-index dataset type of a fidelity suite (its revision is the suite's sha256).
+DATASET_TYPE = "fidelity-suite"
+BASE_TAGS = ("fidelity", "kl-divergence", "quantized")
+INTERVAL = "95% studentized source-cluster bootstrap"
+
+
+def card_info(config: Any) -> dict[str, Any]:
+    """What the card needs from the configuration (recorded in ``results.json`` as ``card``, so ``fidelity
+    verify`` re-renders the card without it): ``base_model``, ``license`` and the reference's name."""
+    card = getattr(config, "card", None)
+    return {"base_model": getattr(card, "base_model", None), "license": getattr(card, "license", None),
+            "reference": None if config is None else config.reference.name}
+
+
+def _tags(aggs: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    own = sorted({str(t) for a in aggs.values() for t in a["comparability"]["candidate"].get("tags") or ()}
+                 - set(BASE_TAGS))
+    return [*BASE_TAGS, *own]
+
+
+def eval_results(aggs: Mapping[str, Mapping[str, Any]], suite: Mapping[str, Any]) -> list[Any]:
+    """One :class:`~huggingface_hub.EvalResult` per candidate, in ladder order (by mean KLD)."""
+    from huggingface_hub import EvalResult
+
+    sha = str(suite["suite_token_sha256"])
+    out = []
+    for name, a in sorted(aggs.items(), key=lambda t: (t[1]["kld"]["mean"], t[0])):
+        ci = a["kld"]["ci95"]
+        args: dict[str, Any] = {"unit": "nats", "interval": INTERVAL if ci else
+                                f"not estimable ({a['n_clusters']} source clusters; at least 8 needed)"}
+        if ci:
+            args.update(ci95_low=float(ci[0]), ci95_high=float(ci[1]))
+        args.update(n_positions=int(a["n_positions"]), shards=[int(s["index"]) for s in a["shards"]],
+                    score_from=int(a["score_from"]))
+        out.append(EvalResult(
+            task_type=TASK_TYPE, task_name=TASK_NAME,
+            dataset_type=DATASET_TYPE, dataset_name=f"fidelity suite {sha[:12]}", dataset_revision=sha,
+            dataset_args={"suite_token_sha256": sha, "n_ctx": int(suite["n_ctx"]), "n_contexts": int(suite["n_contexts"])},
+            metric_type=METRIC_TYPE, metric_name=f"{METRIC_NAME} ({name})", metric_value=float(a["kld"]["mean"]),
+            metric_config=name, metric_args=args))
+    return out
+
+
+def card_data(info: Mapping[str, Any] | None, aggs: Mapping[str, Mapping[str, Any]], suite: Mapping[str, Any]) -> Any:
+    """The card's :class:`~huggingface_hub.ModelCardData`."""
+    from huggingface_hub import ModelCardData
+
+    info = info or {}
+    base = info.get("base_model")
+    extra: dict[str, Any] = {"base_model_relation": "quantized"} if base else {}
+    return ModelCardData(
+        license=info.get("license") or "unknown", tags=_tags(aggs), pipeline_tag=TASK_TYPE,
+        base_model=base, model_name=model_name(info), eval_results=eval_results(aggs, suite), **extra)
+
+
+def model_name(info: Mapping[str, Any] | None) -> str:
+    """The model-index name: the base model's Hub id, else the reference's name, as a ladder."""
+    info = info or {}
+    return f"{info.get('base_model') or info.get('reference') or 'reference'} quantization ladder"
+
+
+def render_body(info: Mapping[str, Any] | None, ladder_lines: Sequence[str], has_tails: bool, details: str) -> str:
+    """The card's Markdown: title, what is measured, the ladder, the plots (relative links), then ``details``."""
+    info = info or {}
+    base = info.get("base_model")
+    ref = f"`{info.get('reference') or 'reference'}`"
+    origin = (f"the BF16 original {ref} ([{base}](https://huggingface.co/{base}))" if base else f"the BF16 original {ref}")
+    lines = [f"# {model_name(info)}", "",
+             f"Exact full-vocabulary KL divergence of each candidate's next-token distribution from {origin}, in "
+             f"nats, with its {INTERVAL} interval (the same numbers are in this card's `model-index`).", "",
+             "## Ladder", "", *ladder_lines, "",
+             "![Mean KLD versus on-disk size, with 95% intervals and the Pareto frontier](kld-vs-size.png)", ""]
+    if has_tails:
+        lines += ["![KLD tail: fraction of positions with KLD at least x, per candidate](tails.png)", ""]
+    return "\n".join(lines) + "\n" + details
+
+
+def render_card(info: Mapping[str, Any] | None, aggs: Mapping[str, Mapping[str, Any]], suite: Mapping[str, Any],
+                ladder_lines: Sequence[str], has_tails: bool, details: str) -> str:
+    """The whole ``README.md``: the metadata block written by huggingface_hub, then the body."""
+    from huggingface_hub import ModelCard
+
+    data = card_data(info, aggs, suite)
+    card = ModelCard(f"---\n{data.to_yaml()}\n---\n\n{render_body(info, ladder_lines, has_tails, details)}")
+    return str(card)
+
+
+def split_card(text: str) -> tuple[dict[str, Any], str]:
+    """``(metadata, body)`` of a card as huggingface_hub parses it (metadata ``{}`` when there is no block)."""
+    from huggingface_hub import ModelCard
+
+    card = ModelCard(text, ignore_metadata_errors=True)
+    return card.data.to_dict(), card.text  # type: ignore[no-untyped-call]
