@@ -373,9 +373,9 @@ def _render_set(groups: dict[str, list[Any]], suite: Any, baselines: dict[str, A
     details = README.format(protocol=PROTOCOL_VERSION, windows=", ".join(map(str, windows)),
                             candidates=", ".join(f"`{n}`" for n in aggs))
     n_contexts = sum(s.stop - s.start for s in shape.shards)
-    files["README.md"] = render_card(card, aggs, {**shape.to_json(), "n_contexts": n_contexts}, format_ladder(rows),
-                                     bool(tails), details)
-    return {"files": files, "points": points}
+    readme = render_card(card, aggs, {**shape.to_json(), "n_contexts": n_contexts}, format_ladder(rows), bool(tails), details)
+    # the card first: verify names the last disagreement, and the card only repeats results.json's numbers
+    return {"files": {"README.md": readme, **files}, "points": points}
 
 
 def publish(reports_dir: str | Path, out_dir: str | Path, *, config: Any = None, n_shards: int | None = None,
