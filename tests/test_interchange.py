@@ -173,3 +173,74 @@ def test_refusals(pub: tuple[Path, Path], tmp_path: Path, what: str, capsys: pyt
     err = capsys.readouterr().err
     assert expected in err, err
     assert not (tmp_path / "out").exists()
+
+
+def _bf16(x: np.ndarray) -> np.ndarray:
+    """Round to the nearest bf16 (ties to even) via float32 bits, returned as float64."""
+    b = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    b = ((b + 0x7FFF + ((b >> 16) & 1)) >> 16) << 16
+    return b.astype(np.uint32).view(np.float32).astype(np.float64)
+
+
+def _published_method_float64(v: Path) -> tuple[list[float], list[float], list[str]]:
+    """The published method re-derived in float64 numpy from the layout's own files: per-context mean KLD and top-1."""
+    import torch
+    from safetensors.torch import load_file
+
+    head = next(iter(load_file(v / "lm-head" / "weight.safetensors").values())).to(torch.float64).numpy()
+    parent = json.loads((v / "suite" / "shard-0000" / "suite-manifest.json").read_text())
+    means, top1, clusters = [], [], []
+    for row in parent["context_index"]:
+        name = f"hidden_{row['index']:04d}.safetensors"
+        ref = load_file(v / "reference" / "hidden-bf16" / name)["hidden_states"].to(torch.float64).numpy()
+        cand = load_file(v / "captures" / "shard-0000" / "hidden-int8" / name)["hidden_states"].to(torch.float64).numpy()
+        lr, lc = _bf16(ref @ head.T), _bf16(cand @ head.T)
+        lr -= np.log(np.exp(lr - lr.max(1, keepdims=True)).sum(1, keepdims=True)) + lr.max(1, keepdims=True)
+        lc -= np.log(np.exp(lc - lc.max(1, keepdims=True)).sum(1, keepdims=True)) + lc.max(1, keepdims=True)
+        kl = (np.exp(lr) * (lr - lc)).sum(1)
+        means.append(float(kl.mean()))
+        top1.append(float((lr.argmax(1) == lc.argmax(1)).mean()))
+        clusters.append(row["source_cluster"])
+    return means, top1, clusters
+
+
+def _flattened_bootstrap(values: list[float], clusters: list[str]) -> tuple[float, float]:
+    """The percentile bootstrap as the published description states it (flattened context means)."""
+    import random
+
+    by: dict[str, list[float]] = {}
+    for x, c in zip(values, clusters):
+        by.setdefault(c, []).append(x)
+    keys, rng, reps = list(by), random.Random(1), []
+    for _ in range(10_000):
+        flat = [x for k in (keys[rng.randrange(len(keys))] for _ in keys) for x in by[k]]
+        reps.append(sum(flat) / len(flat))
+    reps.sort()
+    return reps[250], reps[9749]
+
+
+def test_published_method_against_float64(pub: tuple[Path, Path]) -> None:
+    """--method published: the published tool's figures, checked against an independent float64 re-implementation;
+    the exact figure and the difference stand beside them; this project's aggregate refuses the file."""
+    tmp, v = pub
+    out = tmp / "method"
+    assert main(["replay", "--dataset", str(v), "--candidate", str(v / "captures" / "shard-0000" / "hidden-int8"),
+                 "--name", "int8", "--method", "published", "--out", str(out)]) == 0
+    doc = json.loads((out / "report-int8-shard-0000.json").read_text())
+    assert doc["schema"] == "qwen38-fidelity-report/2" and doc["fidelity_method"]["name"] == "published"
+    means, top1, clusters = _published_method_float64(v)
+    got = [r["mean_kld"] for r in doc["per_context"]]
+    assert np.allclose(got, means, rtol=2e-3, atol=0)  # bf16 rounding flips at a few logits
+    assert doc["token_mean_kld"] == pytest.approx(float(np.mean(means)), rel=1e-4)
+    assert doc["top1_agreement"] == pytest.approx(float(np.mean(top1)), abs=2 / 4080)
+    lo, hi = _flattened_bootstrap(got, [r["source_cluster"] for r in doc["per_context"]])
+    assert doc["context_bootstrap"]["ci95_low"] == pytest.approx(lo, rel=1e-12)
+    assert doc["context_bootstrap"]["ci95_high"] == pytest.approx(hi, rel=1e-12)
+    exact = _ours(tmp)["metrics"]["kld"]["mean"]
+    assert doc["fidelity_method"]["exact"]["token_mean_kld"] == exact
+    assert doc["fidelity_method"]["difference"]["token_mean_kld"] == pytest.approx(doc["token_mean_kld"] - exact, rel=1e-12)
+    assert doc["token_mean_kld"] > 1.3 * exact  # the bf16 rounding of every logit biases the mean upward
+    md = (out / "report-int8-shard-0000.md").read_text()
+    assert "published method (not this project's measurement)" in md and "exact (this project)" in md
+    assert main(["aggregate", str(out / "report-int8-shard-0000.json"), "--suite", str(FIX / "suite"), "--partial",
+                 "--out", str(tmp / "agg-method")]) == 1

@@ -217,12 +217,15 @@ def _replay(a: argparse.Namespace) -> int:
             if a.suite or a.reference:
                 raise FidelityError(f"replay --dataset ({LAYOUT}) takes the suite and the reference from the dataset: drop --suite/--reference")
             paths = replay_published(a.dataset, a.candidate, a.out, head=a.head, shards=a.shards, score_from=a.window,
-                                     name=a.name, n_boot=a.n_boot, device=a.device)
+                                     name=a.name, n_boot=a.n_boot, device=a.device, method=a.method)
             for p in paths:
                 print(f"{p}: written (+ {p.with_suffix('.md').name})")
             return 0
     if a.dataset is not None:  # a downloaded reference dataset supplies suite, reference and head
         from harness.run.dataset_replay import replay_dataset
+
+        if a.method != "exact":
+            raise FidelityError("replay --method published: only with --suite/--reference/--head or a dataset in the published layout")
 
         if a.suite or a.reference or a.head:
             raise FidelityError("replay --dataset takes the suite, reference and head from the dataset: drop --suite/--reference/--head")
@@ -235,7 +238,7 @@ def _replay(a: argparse.Namespace) -> int:
         raise FidelityError("replay needs --suite, --reference and --head (or --dataset DATASET)")
     paths = replay(a.suite, a.reference, a.candidate, a.head, a.out, cand_head_path=a.candidate_head, shards=a.shards,
                    score_from=a.window, n_boot=a.n_boot, device=a.device, candidate_name=a.name, reference_name=a.reference_name,
-                   reference_model=a.reference_model)
+                   reference_model=a.reference_model, method=a.method)
     for p in paths:
         print(f"{p}: written (+ {p.with_suffix('.md').name})")
     return 0
@@ -275,6 +278,11 @@ def add_replay(sub: SubParsers) -> None:
     p.add_argument("--device", default="cpu", type=device_arg, help="cpu, cuda or cuda:N (default cpu)")
     p.add_argument("--name", default=None, help="candidate name in the report (default: the store folder's name)")
     p.add_argument("--reference-name", default="reference", dest="reference_name", help="reference name (default 'reference')")
+    p.add_argument("--method", choices=("exact", "published"), default="exact",
+                   help="exact (default): this project's measurement. published: the published fidelity tool's method "
+                        "(bf16-rounded logits, percentile bootstrap over context means), to check a published figure; "
+                        "writes qwen38-fidelity-report/2 files (report-<name>-shard-NNNN.json + .md) with the exact "
+                        "figures and the difference beside it, never a shard report of this project")
     p.add_argument("--out", required=True, type=Path, help="report .json (one shard) or folder")
     p.set_defaults(func=_replay)
 

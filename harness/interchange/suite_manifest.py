@@ -185,3 +185,8 @@ def load_any_suite(path: Path, verify: bool = True) -> Suite:
     if (path / SUITE_MANIFEST).is_file() and not (path / "suite.json").is_file():
         return load_published_suite(path).suite
     return Suite.load(path, verify=verify)
+
+
+def shard_view_digest(suite: Suite, shard: int) -> str:
+    """The published ``suite_token_sha256`` of shard ``shard``'s view: its rows' ``token_sha256``, chained."""
+    return published_digest([ids_digest([int(t) for t in suite.tokens[i]]) for i in suite.shard_indices(shard)])

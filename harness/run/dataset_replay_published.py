@@ -39,7 +39,8 @@ def open_candidate(dataset: object, candidate: Path, out: Path, shards: list[int
 
 
 def replay_published(dataset_path: Path, candidate: Path, out: Path, *, head: Path | None = None, shards: str | None = None,
-                     score_from: int = 0, name: str | None = None, n_boot: int = 10_000, device: str = "cpu") -> list[Path]:
+                     score_from: int = 0, name: str | None = None, n_boot: int = 10_000, device: str = "cpu",
+                     method: str = "exact") -> list[Path]:
     """Verify the published dataset, obtain the candidate's capture, score the reference shards; returns report paths."""
     from harness.inputs.published_layout import scan_layout
     from harness.interchange.dataset import open_published
@@ -62,4 +63,5 @@ def replay_published(dataset_path: Path, candidate: Path, out: Path, *, head: Pa
     store.verify_all()  # type: ignore[attr-defined]
     inputs = ReplayInputs(ds.suite, ds.reference, store, ds.head, None, wanted)
     return write_replay(inputs, out, name=cname, reference_name=ds.reference.identity["name"], score_from=score_from,
-                        n_boot=n_boot, device=device, own_inputs=[dataset_path, candidate], custody=ds.custody)
+                        n_boot=n_boot, device=device, own_inputs=[dataset_path, candidate], custody=ds.custody,
+                        method=method)

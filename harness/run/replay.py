@@ -115,6 +115,7 @@ def replay(
     candidate_name: str | None = None,
     reference_name: str = "reference",
     reference_model: str | Path | None = None,
+    method: str = "exact",
 ) -> list[Path]:
     """Verify, score every selected shard, then write the reports; returns the JSON paths."""
     from harness.inputs.head import sidecar_path
@@ -133,21 +134,27 @@ def replay(
     inputs = verify_inputs(suite_path, reference_path, candidate_path, head_path, cand_head_path=cand_head_path,
                            shards=shards, score_from=score_from, reference_model=reference_model)
     return write_replay(inputs, out, name=name, reference_name=reference_name, score_from=score_from, n_boot=n_boot,
-                        device=device, own_inputs=own_inputs)
+                        device=device, own_inputs=own_inputs, method=method)
 
 
 def write_replay(inputs: ReplayInputs, out: str | Path, *, name: str, reference_name: str, score_from: int = 0,
                  n_boot: int = 10_000, device: str = "cpu", own_inputs: Sequence[Path] = (),
-                 custody: dict[str, Any] | None = None) -> list[Path]:
+                 custody: dict[str, Any] | None = None, method: str = "exact") -> list[Path]:
     """Score every shard of verified ``inputs``, then write all reports at once; returns the JSON paths.
 
     ``custody``: the published digests of a dataset read in another layout, kept in every report's
-    comparability block."""
+    comparability block. ``method="published"``: write, instead of this project's shard reports, the
+    published tool's figures for the same positions (:mod:`harness.interchange.published_method`),
+    each with the exact figures and the difference beside them (``report-<name>-shard-NNNN.json`` + ``.md``)."""
     from harness.io.atomic import atomic_write_files, dumps_json, refuse_overwriting_inputs
     from harness.reports.shard import render_markdown
     from harness.run.shard import score_shard
 
+    if method not in ("exact", "published"):
+        raise FidelityError(f"--method: expected exact or published, found {method!r}")
     paths = output_paths(out, name, inputs.shards)
+    if method == "published" and Path(out).suffix != ".json":
+        paths = [Path(out) / f"report-{name}-shard-{s:04d}.json" for s in inputs.shards]
     refuse_overwriting_inputs([q for p in paths for q in (p, p.with_suffix(".md"))], own_inputs, "replay --out")
     files: dict[Path, str] = {}
     for shard, path in zip(inputs.shards, paths):
@@ -157,6 +164,16 @@ def write_replay(inputs: ReplayInputs, out: str | Path, *, name: str, reference_
             candidate_meta={"size_bytes": None, "tags": []}, score_from=score_from, n_boot=n_boot, device=device,
             custody=custody,
         )
+        if method == "published":
+            from harness.interchange.published_method import method_report, render_method_markdown
+            from harness.interchange.suite_manifest import shard_view_digest
+
+            doc = method_report(suite=inputs.suite, shard=shard, reference=inputs.reference, candidate=inputs.candidate,
+                                head=inputs.head, cand_head=inputs.cand_head, exact=report, score_from=score_from,
+                                view_digest=shard_view_digest(inputs.suite, shard))
+            files[path] = dumps_json(doc)
+            files[path.with_suffix(".md")] = render_method_markdown(doc)
+            continue
         try:
             text = dumps_json(report.to_json_dict())
         except ValueError as e:  # NaN/Inf in a metric: never write it
