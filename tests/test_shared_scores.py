@@ -77,8 +77,12 @@ def _worker(folder: str, counter: str, out: str) -> None:
     np.save(out, pos.scores.kld)
 
 
-def test_two_processes_score_once(tmp_path: Path) -> None:
+def test_two_processes_score_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Two workers asking for the same shard at the same time: one scores, the other waits and reads."""
+    # A spawned child imports this module by its name ("tests.test_shared_scores", pytest's importlib mode) from
+    # the parent's sys.path, which holds the repository root only under `python -m pytest`: put it there for
+    # plain `pytest` too.
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent.parent))
     ctx = multiprocessing.get_context("spawn")
     procs = [ctx.Process(target=_worker, args=(str(tmp_path / "s"), str(tmp_path / "count"), str(tmp_path / f"out{i}.npy")))
              for i in range(2)]

@@ -20,8 +20,9 @@ Rule (stated in every report), each side controlled separately:
   stop), so by the union bound each side's error is at most 0.025 whatever the correlation
   between looks.
 * **The bound** is the studentized cluster bootstrap of :func:`harness.metrics.bootstrap.ratio_intervals`
-  (per side the wider of bootstrap-t and percentile), one-sided at ``alpha_k``, with at least
-  ``20 / alpha_k`` replicates so each bound rests on at least 20 replicates.
+  (per side the wider of bootstrap-t and percentile), one-sided at ``alpha_k``. Its bootstrap-t quantile
+  is read at the calibrated level ``a' = calibrated_alpha(alpha_k, C)`` (smaller than ``alpha_k``), so
+  each look draws at least ``20 / a'`` replicates: at least 20 lie beyond each bound.
 
 ``tests/test_adaptive.py`` and the ``slow`` tier (``tests/test_coverage.py``) measure each side's
 error rate in simulation at the worst case (true mean = ``T``), under a skewed model.
@@ -54,9 +55,12 @@ RULE = (
 )
 
 
-def n_boot_for(alpha_k: float, n_boot: int) -> int:
-    """Replicates for a one-sided bound at level ``1 - alpha_k``: at least 20 beyond it."""
-    return max(int(n_boot), int(math.ceil(20.0 / alpha_k)))
+def n_boot_for(alpha_k: float, n_boot: int, n_clusters: int) -> int:
+    """Replicates for a one-sided bound at level ``1 - alpha_k`` over ``n_clusters`` clusters: at least 20
+    beyond the quantile actually read (the bootstrap-t's, at the calibrated level, the smaller one)."""
+    from harness.metrics.bootstrap import calibrated_alpha
+
+    return max(int(n_boot), int(math.ceil(20.0 / calibrated_alpha(alpha_k, n_clusters))))
 
 
 def alpha_per_look(looks: int, first_look: int | None) -> float | None:
@@ -74,7 +78,7 @@ def look_bounds(sums: np.ndarray, counts: np.ndarray, alpha_k: float, n_boot: in
     from harness.metrics.bootstrap import draw_cluster_weights, ratio_intervals
 
     C = int(np.asarray(counts).shape[0])
-    W = draw_cluster_weights(C, n_boot_for(alpha_k, n_boot), seed)
+    W = draw_cluster_weights(C, n_boot_for(alpha_k, n_boot, C), seed)
     ivs = ratio_intervals(W, sums, counts, alpha_lo=alpha_k, alpha_hi=alpha_k, bounds=(0.0, math.inf))
     return np.array([iv if iv is not None else [0.0, math.inf] for iv in ivs], dtype=np.float64)
 

@@ -99,6 +99,7 @@ EXTREME = ClusterModel("extreme (Pareto 2.5 clusters)", sigma_cluster=0.0, sigma
 MODELS = (FIXTURE, HEAVY)
 ALL_MODELS = (FIXTURE, HEAVY, EXTREME)
 
-#: (clusters, contexts per cluster) of the cluster counts the harness gates on: one shard of the
-#: embedded default, its whole ladder (96 contexts), and the seed suite (5,120 contexts).
-LAYOUTS = ((16, 1), (47, 2), (800, 6))
+#: (clusters, contexts per cluster) of the cluster counts the harness gates on: the fewest a shard may
+#: have for an interval (8), one shard of the embedded default (16), its whole ladder (47 clusters, 96
+#: contexts), a larger ladder (85), and the seed suite (842 clusters, 5,120 contexts).
+LAYOUTS = ((8, 1), (16, 1), (47, 2), (85, 2), (842, 6))
