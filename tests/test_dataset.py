@@ -73,3 +73,28 @@ def test_one_flipped_byte_is_refused(built: tuple[Path, Path], tmp_path: Path, r
     assert main(["verify", str(copy)]) == 1
     err = capsys.readouterr().err
     assert err.startswith("fidelity: error: ") and "expected" in err
+
+
+def test_replay_out_inside_the_dataset_is_refused(built: tuple[Path, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    """``--out`` inside the dataset would corrupt it (its verify would then fail): refused before anything
+    is captured or written, and the dataset still verifies."""
+    _tmp, ds = built
+    assert main(["replay", "--dataset", str(ds), "--candidate", str(FIX / "candidates" / "int8"), "--name", "int8",
+                 "--out", str(ds / "mine")]) == 2
+    assert "replay --out output: it would overwrite or write inside its own input" in capsys.readouterr().err
+    assert not (ds / "mine").exists()
+    assert main(["verify", str(ds)]) == 0
+
+
+def test_refused_replay_leaves_no_capture(built: tuple[Path, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    """A replay of a model folder that is refused after its capture was made leaves nothing under ``--out``:
+    no folder when there was none, and no ``capture/`` in a folder that existed."""
+    tmp, ds = built
+    args = ["replay", "--dataset", str(ds), "--candidate", str(FIX / "candidates" / "int8"), "--name", "bad name"]
+    assert main([*args, "--out", str(tmp / "refused")]) == 2
+    assert "--name: expected letters" in capsys.readouterr().err
+    assert not (tmp / "refused").exists()
+    (tmp / "existing").mkdir()
+    (tmp / "existing" / "notes.md").write_text("mine")
+    assert main([*args, "--out", str(tmp / "existing")]) == 2
+    assert sorted(p.name for p in (tmp / "existing").iterdir()) == ["notes.md"]

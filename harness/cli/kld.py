@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import math
 from pathlib import Path
 
@@ -84,8 +83,24 @@ def _stats(a: argparse.Namespace) -> int:
         out["exact"] = exact
         out["harness"] = {"kld_mean": m["kld"]["mean"], "ci95": m["kld"]["ci95"], "n_positions": m["n_positions"]}
     if a.json is not None:
-        a.json.write_text(json.dumps(out, indent=2, default=float) + "\n", "utf-8")
+        from harness.io.atomic import atomic_write_json
+
+        atomic_write_json(a.json, _not_estimable_as_null(out))
     return 0
+
+
+def _not_estimable_as_null(obj: object) -> object:
+    """The statistics as JSON data: numpy scalars as numbers, a value that is not estimable (NaN: e.g. a
+    standard error of one position) or infinite as ``null`` -- a JSON file never holds NaN or Infinity."""
+    if isinstance(obj, dict):
+        return {str(k): _not_estimable_as_null(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_not_estimable_as_null(v) for v in obj]
+    if hasattr(obj, "item") and callable(obj.item):  # a numpy scalar
+        obj = obj.item()
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    return obj
 
 
 def add_kld(sub: SubParsers) -> None:

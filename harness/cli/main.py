@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from harness.cli import attribute, bench, dataset, inputs, kld, plan, reports
 from harness.cli.registry import formatter
@@ -47,12 +48,39 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+#: Arguments that name what a command writes; every other path argument is one of its inputs.
+OUTPUT_ARGS = ("out", "json")
+
+
+def _output_and_input_paths(args: argparse.Namespace) -> tuple[list[tuple[str, Path]], list[Path]]:
+    """The command's output paths (with their argument) and its existing input paths, from the parsed arguments."""
+    outputs: list[tuple[str, Path]] = []
+    inputs: list[Path] = []
+    for key, value in vars(args).items():
+        values = value if isinstance(value, list) else [value]
+        for v in values:
+            if not isinstance(v, Path):
+                continue
+            if key in OUTPUT_ARGS:
+                outputs.append((key, v))
+            elif v.exists():
+                inputs.append(v)
+    return outputs, inputs
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``fidelity`` console script; returns the exit code."""
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        return int(args.func(args))
+        from harness.io.atomic import refuse_overwriting_inputs, removed_on_failure
+
+        outputs, inputs = _output_and_input_paths(args)
+        # an output never lands over or inside one of the command's inputs (a dataset, a store, a suite)
+        for key, out in outputs:
+            refuse_overwriting_inputs([out], inputs, f"{args.command} --{key}")
+        with removed_on_failure(*(out for _k, out in outputs)):  # a refused command leaves nothing it created
+            return int(args.func(args))
     except VerificationError as e:
         print(f"fidelity: error: {e}", file=sys.stderr)
         return 1

@@ -234,6 +234,33 @@ def _check_model_path(path: Path, where: str, engine: str, model: Path) -> None:
                           f"found none in {model}")
 
 
+#: The longest candidate name: it becomes ``<report dir>/<name>/``, ``paired/<a>-vs-<b>.json`` and staged
+#: ``.<a>-vs-<b>.json.<random>.tmp`` files, which must stay under the usual 255-byte limit of a file name.
+MAX_NAME = 100
+#: What the harness writes beside the candidates' folders in a report folder (a candidate of one of these
+#: names would collide with it).
+REPORT_FOLDER_NAMES = frozenset({
+    "ladder.json", "ladder.md", "tails.json", "tails.md", "tails.png", "window.json", "window.md",
+    "adaptive.json", "adaptive.md", "cross_engine.json", "cross_engine.md", "paired", "attribution",
+    "fidelity-run.json",
+})
+#: Names Windows reserves for devices, with or without an extension (``con``, ``nul.txt``).
+_DEVICE_NAMES = frozenset({"con", "prn", "aux", "nul", *(f"com{i}" for i in range(1, 10)), *(f"lpt{i}" for i in range(1, 10))})
+
+
+def portable_name_problem(name: str) -> str | None:
+    """Why ``name`` cannot be a folder name on every system the reports travel to, or None."""
+    if len(name.encode("utf-8")) > MAX_NAME:
+        return f"{len(name.encode('utf-8'))} bytes, at most {MAX_NAME}"
+    if name.lower() in REPORT_FOLDER_NAMES:
+        return f"the report folder's own {name.lower()!r}"
+    if name.split(".")[0].lower() in _DEVICE_NAMES:
+        return "a name Windows reserves for a device"
+    if name.endswith("."):
+        return "a name ending in '.' (Windows drops it)"
+    return None
+
+
 def _candidate(path: Path, raw: Any, i: int) -> CandidateConfig:
     r = _Reader(path, raw, f"candidates[{i}]", _CAND_KEYS)
     name = r.string("name")
@@ -243,6 +270,9 @@ def _candidate(path: Path, raw: Any, i: int) -> CandidateConfig:
             f"{path}: candidates[{i}].name {name!r} may use only letters, digits, '_', '.', '+' "
             "(it becomes a pytest id and a folder name)"
         )
+    problem = portable_name_problem(name)
+    if problem:
+        raise ConfigError(f"{path}: candidates[{i}].name: expected a portable file name, found {name!r} ({problem})")
     engine = r.string("engine", required=False) or "transformers"
     from harness.engines.registry import engine_names, get_engine
 
@@ -358,10 +388,15 @@ def load_config(path: str | Path) -> FidelityConfig:
         raise ConfigError(f"{path}: expected at least one [[candidates]] table, found none")
     candidates = tuple(_candidate(path, c, i) for i, c in enumerate(raw_cands))
     seen: set[str] = set()
+    folded: dict[str, str] = {}
     for c in candidates:
         if c.name in seen:
             raise ConfigError(f"{path}: candidate name {c.name!r} appears twice")
+        if c.name.lower() in folded:  # one folder on a case-insensitive file system (macOS, Windows)
+            raise ConfigError(f"{path}: candidate names: expected names that differ in more than letter case, "
+                              f"found {folded[c.name.lower()]!r} and {c.name!r}")
         seen.add(c.name)
+        folded[c.name.lower()] = c.name
     if reference.name in seen:
         raise ConfigError(f"{path}: reference.name {reference.name!r} is also a candidate name")
     raw_pairs = top.table.get("pairs", [])

@@ -6,7 +6,11 @@
   ``.md``, ``ladder.md`` and ``ladder.json``, aggregates): every file is staged (written and
   fsynced under a temporary name) before the first one is renamed into place. A failure while
   staging (disk full, read-only folder, permission denied) leaves none of them; a failure while
-  renaming removes the files this call created and restores nothing else.
+  renaming removes the files this call created and restores nothing else. Before the first rename
+  the list of renames is written to a journal (``.fidelity-pending.*.json`` in the files' common
+  folder) and removed after the last: a process killed between two renames (``kill -9``) leaves the
+  journal, and :func:`finish_pending` (run by the next write into that folder, and by a pytest run
+  on its report folder) completes the renames, so the set is whole again.
 * :func:`staged_directory` — a whole folder (a published set) is built under a temporary sibling
   name and renamed into place in one step.
 
@@ -20,6 +24,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Iterable, Iterator, Mapping
@@ -104,6 +109,8 @@ def atomic_write_text(path: str | Path, text: str) -> None:
 def atomic_write_files(files: Mapping[_P, bytes | str]) -> list[Path]:
     """Write several files as one unit: all staged first, then all renamed (module docstring)."""
     items = [(Path(p), d.encode("utf-8") if isinstance(d, str) else d) for p, d in files.items()]
+    for folder in sorted({p.parent for p, _d in items}):
+        finish_pending(folder)  # a killed earlier write into this folder is completed first
     staged: list[tuple[Path, str]] = []
     try:
         for path, data in items:
@@ -112,6 +119,7 @@ def atomic_write_files(files: Mapping[_P, bytes | str]) -> list[Path]:
         for _p, tmp in staged:
             _unlink(tmp)
         raise
+    journal = _write_journal(staged) if len(staged) > 1 else None
     created: list[Path] = []
     try:
         for i, (path, tmp) in enumerate(staged):
@@ -129,8 +137,87 @@ def atomic_write_files(files: Mapping[_P, bytes | str]) -> list[Path]:
     except BaseException:
         for _p, t in staged:
             _unlink(t)
+        if journal is not None:
+            _unlink(journal)
         raise
+    if journal is not None:
+        _unlink(journal)
     return [p for p, _d in items]
+
+
+#: The journal of one multi-file write: ``{"schema", "renames": [[staged, final], ...]}``, paths relative
+#: to the journal's folder.
+JOURNAL_SCHEMA = "fidelity.pending-renames/1"
+_JOURNAL = re.compile(r"^\.fidelity-pending\.[A-Za-z0-9_]+\.json$")
+
+
+def _write_journal(staged: list[tuple[Path, str]]) -> str:
+    """Record the renames about to happen (fsynced) in the files' common folder; returns its path."""
+    folder = Path(os.path.commonpath([str(p.parent.absolute()) for p, _t in staged]))
+    renames = [[Path(os.path.relpath(Path(t).absolute(), folder)).as_posix(), Path(os.path.relpath(p.absolute(), folder)).as_posix()]
+               for p, t in staged]
+    data = json.dumps({"schema": JOURNAL_SCHEMA, "renames": renames}, sort_keys=True).encode("utf-8")
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".fidelity-pending.", suffix=".json", dir=folder)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+    except OSError as e:
+        for _p, t in staged:
+            _unlink(t)
+        raise OutputError(staged[0][0], "cannot write", _reason(e)) from None
+    return tmp
+
+
+def finish_pending(folder: str | Path) -> list[Path]:
+    """Complete the multi-file writes a killed process left half-renamed in ``folder`` (module
+    docstring); returns the files put in place. A journal is followed only where it renames a staged
+    file of this module (``.<name>.<random>.tmp``) to ``<name>`` beside it, both reached without a
+    symbolic link; any other journal is a :class:`~harness.errors.VerificationError` naming it."""
+    from harness.errors import VerificationError
+    from harness.io.jsonio import read_json
+    from harness.io.owned import check_relative, owned_file, symlink_on_path
+
+    folder = Path(folder)
+    done: list[Path] = []
+    if not folder.is_dir() or folder.is_symlink():
+        return done
+    for journal in sorted(p for p in folder.iterdir() if _JOURNAL.match(p.name)):
+        if journal.is_symlink() or not journal.is_file():
+            raise VerificationError(journal, "pending-renames journal", "a regular file", "a symbolic link or another entry")
+        doc = read_json(journal)
+        renames = doc.get("renames")
+        if doc.get("schema") != JOURNAL_SCHEMA or not isinstance(renames, list):
+            raise VerificationError(journal, "schema", JOURNAL_SCHEMA, doc.get("schema"))
+        moves = []
+        for i, pair in enumerate(renames):
+            if not (isinstance(pair, list) and len(pair) == 2 and all(isinstance(x, str) for x in pair)):
+                raise VerificationError(journal, f"renames[{i}]", "[staged path, final path]", pair)
+            tmp_rel, final_rel = pair
+            check_relative(final_rel, journal, f"renames[{i}]")
+            staged_name = Path(tmp_rel).name
+            m = _STAGED.match(staged_name)
+            if m is None or m.group(1) != Path(final_rel).name or Path(tmp_rel).parent != Path(final_rel).parent:
+                raise VerificationError(journal, f"renames[{i}]", "a staged .<name>.<random>.tmp beside <name>", pair)
+            link = symlink_on_path(folder, final_rel)
+            if link is not None:
+                raise VerificationError(journal, f"renames[{i}]", "a path without a symbolic link", f"{link} is one")
+            tmp = owned_file(folder, tmp_rel, journal, f"renames[{i}]")
+            if tmp is not None:
+                moves.append((tmp, folder / final_rel))
+        for tmp, final in moves:
+            try:
+                os.replace(tmp, final)
+            except OSError as e:
+                raise OutputError(final, "cannot complete an interrupted write", _reason(e)) from None
+            done.append(final)
+        journal.unlink()
+    return done
+
+
+#: A file staged by :func:`_stage`: ``.<final name>.<random>.tmp``.
+_STAGED = re.compile(r"^\.(.+)\.[A-Za-z0-9_]{8}\.tmp$")
 
 
 @contextmanager
@@ -171,6 +258,28 @@ def refuse_overwriting_inputs(outputs: Iterable[str | Path], inputs: Iterable[st
         for i, is_dir in ins:
             if o == i or (is_dir and o.is_relative_to(i)):
                 raise OutputError(out, f"{command} output", f"it would overwrite or write inside its own input {i}")
+
+
+@contextmanager
+def removed_on_failure(*paths: str | Path) -> Iterator[None]:
+    """Outputs a command is about to create: those absent when it starts are removed (with everything the
+    command wrote in them) when it is refused (a :class:`~harness.errors.FidelityError`) or fails on an
+    operating-system error. What existed before (a store being resumed, a user's folder) is never removed;
+    an interrupt (Ctrl-C) keeps a resumable capture."""
+    from harness.errors import FidelityError
+
+    absent = [Path(p) for p in paths if not os.path.lexists(p)]
+    try:
+        yield
+    except (FidelityError, OSError):
+        for p in absent:
+            if p.is_symlink() or not p.exists():
+                continue  # a link is never this command's output
+            if p.is_dir():
+                shutil.rmtree(p, ignore_errors=True)
+            else:
+                _unlink(p)
+        raise
 
 
 def _reject_non_finite(obj: Any, where: str = "$") -> None:

@@ -70,15 +70,22 @@ def export_kld(suite: Suite, store: CaptureStore, out: str | Path, head: HeadTen
 
 def import_kld(path: str | Path, out: str | Path, n_shards: int = 1) -> tuple[Suite, CaptureStore]:
     """A ``.kld`` file -> ``out/suite`` and ``out/reference`` (logits store). Returns (suite, store)."""
+    from harness.io.atomic import removed_on_failure
+
+    kf = read_kld(path)
+    out = Path(out)
+    _refuse_other_import(kf, Path(path), out, n_shards)
+    with removed_on_failure(out, out / "suite", out / "reference"):  # a refused import leaves nothing it made
+        return _import(kf, Path(path), out, n_shards)
+
+
+def _import(kf: KldFile, path: Path, out: Path, n_shards: int) -> tuple[Suite, CaptureStore]:
     import torch
 
     from harness.capture.store import CaptureStore, StoreWriter
     from harness.engines.identity import runtime_identity
     from harness.io.hashing import sha256_file
 
-    kf = read_kld(path)
-    out = Path(out)
-    _refuse_other_import(kf, Path(path), out, n_shards)
     suite = suite_from_tokens(kf.tokens, kf.n_vocab, out / "suite", n_shards=n_shards, source=Path(path).name,
                               tokenizer_sha256=f"unknown (from {Path(path).name})")
     ident = {"name": Path(path).name, "format": "llama.cpp .kld", "sha256": sha256_file(path),

@@ -54,6 +54,8 @@ _SUMMARY = re.compile(rf"^((ladder|window|adaptive|cross_engine)\.(json|md)|tail
 #: Sub-folders a run may create for its summaries (removed when emptied, if the ledger says a run created them).
 SUMMARY_FOLDERS = ("paired",)
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
+#: A file staged by harness.io.atomic and never renamed: ``.<name>.<random>.tmp``.
+_STAGED = re.compile(r"^\.(.+)\.[A-Za-z0-9_]{8}\.tmp$")
 
 
 def is_shard_report(rel: str) -> bool:
@@ -108,6 +110,30 @@ def check_ledger(report_dir: Path) -> dict[str, Any] | None:
     return doc
 
 
+def finish_interrupted_writes(report_dir: Path) -> list[Path]:
+    """Before a run writes here: complete the multi-file writes a killed run left half-renamed
+    (:func:`harness.io.atomic.finish_pending`), then remove the files it staged and never renamed
+    (``.<name>.<random>.tmp`` of a name this project writes here, regular files reached without a link).
+    Returns the staged files removed."""
+    from harness.io.atomic import finish_pending
+
+    removed: list[Path] = []
+    if not report_dir.is_dir() or report_dir.is_symlink():
+        return removed
+    folders = [report_dir] + sorted(p for p in report_dir.iterdir() if p.is_dir() and not p.is_symlink())
+    for folder in folders:
+        finish_pending(folder)
+        for p in sorted(folder.iterdir()):
+            m = _STAGED.match(p.name)
+            if m is None or not p.is_file() or p.is_symlink():
+                continue
+            rel = Path(os.path.relpath(folder / m.group(1), report_dir)).as_posix()
+            if rel == STAMP or _SHARD.match(rel) or _SUMMARY.match(rel):
+                p.unlink()
+                removed.append(p)
+    return removed
+
+
 def _sha256(path: Path) -> str | None:
     from harness.io.hashing import sha256_file
 
@@ -133,6 +159,9 @@ def remove_previous_summaries(report_dir: Path) -> list[str]:
     changed, doomed = [], []
     for rel, entry in _ledger(stamp).items():
         if is_shard_report(rel):
+            continue
+        if (report_dir / rel).exists() and not (report_dir / rel).is_file():
+            changed.append(rel)  # a folder (or another entry) in its place now: not the harness's file, kept
             continue
         path = owned_file(report_dir, rel, report_dir / STAMP, f"files[{rel!r}]")
         if path is None:

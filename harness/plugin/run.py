@@ -266,6 +266,18 @@ def check_report_dir(report_dir: Path, plan: FidelityPlan) -> None:
             "or remove the folder")
 
 
+def _finish_interrupted_writes(report_dir: Path) -> None:
+    """Controller: what a killed earlier run left half-written in the report folder is completed or
+    removed before this run writes (:func:`harness.plugin.report_dir.finish_interrupted_writes`)."""
+    from harness.errors import FidelityError
+    from harness.plugin.report_dir import finish_interrupted_writes
+
+    try:
+        finish_interrupted_writes(report_dir)
+    except FidelityError as e:
+        raise pytest.UsageError(f"{e}; remove it (or the report folder) or pass --fidelity-report-dir DIR") from None
+
+
 @dataclass(eq=False)  # a plugin object: hashed by identity
 class FidelityRun:
     """One pytest run of a fidelity configuration (see the module docstring)."""
@@ -314,6 +326,8 @@ class FidelityRun:
 
             config.option.testrunuid = uuid.uuid4().hex
         check_report_dir(Path(config.getoption("fidelity_report_dir")), plan)
+        if not hasattr(config, "workerinput"):
+            _finish_interrupted_writes(Path(config.getoption("fidelity_report_dir")))
         if how == "option":
             _collect_config(config, path)
         run = cls(config, plan)
@@ -475,7 +489,12 @@ class FidelityRun:
             return
         payload = getattr(report, PAYLOAD_ATTR, None)
         if payload is not None:
-            self.collector.add(json.loads(payload), passed=report.passed)
+            from harness.errors import FidelityError
+
+            try:
+                self.collector.add(json.loads(payload), passed=report.passed)
+            except (FidelityError, OSError) as e:  # a report folder that cannot be written: named at the end
+                self.finish_error = self.finish_error or str(e)
         for extra in json.loads(getattr(report, EXTRA_ATTR, None) or "[]"):
             self.extras.setdefault(extra["kind"], []).append(extra["data"])
 
@@ -493,14 +512,13 @@ class FidelityRun:
             from harness.run.shared_scores import remove_session_files
 
             remove_session_files(shared, bytes.fromhex(self.handover_key), remove_folder=self.handover_created)
-        if not (self.collector.reports or self.extras):
-            return
-        try:
-            self._write_summaries()
-        except (FidelityError, OSError) as e:
-            self.finish_error = str(e)
-            if session.exitstatus == pytest.ExitCode.OK:
-                session.exitstatus = pytest.ExitCode.TESTS_FAILED
+        if (self.collector.reports or self.extras) and self.finish_error is None:
+            try:
+                self._write_summaries()
+            except (FidelityError, OSError) as e:
+                self.finish_error = str(e)
+        if self.finish_error is not None and session.exitstatus == pytest.ExitCode.OK:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
     def _write_summaries(self) -> None:
         from harness.plugin.report_dir import (
@@ -516,6 +534,7 @@ class FidelityRun:
         kept = remove_previous_summaries(report_dir)
         before = summary_folders_present(report_dir)
         written = list(self.collector.written)
+        failed = True
         try:
             if self.collector.reports:
                 self.collector.finish(update_baselines=self.pytest_config.getoption("fidelity_update_baselines"),
@@ -527,7 +546,13 @@ class FidelityRun:
                 # the tail plot colours candidates as a published set of this configuration does
                 self.extra_lines = write_extras(report_dir, self.extras, written=written,
                                                 palette_names=[c.name for c in self.plan.full.candidates])
+            failed = False
         finally:  # the stamp and ledger name what this run wrote, even when a summary failed
+            if failed:  # no partial set of summaries: those this run wrote before the failure go again
+                for p in written[len(self.collector.written):]:
+                    if p.is_file() and not p.is_symlink():
+                        p.unlink()
+                written = list(self.collector.written)
             command = " ".join(["pytest", *self.pytest_config.invocation_params.args])
             created = summary_folders_present(report_dir) - before
             stamp = write_stamp(report_dir, self.plan.suite_sha256, self.plan.path, written, command, created)

@@ -47,6 +47,13 @@ def plot_ccdf(curves: Mapping[str, Mapping[str, Sequence[float]]], path: str | P
               palette_names: Sequence[str] | None = None) -> Path:
     """KLD complementary CDF, log-log, one step curve per candidate: ``curves[name] = {"x": edges, "y": P(KLD >= x)}``;
     colours by :func:`candidate_colors` with ``palette_names``."""
+    path = Path(path)
+    atomic_write_bytes(path, render_ccdf(curves, palette_names))
+    return path
+
+
+def render_ccdf(curves: Mapping[str, Mapping[str, Sequence[float]]], palette_names: Sequence[str] | None = None) -> bytes:
+    """The PNG bytes of :func:`plot_ccdf`'s figure (rendered in memory, written by the caller)."""
     plt = _plt()
     fig, ax = plt.subplots(figsize=(8, 5.5))
     def median_x(item: tuple[str, Mapping[str, Sequence[float]]]) -> tuple[float, str]:
@@ -75,9 +82,10 @@ def plot_ccdf(curves: Mapping[str, Mapping[str, Sequence[float]]], path: str | P
                 ax.axvline(t, color="0.6", linestyle=":", linewidth=0.8)
     ax.legend(loc="lower left", fontsize=9, frameon=True)
     fig.tight_layout()
-    path = Path(path)
-    _save(fig, path)
-    return path
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=120, metadata=_PNG_META)
+    plt.close(fig)
+    return buf.getvalue()
 
 
 def pareto_front(points: Sequence[tuple[float, float, str]]) -> list[tuple[float, float, str]]:

@@ -168,14 +168,13 @@ def write_tails(out_dir: Any, reports: Sequence[dict[str, Any]], palette_names: 
     from pathlib import Path
 
     from harness.io.atomic import atomic_write_files, dumps_json
-    from harness.reports.plot import plot_ccdf
+    from harness.reports.plot import render_ccdf
 
     out = Path(out_dir)
     reps = sorted(reports, key=lambda r: r["candidate"])
-    atomic_write_files({out / "tails.json": dumps_json({"schema": SCHEMA, "candidates": reps}),
-                        out / "tails.md": render_tails(reps)})  # both or neither
-    plot_ccdf({r["candidate"]: r["ccdf"] for r in reps}, out / "tails.png", palette_names)
-    return [out / "tails.json", out / "tails.md", out / "tails.png"]
+    png = render_ccdf({r["candidate"]: r["ccdf"] for r in reps}, palette_names)
+    return atomic_write_files({out / "tails.json": dumps_json({"schema": SCHEMA, "candidates": reps}),
+                               out / "tails.md": render_tails(reps), out / "tails.png": png})  # all three or none
 
 
 __all__ = ["tail_report", "check_tails", "render_tails", "write_tails", "ccdf_points", "baseline_max_p99"]

@@ -39,7 +39,13 @@ def replay_dataset(dataset: Path, candidate: Path, out: Path, *, shards: str | N
         from harness.engines.base import EngineOptions
 
         store = out / "capture"
-        capture("transformers", candidate, suite, store, shards=wanted, progress=False, options=EngineOptions(device=device))
-    return replay(dataset / "suite", dataset / "reference", store, dataset / "head" / "lm_head.safetensors", out,
-                  shards=",".join(map(str, wanted)), score_from=score_from, n_boot=n_boot, device=device,
-                  candidate_name=name or candidate.resolve().name, reference_name=doc["reference"]["name"])
+    from harness.io.atomic import refuse_overwriting_inputs, removed_on_failure
+
+    # never inside the dataset or the candidate (a capture there would corrupt them)
+    refuse_overwriting_inputs([out], [dataset, candidate], "replay --dataset --out")
+    with removed_on_failure(out, out / "capture"):  # a refused replay leaves no capture it made
+        if store != candidate:
+            capture("transformers", candidate, suite, store, shards=wanted, progress=False, options=EngineOptions(device=device))
+        return replay(dataset / "suite", dataset / "reference", store, dataset / "head" / "lm_head.safetensors", out,
+                      shards=",".join(map(str, wanted)), score_from=score_from, n_boot=n_boot, device=device,
+                      candidate_name=name or candidate.resolve().name, reference_name=doc["reference"]["name"])
