@@ -46,7 +46,7 @@ class LadderCollector:
 
         # every report is checked against the run's suite, which the ladder's aggregates record
         self.ladder_rows = ladder_rows(reports, self.verdicts, suite=load_any_suite(config.suite, verify=False))
-        write_ladder(self.report_dir, self.ladder_rows)
+        write_ladder(self.report_dir, self.ladder_rows, _precision_floor(self.report_dir, self.ladder_rows))
         if update_baselines:
             by_cand: dict[str, dict[int, Any]] = {}
             for r in reports:
@@ -66,3 +66,22 @@ class LadderCollector:
         for p in self.unused_baselines:
             lines.append(f"unused baseline (no such candidate in the config): {p}")
         return lines
+
+
+def _precision_floor(report_dir: Path, rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The report folder's ``precision_floor.json`` (``-m fidelity_precision_floor``) when it measures the
+    ladder's suite and reference, else None (a floor of another suite or reference is never shown)."""
+    from harness.io.jsonio import read_json
+
+    path = report_dir / "precision_floor.json"
+    if not path.is_file() or not rows:
+        return None
+    floor: dict[str, Any] = read_json(path)
+    comp = rows[0]["aggregate"]["comparability"]
+    if floor.get("schema") != "fidelity.precision-floor/1":
+        return None
+    if floor["suite"]["suite_token_sha256"] != comp.get("suite_token_sha256"):
+        return None
+    if floor["reference"]["identity"] != comp.get("reference", {}).get("identity"):
+        return None
+    return floor

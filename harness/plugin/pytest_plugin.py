@@ -33,6 +33,8 @@ MARKERS = {
     "fidelity_cross_engine": "fidelity cross-engine floor (same weights, two engines)",
     "fidelity_attribute": "fidelity_attribute(candidate, by='layer,kind', shards=None, modes='restore,only', globs=()): "
                           "attribute the candidate's drift to tensor groups (fixture fidelity_attribution)",
+    "fidelity_precision_floor": "fidelity_precision_floor(shards=None, dtype='float64'): the reference capture against a "
+                                "higher-precision forward of its own weights (fixture fidelity_precision_floor)",
 }
 
 
@@ -187,4 +189,23 @@ def fidelity_attribution(request: pytest.FixtureRequest) -> dict[str, Any]:
     from pathlib import Path
 
     write_attribution(result, Path(request.config.getoption("fidelity_report_dir")) / "attribution" / name)
+    return result
+
+
+@pytest.fixture
+def fidelity_precision_floor(request: pytest.FixtureRequest) -> dict[str, Any]:
+    """The ``fidelity_precision_floor`` marker's measurement (:func:`harness.run.precision_floor.precision_floor`) of
+    the configured reference; written to ``<report dir>/precision_floor.json`` and ``.md``."""
+    from pathlib import Path
+
+    from harness.run.precision_floor import precision_floor, write_precision_floor
+
+    mark = request.node.get_closest_marker("fidelity_precision_floor")
+    kw = dict(mark.kwargs) if mark is not None else {}
+    cfg = active_run(request.config).plan.config
+    if cfg.reference.model is None:
+        pytest.fail("the precision floor needs reference.model in the configuration", pytrace=False)
+    result = precision_floor(suite_path=cfg.suite, model_dir=cfg.reference.model, store_path=cfg.reference.store,
+                             head_path=cfg.reference.head, n_boot=cfg.n_boot, **kw)
+    write_precision_floor(result, Path(request.config.getoption("fidelity_report_dir")))
     return result

@@ -396,15 +396,28 @@ def format_ladder(rows: Sequence[dict[str, Any]]) -> list[str]:
     return [fmt(head), "|" + "|".join("-" * (w + 2) for w in widths) + "|"] + [fmt(b) for b in body]
 
 
-def ladder_files(out_dir: Path, rows: Sequence[dict[str, Any]]) -> dict[Path, str]:
-    """``ladder.md`` and ``ladder.json`` (the aggregates) as ``{path: text}``."""
+def ladder_files(out_dir: Path, rows: Sequence[dict[str, Any]], floor: dict[str, Any] | None = None) -> dict[Path, str]:
+    """``ladder.md`` and ``ladder.json`` (the aggregates) as ``{path: text}``; ``floor``, a precision-floor
+    result of the same suite (``fidelity.precision-floor/1``), is shown beside the table and stored as
+    ``precision_floor`` (``mean``, ``ci95``, ``dtype``, ``shards``, ``n_positions``, ``definition``)."""
     from harness.io.atomic import dumps_json
 
     out_dir = Path(out_dir)
-    return {out_dir / "ladder.md": "# Fidelity ladder\n\n" + "\n".join(format_ladder(rows)) + "\n",
-            out_dir / "ladder.json": dumps_json({"schema": "fidelity.ladder/1", "rows": [dict(r) for r in rows]})}
+    doc: dict[str, Any] = {"schema": "fidelity.ladder/1", "rows": [dict(r) for r in rows]}
+    md = "# Fidelity ladder\n\n" + "\n".join(format_ladder(rows)) + "\n"
+    if floor is not None:
+        k = floor["kld"]
+        doc["precision_floor"] = {"mean": k["mean"], "ci95": k["ci95"], "dtype": floor["compute"]["dtype"],
+                                  "shards": floor["suite"]["shards"], "n_positions": floor["n_positions"],
+                                  "definition": floor["definition"]}
+        ci = f"[{_fmt(k['ci95'][0])}, {_fmt(k['ci95'][1])}]" if k["ci95"] else "[not estimable]"
+        md += (f"\nPrecision floor of the reference: {_fmt(k['mean'])} {ci} nats, KL(bf16 reference capture ‖ "
+               f"{floor['compute']['dtype']} forward of the same weights) over {floor['n_positions']} positions. "
+               "A mean KLD near it cannot be told from the reference's own rounding; it is not subtracted "
+               "(rounding noise changes with the weights).\n")
+    return {out_dir / "ladder.md": md, out_dir / "ladder.json": dumps_json(doc)}
 
 
-def write_ladder(out_dir: Path, rows: Sequence[dict[str, Any]]) -> None:
+def write_ladder(out_dir: Path, rows: Sequence[dict[str, Any]], floor: dict[str, Any] | None = None) -> None:
     """Write ``ladder.md`` and ``ladder.json`` as one unit (both or neither)."""
-    atomic_write_files(ladder_files(out_dir, rows))
+    atomic_write_files(ladder_files(out_dir, rows, floor))

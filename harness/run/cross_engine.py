@@ -224,7 +224,8 @@ def matrix_lines(m: FloorMatrix) -> list[str]:
 def net_lines(m: FloorMatrix, rows: Sequence[NetRow]) -> list[str]:
     """The candidates' table: own mean KLD, the floor of their engine beside it, and the net value."""
     lines = [f"Candidates, shard {m.shard}: KL({m.floor_row} reference || candidate); floor_E = KL({m.floor_row} || E on the "
-             "same bf16 weights); net of floor = mean KLD − floor_E (a label, not a correction)", "",
+             "same bf16 weights); net of floor = mean KLD − floor_E (a label, not a correction: rounding noise "
+             "changes with the weights, and the rounding all bf16 engines share is the precision floor, not in floor_E)", "",
              "| candidate | engine | config | mean KLD | floor_E | net of floor | p99 KLD | top-1 | bytes |",
              "|---|---|---|---|---|---|---|---|---|"]
 

@@ -51,9 +51,10 @@ The other phase-1 scores
   grows (E <- e^(a_old - a_new) (E + (a_new - a_old) S)).
 * p(argmax p) = 1/S; q(argmax p) = e^(m_top - b)/R, m_top the candidate's logit at the running
   reference argmax (replaced with it).
-* Top-k sets: each side keeps a running list of its ``TOPK`` largest logits and their ids
-  (:func:`_topk_merge` folds each column block in, ties to the lowest id); the host counts the
-  shared ids of the first 5 and of all 10.
+* Top-k sets: each side keeps a running, unordered list of its ``TOPK`` largest logits and their
+  ids (:func:`_topk_merge` folds each column block in, ties to the lowest id; only as many rounds
+  as a block's elements above the list's minimum); the host orders each list (logit descending,
+  id ascending) and counts the shared ids of the first 5 and of all 10.
 
 Phase 2 (optional; a second pass over the head): JSD and EAR
 ------------------------------------------------------------
@@ -168,27 +169,28 @@ def _tile_logits(HA, HB, W, WB, rows, cols, rmask, cmask, K, s_ha, s_hb, s_w, s_
 
 
 @triton.jit
-def _topk_merge(vals, ids, blk, cols, TOPK: tl.constexpr, KP: tl.constexpr):
-    """Merge one column block into a running top-``TOPK`` list (``[BLOCK_M, KP]`` values and ids,
-    slots ``>= TOPK`` unused at -inf). ``TOPK`` extractions of the larger of the two maxima; the
-    running list comes from earlier blocks (lower ids), so it wins a tie, and within either side
-    ``tie_break_left`` takes the lowest slot / column: ties go to the lowest token id."""
-    slot = tl.arange(0, KP)[None, :]
-    nv = tl.full(vals.shape, float("-inf"), tl.float32)
-    ni = tl.zeros(ids.shape, tl.int32)
-    for j in tl.static_range(TOPK):
-        cm = tl.max(vals, 1)
-        cp = tl.argmax(vals, 1, tie_break_left=True)
+def _topk_merge(vals, ids, blk, cols, TOPK: tl.constexpr):
+    """Fold one column block into a running top-``TOPK`` list (``[BLOCK_M, KP]`` values and ids, unordered;
+    slots ``>= TOPK`` hold +inf and are never evicted). The block's elements are taken in descending
+    order (``tie_break_left``: lowest column first) and each replaces the list's minimum (among equal
+    minima, the one with the highest id) while it is *strictly* larger: earlier blocks hold lower
+    ids, so ties keep the lowest token ids. Only as many rounds run as the row that needs the most
+    (the block elements above its current minimum, at most ``TOPK``), so late blocks cost little."""
+    colpos = tl.arange(0, blk.shape[1])[None, :]
+    mn0 = tl.min(vals, 1)
+    need = tl.max(tl.sum((blk > mn0[:, None]).to(tl.int32), 1))
+    for _ in range(0, tl.minimum(need, TOPK)):
         bm = tl.max(blk, 1)
         bp = tl.argmax(blk, 1, tie_break_left=True)
-        take = cm >= bm
-        c_id = tl.sum(tl.where(slot == cp[:, None], ids, 0), 1)
-        b_id = tl.sum(tl.where(tl.arange(0, blk.shape[1])[None, :] == bp[:, None], cols[None, :], 0), 1)
-        nv = tl.where(slot == j, tl.where(take, cm, bm)[:, None], nv)
-        ni = tl.where(slot == j, tl.where(take, c_id, b_id)[:, None], ni)
-        vals = tl.where(take[:, None] & (slot == cp[:, None]), float("-inf"), vals)
-        blk = tl.where((~take)[:, None] & (tl.arange(0, blk.shape[1])[None, :] == bp[:, None]), float("-inf"), blk)
-    return nv, ni
+        mn = tl.min(vals, 1)
+        take = bm > mn
+        ev = tl.max(tl.where(vals == mn[:, None], ids, -2147483647), 1)
+        hit = take[:, None] & (vals == mn[:, None]) & (ids == ev[:, None])
+        b_id = tl.sum(tl.where(colpos == bp[:, None], cols[None, :], 0), 1)
+        vals = tl.where(hit, bm[:, None], vals)
+        ids = tl.where(hit, b_id[:, None], ids)
+        blk = tl.where(take[:, None] & (colpos == bp[:, None]), float("-inf"), blk)
+    return vals, ids
 
 
 @triton.jit
@@ -213,10 +215,11 @@ def _phase1_kernel(HA, HB, W, WB, Y, OUT_F, OUT_I, OUT_T, N, V, K, s_ha, s_hb, s
     E = tl.zeros((BLOCK_M,), tl.float32)  # sum e^(l-a) (a-l) >= 0 (entropy numerator)
     G = tl.zeros((BLOCK_M,), tl.float32)  # reverse-KL analogue of F, weighted by e^(m-b)
     mt = tl.zeros((BLOCK_M,), tl.float32)  # candidate logit at the running reference argmax
-    va = tl.full((BLOCK_M, KP), float("-inf"), tl.float32)
-    vb = tl.full((BLOCK_M, KP), float("-inf"), tl.float32)
-    ta = tl.zeros((BLOCK_M, KP), tl.int32)
-    tb = tl.zeros((BLOCK_M, KP), tl.int32)
+    slots = tl.arange(0, KP)[None, :] + tl.zeros((BLOCK_M, KP), tl.int32)
+    va = tl.where(slots < TOPK, float("-inf"), float("inf"))  # slots >= TOPK: never the minimum
+    vb = va
+    ta = -1 - slots  # distinct ids for the empty slots (evicted in turn)
+    tb = ta
     for v0 in range(0, V, BLOCK_N):
         cols = v0 + tl.arange(0, BLOCK_N)
         cmask = cols < V
@@ -247,15 +250,17 @@ def _phase1_kernel(HA, HB, W, WB, Y, OUT_F, OUT_I, OUT_T, N, V, K, s_ha, s_hb, s
         term = tl.where(x < -1.0, tl.exp(la - x) - wl + wl * x, wl * _phi(x))
         xr = -x  # the reverse KL: the same form with the roles of l and m exchanged
         term_r = tl.where(xr < -1.0, tl.exp(lm - xr) - wm + wm * xr, wm * _phi(xr))
-        E = tl.where(a == float("-inf"), 0.0, alpha * (E + (a_new - a) * S)) + tl.sum(tl.where(cmask[None, :], -wl * la, 0.0), 1)
+        first = a == float("-inf")  # nothing accumulated yet (avoid 0 * inf)
+        E = tl.where(first, 0.0, alpha * (E + tl.where(first, 0.0, a_new - a) * S))
+        E += tl.sum(-wl * tl.where(cmask[None, :], la, 0.0), 1)
         S = S * alpha + tl.sum(wl, 1)
         F = F * alpha + tl.sum(term, 1)
         R = R * beta + tl.sum(wm, 1)
         G = G * beta + tl.sum(term_r, 1)
         a = a_new
         b = b_new
-        va, ta = _topk_merge(va, ta, l, cols, TOPK, KP)
-        vb, tb = _topk_merge(vb, tb, m, cols, TOPK, KP)
+        va, ta = _topk_merge(va, ta, l, cols, TOPK)
+        vb, tb = _topk_merge(vb, tb, m, cols, TOPK)
         hit = cols[None, :] == y[:, None]
         ly += tl.sum(tl.where(hit, l, 0.0), 1)
         my += tl.sum(tl.where(hit, m, 0.0), 1)
@@ -263,10 +268,12 @@ def _phase1_kernel(HA, HB, W, WB, Y, OUT_F, OUT_I, OUT_T, N, V, K, s_ha, s_hb, s
     tl.store(base + 8, E, mask=rmask)
     tl.store(base + 9, G, mask=rmask)
     tl.store(base + 10, mt, mask=rmask)
-    slots = tl.arange(0, KP)[None, :]
-    tmask = rmask[:, None] & (slots < TOPK)
-    tl.store(OUT_T + rows[:, None] * (2 * TOPK) + slots, ta, mask=tmask)
-    tl.store(OUT_T + rows[:, None] * (2 * TOPK) + TOPK + slots, tb, mask=tmask)
+    sl = tl.arange(0, KP)[None, :]
+    tmask = rmask[:, None] & (sl < TOPK)
+    tl.store(OUT_T + rows[:, None] * (4 * TOPK) + sl, ta, mask=tmask)
+    tl.store(OUT_T + rows[:, None] * (4 * TOPK) + TOPK + sl, tb, mask=tmask)
+    tl.store(OUT_T + rows[:, None] * (4 * TOPK) + 2 * TOPK + sl, va.to(tl.int32, bitcast=True), mask=tmask)
+    tl.store(OUT_T + rows[:, None] * (4 * TOPK) + 3 * TOPK + sl, vb.to(tl.int32, bitcast=True), mask=tmask)
     tl.store(base + 0, a, mask=rmask)
     tl.store(base + 1, S, mask=rmask)
     tl.store(base + 2, b, mask=rmask)
@@ -357,7 +364,8 @@ def _launch_args(blocks: tuple[int, int, int, int, int] | None, dev: torch.devic
 def phase1(ha: torch.Tensor, hb: torch.Tensor, w: torch.Tensor, wb: torch.Tensor, targets: torch.Tensor,
            blocks: tuple[int, int, int, int, int] | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Run phase 1; returns per-row fp32 ``[N, 11]`` (a, S, b, R, F, l_y, m_y, c, E, G, m_top), int32
-    ``[N, 2]`` argmaxes and int32 ``[N, 2, TOPK]`` top-k token ids (reference, candidate; largest first)."""
+    ``[N, 2]`` argmaxes and int32 ``[N, 4, TOPK]``: the top-k token ids of reference and candidate, then
+    their logits (fp32 bits), each list unordered."""
     n, k = ha.shape
     v = w.shape[0]
     dev = ha.device
@@ -365,7 +373,7 @@ def phase1(ha: torch.Tensor, hb: torch.Tensor, w: torch.Tensor, wb: torch.Tensor
         raise ValueError(f"fused Triton scorer: vocabulary {v} is smaller than the top-{TOPK} it keeps; use backend='torch'")
     out_f = torch.empty(n, 11, dtype=torch.float32, device=dev)
     out_i = torch.empty(n, 2, dtype=torch.int32, device=dev)
-    out_t = torch.empty(n, 2, TOPK, dtype=torch.int32, device=dev)
+    out_t = torch.empty(n, 4, TOPK, dtype=torch.int32, device=dev)
     kw = _launch_args(blocks, dev, w, k)
     y = targets.to(dev, torch.int32).contiguous()
     grid = (triton.cdiv(n, kw["BLOCK_M"]),)
@@ -387,6 +395,16 @@ def phase2(ha: torch.Tensor, hb: torch.Tensor, w: torch.Tensor, wb: torch.Tensor
     _phase2_kernel[grid](ha, hb, w, wb, rowp.contiguous(), out, n, v, k, ha.stride(0), hb.stride(0), w.stride(0),
                          wb.stride(0), SHARED_W=wb is w, **kw)
     return out
+
+
+def _ordered_topk(top: torch.Tensor) -> np.ndarray:
+    """``[N, 2, TOPK]`` token ids of both sides ordered by logit (descending), ties by id (ascending),
+    from phase 1's unordered ids and fp32 logit bits."""
+    ids = top[:, :2].numpy().astype(np.int64)
+    vals = top[:, 2:].contiguous().view(torch.float32).numpy().astype(np.float64)
+    order = np.lexsort((ids, -vals), axis=-1)
+    ordered: np.ndarray = np.take_along_axis(ids, order, axis=-1)
+    return ordered
 
 
 def fused_score(
@@ -443,7 +461,7 @@ def fused_score(
         out.entropy_ref[:] = (lnS + E / S).cpu().numpy()
         out.p_ref_top[:] = (1.0 / S).cpu().numpy()
         out.q_ref_top[:] = (torch.exp(mt - b) / R).cpu().numpy()
-        tops = top.long().cpu().numpy()
+        tops = _ordered_topk(top.cpu())
         for k, field in zip(TOPK_REPORTED, (out.top5_overlap, out.top10_overlap)):
             field[:] = (tops[:, 0, :k, None] == tops[:, 1, None, :k]).any(2).sum(1)
     bad = ~np.isfinite(out.kld) | ~np.isfinite(out.nll_ref) | ~np.isfinite(out.nll_cand) | ~np.isfinite(out.kld_rev)

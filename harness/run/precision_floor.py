@@ -1,0 +1,192 @@
+"""The precision floor: how far the reference capture's own arithmetic is from a higher-precision
+forward of the same weights.
+
+The committed reference is a bf16 forward (bf16 activations between every op, the engine's bf16
+kernels). Its weights are bf16 values, and a forward of *those same values* in float64 (or fp32)
+compute is the arithmetic the bf16 capture approximates. Per position this measures
+
+    KL(P_capture ‖ P_high)
+
+with P_capture = softmax of the capture's hidden state through the shared head (fp32 logits of the
+bf16 operands: exactly what every shard report uses for the reference side) and P_high = softmax of
+the high-precision forward's LM-head input through the same head values, multiplied in the same
+high precision (its logits are rounded to fp32 once, for the scorer: ~1e-7 relative, far below the
+effect measured). The capture is the reference distribution, as in the ladder, so the number reads
+as the KLD the ladder would give a candidate whose weights equal the reference's and whose
+arithmetic were exact.
+
+How it relates to the ladder: a candidate's KLD holds its weight error *and* both sides' rounding
+noise, and the rounding noise of a forward depends on the weights it rounds, so it does not cancel
+between two captures of different weights. This floor is therefore no quantity to subtract; it is
+the scale below which a candidate's KLD cannot be told apart from the reference's own arithmetic.
+The cross-engine floor (same bf16 weights, two engines or two machines: :mod:`harness.reports.cross_engine`)
+is a different number: it compares bf16 arithmetic with bf16 arithmetic, and so misses the part of the
+reference's rounding that any bf16 engine shares.
+
+Result (schema :data:`SCHEMA`): ``definition``, ``reference`` (store path and identity), ``model``
+(path and identity), ``compute`` (dtype of the high-precision forward), ``suite`` (hash, shards),
+``n_positions``, ``n_contexts``, ``n_clusters``, ``kld`` (``mean``, ``ci95`` -- the studentized source-cluster
+bootstrap of the shard reports --, ``median``, ``p99``, ``max``), ``kld_rev_mean``, ``top1``,
+``bootstrap`` (method, replicates, seed) and ``timing``.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from harness.errors import FidelityError
+
+__all__ = ["SCHEMA", "DEFINITION", "COMPUTE_DTYPES", "precision_floor", "render_precision_floor", "write_precision_floor"]
+
+SCHEMA = "fidelity.precision-floor/1"
+DEFINITION = ("mean KL(P_capture || P_high): the committed bf16 reference capture against a forward of the same "
+              "bf16 weight values in higher-precision compute, both through the shared head")
+#: The compute dtypes of the high-precision forward.
+COMPUTE_DTYPES = ("float64", "float32")
+#: Contexts per forward pass.
+BATCH = 8
+
+
+class _Stop(Exception):
+    """Raised by the capture hook to end a forward pass at the LM head's input."""
+
+
+def _head_inputs(model: Any, ids: Any) -> Any:
+    """The LM head's input ``[batch, n_ctx, hidden]`` of one forward pass (the head itself is not run)."""
+    import torch
+
+    grabbed: list[torch.Tensor] = []
+
+    def hook(_m: torch.nn.Module, args: tuple[Any, ...]) -> None:
+        grabbed.append(args[0].detach())
+        raise _Stop
+
+    handle = model.get_output_embeddings().register_forward_pre_hook(hook)
+    try:
+        with torch.inference_mode():
+            try:
+                model(input_ids=ids, use_cache=False)
+            except _Stop:
+                pass
+    finally:
+        handle.remove()
+    if len(grabbed) != 1:
+        raise FidelityError(f"LM head was called {len(grabbed)} times in one forward pass; expected once")
+    return grabbed[0]
+
+
+def precision_floor(*, suite_path: str | Path, model_dir: str | Path, store_path: str | Path, head_path: str | Path,
+                    shards: str | None = None, dtype: str = "float64", n_boot: int = 10_000) -> dict[str, Any]:
+    """Measure the precision floor of a reference capture (module docstring); returns the JSON-ready result."""
+    import torch
+
+    from harness.capture.store import CaptureStore
+    from harness.engines.identity import model_identity
+    from harness.engines.transformers import load_model
+    from harness.inputs.head import load_head
+    from harness.inputs.suite import Suite
+    from harness.metrics import ContextLabel, summarize
+    from harness.metrics.scores import PositionScores
+    from harness.run.verify import check_reference_identity
+    from harness.scoring.gemm import gemm_mode
+    from harness.scoring.torch_path import gemm_operand, gemm_path, logits_gemm, score_logits
+
+    if dtype not in COMPUTE_DTYPES:
+        raise FidelityError(f"--dtype: expected one of {', '.join(COMPUTE_DTYPES)}, found {dtype!r}")
+    t0 = time.perf_counter()
+    suite = Suite.load(suite_path, verify=True)
+    store = CaptureStore.open(store_path, suite)
+    if store.kind != "hidden_states":
+        raise FidelityError(f"{store.root}: the precision floor needs a hidden-state reference store, found kind {store.kind!r}")
+    head = load_head(head_path)
+    check_reference_identity(store, reference_model=Path(model_dir), head=head)
+    shard_list = suite.parse_shards(shards)
+    indices = suite.context_indices(shard_list)
+    tdtype = getattr(torch, dtype)
+    model = load_model(model_dir, device="cpu", dtype="bfloat16").to(tdtype)
+    w_hi = head.weight.to(tdtype)
+    cpu = torch.device("cpu")
+    path = gemm_path(cpu, head.weight)
+    w_ref = gemm_operand(head.weight, cpu)
+    t1 = time.perf_counter()
+    parts: list[PositionScores] = []
+    rows = suite.n_ctx - 1
+    for i in range(0, len(indices), BATCH):
+        chunk = indices[i : i + BATCH]
+        toks = np.asarray(suite.tokens[chunk], dtype=np.int64)
+        ids = torch.from_numpy(toks)
+        hi = _head_inputs(model, ids)[:, :-1].reshape(-1, w_hi.shape[1])
+        with torch.inference_mode():
+            hi_logits = (hi @ w_hi.t()).float()
+            ref_hidden = store.load_rows(chunk)
+            with gemm_mode(path):
+                ref_logits = logits_gemm(ref_hidden, w_ref, torch.empty(ref_hidden.shape[0], w_ref.shape[0], dtype=torch.float32))
+        targets = torch.from_numpy(toks[:, 1:].reshape(-1))
+        parts.append(score_logits(ref_logits, hi_logits, targets))
+    t2 = time.perf_counter()
+    scores = PositionScores.concat(parts)
+    ci = np.repeat(np.asarray(indices, dtype=np.int64), rows)
+    row = np.tile(np.arange(rows, dtype=np.int64), len(indices))
+    labels = [ContextLabel(c.index, c.source_cluster, c.stratum) for c in (suite.contexts[j] for j in indices)]
+    m = summarize(scores, ci, row, labels, n_boot=n_boot)
+    k = m["kld"]
+    return {
+        "schema": SCHEMA,
+        "definition": DEFINITION,
+        "reference": {"store": str(store_path), "identity": store.identity},
+        "model": {"path": str(model_dir), "identity": model_identity(model_dir)},
+        "head": {"path": str(head_path), "sha256": head.sha256},
+        "compute": {"dtype": dtype, "device": "cpu", "reference_logits_gemm": path},
+        "suite": {"path": str(suite_path), "suite_token_sha256": suite.suite_token_sha256, "shards": shard_list},
+        "n_positions": m["n_positions"],
+        "n_contexts": m["n_contexts"],
+        "n_clusters": m["n_clusters"],
+        "kld": {"mean": k["mean"], "ci95": k["ci95"], "median": k["median"], "p99": k["p99"], "max": k["max"]},
+        "kld_rev_mean": m["diagnostics"]["kld_rev"]["mean"],
+        "top1": m["top1"]["agreement"],
+        "bootstrap": {"method": m["bootstrap"]["method"], "method_text": m["bootstrap"]["method_text"],
+                      "n_boot": m["bootstrap"]["n_boot"], "seed": m["bootstrap"]["seed"]},
+        "timing": {"load_s": t1 - t0, "forward_and_score_s": t2 - t1, "total_s": time.perf_counter() - t0},
+    }
+
+
+def _fmt(x: float) -> str:
+    return f"{x:.3e}" if (x != 0 and (abs(x) < 1e-2 or abs(x) >= 1e4)) else f"{x:.4f}"
+
+
+def render_precision_floor(r: dict[str, Any]) -> str:
+    """Markdown of a precision-floor result."""
+    k = r["kld"]
+    ci = f"[{_fmt(k['ci95'][0])}, {_fmt(k['ci95'][1])}]" if k["ci95"] else "not estimable"
+    return "\n".join([
+        "# Precision floor of the reference",
+        "",
+        f"Definition: {r['definition']} ({r['compute']['dtype']} compute).",
+        "",
+        "| positions | contexts | clusters | mean KLD [95% CI] | median | p99 | max | top-1 |",
+        "|---|---|---|---|---|---|---|---|",
+        f"| {r['n_positions']} | {r['n_contexts']} | {r['n_clusters']} | {_fmt(k['mean'])} {ci} | {_fmt(k['median'])} | "
+        f"{_fmt(k['p99'])} | {_fmt(k['max'])} | {r['top1']:.4f} |",
+        "",
+        f"Interval: {r['bootstrap']['method_text']}, {r['bootstrap']['n_boot']} replicates, seed {r['bootstrap']['seed']}.",
+        "",
+        "A candidate's KLD holds its weight error and the rounding noise of both forwards, which changes with",
+        "the weights; this floor is the scale below which a KLD cannot be told from the reference's own",
+        "arithmetic, not an amount to subtract. The cross-engine floor compares two bf16 forwards and cannot see",
+        "the rounding every bf16 engine shares.",
+        "",
+    ])
+
+
+def write_precision_floor(result: dict[str, Any], out_dir: str | Path) -> list[Path]:
+    """Write ``precision_floor.json`` and ``precision_floor.md`` into ``out_dir`` as one unit."""
+    from harness.io.atomic import atomic_write_files, dumps_json
+
+    out = Path(out_dir)
+    files = {out / "precision_floor.json": dumps_json(result), out / "precision_floor.md": render_precision_floor(result)}
+    atomic_write_files(files)
+    return list(files)
