@@ -26,11 +26,12 @@ def pub(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """int8 captured and replayed on shard 0 in the project, then the suite, the reference of shards
     0 and 1, the int8 capture and its report written in the published layout."""
     tmp = tmp_path_factory.mktemp("pub")
-    assert main(["capture", "--model", str(FIX / "candidates" / "int8"), "--suite", str(FIX / "suite"),
-                 "--out", str(tmp / "cap" / "int8"), "--shards", "0", "--quiet"]) == 0
-    assert main(["replay", "--suite", str(FIX / "suite"), "--reference", str(FIX / "reference"), "--candidate",
-                 str(tmp / "cap" / "int8"), "--head", str(FIX / "lm_head.safetensors"), "--shards", "0",
-                 "--name", "int8", "--reference-name", "bf16", "--out", str(tmp / "reports" / "int8")]) == 0
+    for name in ("int8", "int4_g32"):
+        assert main(["capture", "--model", str(FIX / "candidates" / name), "--suite", str(FIX / "suite"),
+                     "--out", str(tmp / "cap" / name), "--shards", "0", "--quiet"]) == 0
+        assert main(["replay", "--suite", str(FIX / "suite"), "--reference", str(FIX / "reference"), "--candidate",
+                     str(tmp / "cap" / name), "--head", str(FIX / "lm_head.safetensors"), "--shards", "0",
+                     "--name", name, "--reference-name", "bf16", "--out", str(tmp / "reports" / name)]) == 0
     assert main(["dataset", "write-published", "--config", str(ROOT / "fidelity.toml"), "--reference-shards", "0,1",
                  "--capture", f"int8={tmp / 'cap' / 'int8'}", "--reports", str(tmp / "reports"), "--out", str(tmp / "v")]) == 0
     return tmp, tmp / "v"
@@ -221,7 +222,7 @@ def _flattened_bootstrap(values: list[float], clusters: list[str]) -> tuple[floa
 
 def test_published_method_against_float64(pub: tuple[Path, Path]) -> None:
     """--method published: the published tool's figures, checked against an independent float64 re-implementation;
-    the exact figure and the difference stand beside them; this project's aggregate refuses the file."""
+    the exact figure and the difference stand beside them; never aggregated with exact figures."""
     tmp, v = pub
     out = tmp / "method"
     assert main(["replay", "--dataset", str(v), "--candidate", str(v / "captures" / "shard-0000" / "hidden-int8"),
@@ -242,5 +243,44 @@ def test_published_method_against_float64(pub: tuple[Path, Path]) -> None:
     assert doc["token_mean_kld"] > 1.3 * exact  # the bf16 rounding of every logit biases the mean upward
     md = (out / "report-int8-shard-0000.md").read_text()
     assert "published method (not this project's measurement)" in md and "exact (this project)" in md
-    assert main(["aggregate", str(out / "report-int8-shard-0000.json"), "--suite", str(FIX / "suite"), "--partial",
-                 "--out", str(tmp / "agg-method")]) == 1
+    assert main(["aggregate", str(out / "report-int8-shard-0000.json"), "--suite", str(FIX / "suite"),
+                 "--out", str(tmp / "agg-method")]) == 0  # alone, aggregated and labelled as what it is
+    assert json.loads((tmp / "agg-method" / "published-aggregate.json").read_text())["method"] == "published"
+    assert main(["aggregate", str(out / "report-int8-shard-0000.json"), str(v / "reports" / "fidelity"),
+                 "--suite", str(FIX / "suite"), "--out", str(tmp / "agg-mixed")]) == 1  # never beside exact figures
+    assert not (tmp / "agg-mixed").exists()
+
+
+def test_published_reports_aggregate_and_pair(pub: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """aggregate / paired read the published reports' per-context rows: the project's exact numbers come back;
+    a report of another suite and a mix of methods are refused."""
+    tmp, v = pub
+    reps = v / "reports" / "fidelity" / "shard-0000"
+    assert main(["aggregate", str(reps / "report-int8.json"), "--suite", str(v / "suite"), "--out", str(tmp_path / "agg")]) == 0
+    agg = json.loads((tmp_path / "agg" / "published-aggregate.json").read_text())
+    ours = _ours(tmp)["metrics"]
+    assert agg["token_mean_kld"] == pytest.approx(ours["kld"]["mean"], rel=1e-12)
+    assert agg["top1_agreement"] == pytest.approx(ours["top1"]["agreement"], rel=1e-12)
+    assert agg["kld_tail"]["counts"] == ours["histogram"]["counts"] and agg["method"] == "exact"
+    assert main(["paired", str(reps / "report-int8.json"), str(reps / "report-int4_g32.json"), "--suite", str(v / "suite"),
+                 "--name-a", "int8", "--name-b", "int4_g32", "--out", str(tmp_path / "p")]) == 0
+    pair = json.loads((tmp_path / "p" / "paired" / "int8-vs-int4_g32.published.json").read_text())
+    a = {r["index"]: r for r in _ours(tmp)["metrics"]["contexts"]}
+    b = {r["index"]: r for r in json.loads((tmp / "reports" / "int4_g32" / "shard-00.json").read_text())["metrics"]["contexts"]}
+    diffs = [a[i]["mean_kld"] - b[i]["mean_kld"] for i in sorted(a)]
+    assert pair["difference_a_minus_b"] == pytest.approx(float(np.mean(diffs)), rel=1e-12)
+    lo, hi = _flattened_bootstrap(diffs, [str(a[i]["cluster"]) for i in sorted(a)])
+    assert (pair["ci95_low"], pair["ci95_high"]) == (pytest.approx(lo, rel=1e-9), pytest.approx(hi, rel=1e-9))
+    assert pair["b_wins"] == 0 and pair["a_wins"] == 16  # int8 is closer to the reference on every context
+    other = tmp_path / "other.json"
+    doc = json.loads((reps / "report-int8.json").read_text())
+    doc["suite_token_sha256"] = hashlib.sha256(b"another suite").hexdigest()
+    other.write_text(json.dumps(doc))
+    capsys.readouterr()
+    assert main(["aggregate", str(other), "--suite", str(v / "suite"), "--out", str(tmp_path / "no")]) == 1
+    assert "a report of another suite" in capsys.readouterr().err
+    method = tmp / "method" / "report-int8-shard-0000.json"
+    if method.is_file():  # written by the method test of this module
+        assert main(["paired", str(method), str(reps / "report-int4_g32.json"), "--out", str(tmp_path / "no")]) == 1
+        assert "method (fidelity_method.name" in capsys.readouterr().err
+    assert not (tmp_path / "no").exists()

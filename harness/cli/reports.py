@@ -13,8 +13,43 @@ from harness.errors import FidelityError, VerificationError
 
 
 # ----------------------------------------------------------------------------- aggregate
+def _published_inputs(items: list[Path]) -> list[Path] | None:
+    """The published reports among ``items`` (files, or folders holding ``report-*.json``), or None if there are
+    none; a mix with this project's shard reports is refused (two methods and formats never combine)."""
+    from harness.interchange.published_reports import is_published_report, report_paths
+
+    found = [p for p in report_paths(items) if is_published_report(p)]
+    if not found:
+        return None
+    own = [p for p in items if (p.is_file() and not is_published_report(p)) or (p.is_dir() and any(p.rglob("shard-*.json")))]
+    if own:
+        raise FidelityError(f"{own[0]}: expected only published reports (qwen38-fidelity-report/1..3) beside "
+                            f"{found[0]}, found this project's shard reports: the two are never combined")
+    return found
+
+
+def _aggregate_published(a: argparse.Namespace, paths: list[Path]) -> int:
+    from harness.interchange.published_reports import aggregate_published
+    from harness.interchange.suite_manifest import load_any_suite
+    from harness.io.atomic import atomic_write_json
+
+    doc = aggregate_published(paths, load_any_suite(a.suite, verify=True))
+    out = a.out / "published-aggregate.json"
+    atomic_write_json(out, doc)
+    boot = doc["context_bootstrap"]
+    print(f"{doc['candidate']}: {doc['contexts']} contexts, {doc['scored_positions']} positions, token mean KLD "
+          f"{doc['token_mean_kld']:.6f}, context mean {boot['mean']:.6f} [{boot['ci95_low']:.6f}, {boot['ci95_high']:.6f}] "
+          f"(percentile, context means), top-1 {doc['top1_agreement']:.4f}; method {doc['method']}")
+    print(f"{out}: written")
+    return 0
+
+
 def _aggregate(a: argparse.Namespace) -> int:
     from harness.inputs.suite import Suite
+
+    published = _published_inputs(list(a.reports))
+    if published is not None:
+        return _aggregate_published(a, published)
     from harness.reports.aggregate import format_ladder, ladder_rows
     from harness.reports.publish import aggregate_groups, load_reports, write_aggregates
 
@@ -44,18 +79,47 @@ def add_aggregate(sub: SubParsers) -> None:
             "  fidelity aggregate reports/int4/shard-00.json --suite suites/s512 --partial --out agg/"
         ),
     )
-    p.add_argument("reports", nargs="+", type=Path, help="shard report files or folders (searched for shard-*.json)")
-    p.add_argument("--suite", required=True, type=Path, help="the suite the reports were scored on (every report is checked against it)")
+    p.add_argument("reports", nargs="+", type=Path,
+                   help="shard report files or folders (searched for shard-*.json); or published reports "
+                        "(qwen38-fidelity-report/1..3, folders searched for report-*.json): aggregated from their "
+                        "per-context rows into <out>/published-aggregate.json")
+    p.add_argument("--suite", required=True, type=Path,
+                   help="the suite the reports were scored on (every report is checked against it; a published "
+                        "suite folder with suite-manifest.json is read in place)")
     p.add_argument("--partial", action="store_true", help="allow a subset of the suite's shards (default: every shard is required)")
     p.add_argument("--out", required=True, type=Path, help="folder for <candidate>/aggregate.json and ladder.md/json")
     p.set_defaults(func=_aggregate)
 
 
 # ----------------------------------------------------------------------------- paired
+def _paired_published(a: argparse.Namespace, pa: list[Path], pb: list[Path]) -> int:
+    from harness.interchange.published_reports import paired_published
+    from harness.interchange.suite_manifest import load_any_suite
+    from harness.io.atomic import atomic_write_json
+
+    doc = paired_published(pa, pb, None if a.suite is None else load_any_suite(a.suite, verify=True))
+    out = a.out / "paired" / f"{a.name_a}-vs-{a.name_b}.published.json"
+    atomic_write_json(out, doc)
+    print(f"{a.name_a} vs {a.name_b}: difference a - b {doc['difference_a_minus_b']:+.6g}, 95% "
+          f"[{doc['ci95_low']:+.6g}, {doc['ci95_high']:+.6g}] (percentile, context means; {doc['clusters']} clusters), "
+          f"a wins {doc['a_wins']}, b wins {doc['b_wins']}, ties {doc['ties']}; method {doc['method']}")
+    print(out)
+    return 0
+
+
 def _paired(a: argparse.Namespace) -> int:
     from harness.reports.paired import paired_report, write_paired
     from harness.run.replay import verify_inputs
     from harness.run.shard import shard_positions
+
+    pa, pb = _published_inputs([a.a]), _published_inputs([a.b])
+    if pa is not None and pb is not None:
+        return _paired_published(a, pa, pb)
+    if pa is not None or pb is not None:
+        raise FidelityError(f"paired: expected two capture stores or two sets of published reports, found one of each "
+                            f"({a.a}, {a.b})")
+    if a.suite is None or a.reference is None or a.head is None:
+        raise FidelityError("paired: two capture stores need --suite, --reference and --head")
 
     margin = a.margin
     if margin is None and a.config is not None:
@@ -97,11 +161,12 @@ def add_paired(sub: SubParsers) -> None:
             "      --head lm_head.safetensors --margin 0.001 --out reports/"
         ),
     )
-    p.add_argument("a", type=Path, help="capture store of candidate A")
-    p.add_argument("b", type=Path, help="capture store of candidate B")
-    p.add_argument("--suite", required=True, type=Path, help="suite folder")
-    p.add_argument("--reference", required=True, type=Path, help="reference capture store")
-    p.add_argument("--head", required=True, type=Path, help="shared lm_head.safetensors")
+    p.add_argument("a", type=Path, help="capture store of candidate A (or its published report(s): a qwen38-fidelity-report "
+                                        "file or a folder of report-*.json, compared from their per-context rows, no rescoring)")
+    p.add_argument("b", type=Path, help="capture store of candidate B (or its published report(s))")
+    p.add_argument("--suite", type=Path, default=None, help="suite folder (required for stores; checks published reports)")
+    p.add_argument("--reference", type=Path, default=None, help="reference capture store (stores only)")
+    p.add_argument("--head", type=Path, default=None, help="shared lm_head.safetensors (stores only)")
     p.add_argument("--out", required=True, type=Path, help="report folder (paired/ is created inside)")
     p.add_argument("--name-a", dest="name_a", default=None, help="name of A (default: its folder name)")
     p.add_argument("--name-b", dest="name_b", default=None, help="name of B (default: its folder name)")

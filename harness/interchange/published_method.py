@@ -2,7 +2,8 @@
 
 ``fidelity replay --method published`` scores as the published ``replay`` does, from its
 description: logits are the bf16 operands' product **rounded to bf16** (its ``(hidden @ head.T).float()``
-on bf16 tensors returns a bf16 product), normalizers are float32 log-sum-exps, per-position KL and
+on bf16 tensors returns a bf16 product; computed here the same way, so a run on the same machine
+gives the same bits), in two passes over vocabulary chunks: normalizers as float32 log-sum-exps, per-position KL and
 Jensen-Shannon divergence are float32 sums over vocabulary chunks of 24,832 added in float64, top-1
 is the first maximal logit; per context the mean, the lower median, the maximum; the interval is the
 percentile bootstrap over context means (:mod:`harness.interchange.bootstrap_method`). This is not
@@ -36,10 +37,8 @@ if TYPE_CHECKING:
 
 #: The published tool's vocabulary chunk (its ``--vocab-chunk`` default).
 VOCAB_CHUNK = 24_832
-#: Rows scored at a time (memory: rows x vocabulary x 4 bytes per operand).
-ROW_TILE = 256
 METHOD_TEXT = ("published method (tools/fidelity.py replay of the published fidelity datasets): logits = bf16 "
-               "operands' product rounded to bf16; float32 normalizers; per-position KL/JSD summed in float32 per "
+               "operands' product rounded to bf16 (two passes); float32 normalizers; per-position KL/JSD summed in float32 per "
                "24,832-token vocabulary chunk, chunks added in float64; percentile source-cluster bootstrap over "
                "context means (random.Random(1), 10,000 replicates, clusters in order of first appearance)")
 
@@ -54,39 +53,47 @@ class MethodScores:
 
 
 def bf16_logits(hidden: torch.Tensor, head: torch.Tensor) -> torch.Tensor:
-    """float32 logits rounded to bf16: the fp32 product of the bf16 operands, then rounded to nearest-even bf16."""
+    """The product of the bf16 operands as torch returns it (bf16: fp32 accumulation rounded to bf16), as float32."""
+    return (hidden @ head.T).float()
+
+
+def _normalizers(hidden: torch.Tensor, head: torch.Tensor, chunk: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pass one: float32 log-normalizers (log-sum-exp per chunk, combined with logaddexp) and the first maximal logit."""
     import torch
 
-    return (hidden.float() @ head.float().T).to(torch.bfloat16).float()
+    rows = hidden.shape[0]
+    log_z = torch.full((rows,), -math.inf, dtype=torch.float32)
+    top_val = torch.full((rows,), -math.inf, dtype=torch.float32)
+    top_id = torch.zeros((rows,), dtype=torch.int64)
+    for v0 in range(0, head.shape[0], chunk):
+        logits = bf16_logits(hidden, head[v0:v0 + chunk])
+        log_z = torch.logaddexp(log_z, torch.logsumexp(logits, dim=-1))
+        val, idx = logits.max(dim=-1)
+        better = val > top_val  # a later chunk wins only with a strictly larger logit: the first maximum overall
+        top_val = torch.where(better, val, top_val)
+        top_id = torch.where(better, idx + v0, top_id)
+    return log_z, top_id
 
 
 def score_rows(ref: torch.Tensor, cand: torch.Tensor, head: torch.Tensor, cand_head: torch.Tensor | None = None,
                chunk: int = VOCAB_CHUNK) -> MethodScores:
-    """Published-method scores of ``ref`` vs ``cand`` hidden rows (bf16 ``[rows, hidden]``)."""
+    """Published-method scores of ``ref`` vs ``cand`` hidden rows (bf16 ``[rows, hidden]``, one context)."""
     import torch
 
     ch = head if cand_head is None else cand_head
-    kl_out, js_out, top_out = [], [], []
-    ln2 = math.log(2.0)
     with torch.inference_mode():
-        for r0 in range(0, ref.shape[0], ROW_TILE):
-            rl_all = bf16_logits(ref[r0:r0 + ROW_TILE], head)
-            cl_all = bf16_logits(cand[r0:r0 + ROW_TILE], ch)
-            rz = torch.logsumexp(rl_all, dim=-1)
-            cz = torch.logsumexp(cl_all, dim=-1)
-            kl = torch.zeros(rl_all.shape[0], dtype=torch.float64)
-            js = torch.zeros(rl_all.shape[0], dtype=torch.float64)
-            for v0 in range(0, rl_all.shape[1], chunk):
-                rl = rl_all[:, v0:v0 + chunk] - rz[:, None]
-                cl = cl_all[:, v0:v0 + chunk] - cz[:, None]
-                p, q = rl.exp(), cl.exp()
-                kl += (p * (rl - cl)).sum(-1).double()
-                logm = (0.5 * (p + q)).clamp_min(1e-30).log()
-                js += (0.5 * (p * (rl - logm)).sum(-1) + 0.5 * (q * (cl - logm)).sum(-1)).double()
-            kl_out.append(kl.numpy())
-            js_out.append((js / ln2).numpy())
-            top_out.append((rl_all.argmax(-1) == cl_all.argmax(-1)).numpy())
-    return MethodScores(np.concatenate(kl_out), np.concatenate(js_out), np.concatenate(top_out))
+        rz, rtop = _normalizers(ref, head, chunk)
+        cz, ctop = _normalizers(cand, ch, chunk)
+        kl = torch.zeros(ref.shape[0], dtype=torch.float64)
+        js = torch.zeros(ref.shape[0], dtype=torch.float64)
+        for v0 in range(0, head.shape[0], chunk):  # pass two: the divergences
+            rl = bf16_logits(ref, head[v0:v0 + chunk]) - rz[:, None]
+            cl = bf16_logits(cand, ch[v0:v0 + chunk]) - cz[:, None]
+            p, q = rl.exp(), cl.exp()
+            kl += (p * (rl - cl)).sum(-1).double()
+            logm = (0.5 * (p + q)).clamp_min(1e-30).log()
+            js += (0.5 * (p * (rl - logm)).sum(-1) + 0.5 * (q * (cl - logm)).sum(-1)).double()
+    return MethodScores(kl.numpy(), (js / math.log(2.0)).numpy(), (rtop == ctop).numpy())
 
 
 def lower_median(values: np.ndarray) -> float:
