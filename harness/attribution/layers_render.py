@@ -1,0 +1,89 @@
+"""The per-layer error's files: ``layers.json``, ``layers.md`` (tables) and ``layers.png`` (error by depth and by kind).
+
+Rendered in memory first, then each file written atomically (harness.attribution.layers has the fields).
+"""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+from typing import Any
+
+from harness.io.atomic import atomic_write_bytes, atomic_write_json, atomic_write_text
+
+__all__ = ["render_layers_markdown", "render_layers_plot", "write_layers"]
+
+
+def _g(x: float | None) -> str:
+    if x is None:
+        return "∞"
+    return f"{x:.3e}" if x != 0 and (abs(x) < 1e-2 or abs(x) >= 1e4) else f"{x:.4f}"
+
+
+def _db(x: float | None) -> str:
+    return "∞" if x is None else f"{x:.2f}"
+
+
+def render_layers_markdown(r: dict[str, Any]) -> str:
+    """Per-layer table (teacher-forced and free-running), per-kind table, per-module table."""
+    lines = [
+        f"# Per-layer error: {r['candidate']['path']} vs {r['reference']['path']}", "",
+        f"Contexts {r['suite']['contexts']} of {r['suite']['path']} ({r['n_positions']} positions), "
+        f"{r['compute']['dtype']} compute on {r['compute']['device']}, {r['timing']['total_s']:.1f} s. "
+        "rel = ‖c − r‖_F / ‖r‖_F, cos err = 1 − mean cos(r_t, c_t), SQNR = 10 log10(‖r‖² / ‖c − r‖²). "
+        "Teacher-forced: each candidate layer (module) fed the reference's input; free-running: each model on its own. "
+        "Distances of hidden states, not effects on the output: `fidelity attribute` measures those.", "",
+        "| layer | rel (teacher-forced) | cos err | SQNR dB | rel (free-running) | cos err | SQNR dB |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for row in r["layers"]:
+        t, f = row["teacher_forced"], row["free_running"]
+        lines.append(f"| {row['layer']} | {_g(t['rel_frobenius'])} | {_g(t['cosine_error'])} | {_db(t['sqnr_db'])} | "
+                     f"{_g(f['rel_frobenius'])} | {_g(f['cosine_error'])} | {_db(f['sqnr_db'])} |")
+    lines += ["", f"Worst layers (teacher-forced rel): {', '.join(str(i) for i in r['ranking'])}.", "",
+              "By module kind (teacher-forced, pooled over layers):", "",
+              "| kind | modules | rel | cos err (mean) | SQNR dB |", "|---|---|---|---|---|"]
+    for k in sorted(r["by_kind"], key=lambda k: -k["rel_frobenius"]):
+        lines.append(f"| {k['kind']} | {k['n_modules']} | {_g(k['rel_frobenius'])} | {_g(k['cosine_error'])} | {_db(k['sqnr_db'])} |")
+    lines += ["", "Per module (teacher-forced):", "", "| layer | module | rel | cos err | SQNR dB |", "|---|---|---|---|---|"]
+    for m in r["modules"]:
+        lines.append(f"| {m['layer']} | {m['name']} | {_g(m['rel_frobenius'])} | {_g(m['cosine_error'])} | {_db(m['sqnr_db'])} |")
+    return "\n".join(lines) + "\n"
+
+
+def render_layers_plot(r: dict[str, Any]) -> bytes:
+    """Relative error by layer (both modes) and by module kind, PNG bytes."""
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.6))
+    xs = [row["layer"] for row in r["layers"]]
+    a.plot(xs, [row["teacher_forced"]["rel_frobenius"] for row in r["layers"]], "o-", label="teacher-forced")
+    a.plot(xs, [row["free_running"]["rel_frobenius"] for row in r["layers"]], "s--", label="free-running")
+    a.set_xticks(xs)
+    a.set_xlabel("decoder layer")
+    a.set_ylabel("‖c − r‖ / ‖r‖ of the layer output")
+    a.set_yscale("log")
+    a.legend()
+    kinds = r["by_kind"]
+    b.barh([k["kind"] for k in kinds], [k["rel_frobenius"] for k in kinds])
+    b.set_xlabel("‖c − r‖ / ‖r‖ of the module output (teacher-forced)")
+    fig.suptitle(f"{Path(r['candidate']['path']).name} vs {Path(r['reference']['path']).name}")
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110, metadata={"Software": None})
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def write_layers(r: dict[str, Any], out_dir: str | Path) -> list[Path]:
+    """Render everything, then write ``layers.json``, ``layers.md`` and ``layers.png``; returns their paths."""
+    out = Path(out_dir)
+    md, png = render_layers_markdown(r), render_layers_plot(r)
+    paths = [out / "layers.json", out / "layers.md", out / "layers.png"]
+    atomic_write_json(paths[0], r)
+    atomic_write_text(paths[1], md)
+    atomic_write_bytes(paths[2], png)
+    return paths
