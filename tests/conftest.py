@@ -228,3 +228,28 @@ def _reference_studentized_interval(values: Any, cluster: Any, weights: Any, lev
 def reference_interval() -> Any:
     """:func:`_reference_studentized_interval` (an independent check of the bootstrap module)."""
     return _reference_studentized_interval
+
+
+@pytest.fixture(scope="session")
+def fidelity_run(tmp_path_factory: pytest.TempPathFactory, fidelity_project: Path) -> Path:
+    """The tiny project after one run of its shard and tail cases with ``--fidelity-update-baselines``: baselines,
+    ``reports/`` (shard reports, ladder, tails) and the candidates' captures in ``.fidelity-cache``. Copy it
+    (``shutil.copytree``) before changing it."""
+    import subprocess
+    import sys
+
+    root = tmp_path_factory.mktemp("run") / "p"
+    shutil_copytree(fidelity_project, root)
+    out = subprocess.run([sys.executable, "-m", "pytest", "fidelity.toml", "-q", "-p", "no:cacheprovider", "-m",
+                          "fidelity or fidelity_tails", "--fidelity-update-baselines", "--fidelity-report-dir", "reports"],
+                         cwd=root, capture_output=True, text=True, check=False)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    return root
+
+
+def shutil_copytree(src: Path, dst: Path) -> Path:
+    """``shutil.copytree`` keeping symbolic links as links."""
+    import shutil
+
+    shutil.copytree(src, dst, symlinks=True)
+    return dst

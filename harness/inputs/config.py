@@ -23,7 +23,7 @@ Example::
     [[candidates]]
     name = "int8"
     engine = "transformers"
-    model = "fixtures/candidates/int8"  # or: store = "path/to/capture"
+    model = "fixtures/candidates/int8"  # or: store = "path/to/capture", or model = "hf://org/repo@revision"
     tags = ["rtn"]
 
 Instead of ``[suite]`` and ``[reference]``, a reference dataset (``fidelity dataset build``) may supply
@@ -199,6 +199,19 @@ class _Reader:
         p = Path(value)
         return p if p.is_absolute() else (self.path.parent / p)
 
+    def model(self, key: str) -> Path | None:
+        """A model: a path (relative to the file), or ``hf://org/repo@revision`` resolved to its snapshot in the
+        local Hugging Face cache (:mod:`harness.inputs.hub`; downloaded unless cached or ``HF_HUB_OFFLINE``)."""
+        value = self.string(key, required=False)
+        if value is None or not value.startswith("hf://"):
+            return self.path_(key, required=False)
+        from harness.inputs.hub import resolve_hub_model
+
+        try:
+            return resolve_hub_model(value)
+        except FidelityError as exc:
+            raise ConfigError(f"{self.path}: {self._key(key)}: {exc}") from None
+
     def integer(self, key: str, default: int | None, *, minimum: int = 0) -> int | None:
         value = self.table.get(key, default)
         if value is None:
@@ -284,7 +297,7 @@ def _candidate(path: Path, raw: Any, i: int) -> CandidateConfig:
         raise ConfigError(
             f"{path}: candidates[{i}].engine: expected one of {', '.join(engine_names())}, found {engine!r}{hint}"
         ) from None
-    model = r.path_("model", required=False)
+    model = r.model("model")
     store = r.path_("store", required=False)
     if (model is None) == (store is None):
         raise ConfigError(f"{path}: candidate {name!r} needs exactly one of 'model' (live) or 'store' (replay)")
@@ -380,7 +393,7 @@ def load_config(path: str | Path) -> FidelityConfig:
             name=ref.string("name", required=False) or "reference",
             store=ref.path_("store"),  # type: ignore[arg-type]
             head=ref.path_("head"),  # type: ignore[arg-type]
-            model=ref.path_("model", required=False),
+            model=ref.model("model"),
         )
     settings = _Reader(path, raw.get("settings", {}), "settings", _SETTINGS_KEYS)
     raw_cands = top.table.get("candidates", [])

@@ -118,9 +118,10 @@ def fidelity_case(request: pytest.FixtureRequest) -> tuple[str, int]:
 
 
 @pytest.fixture
-def fidelity_scored(request: pytest.FixtureRequest, fidelity_case: tuple[str, int], record_property: Any) -> Iterator[ScoredShard]:
-    """Score this candidate x shard; the report travels home with the test report."""
-    yield active_run(request.config).score(request, *fidelity_case, record_property)
+def fidelity_scored(request: pytest.FixtureRequest, fidelity_case: tuple[str, int]) -> Iterator[ScoredShard]:
+    """Score this candidate x shard; the report travels home with the test report (its headline numbers go to
+    ``--junitxml`` as :mod:`harness.plugin.junit` says)."""
+    yield active_run(request.config).score(request, *fidelity_case)
 
 
 @pytest.fixture

@@ -294,6 +294,8 @@ class FidelityRun:
     extra_lines: list[str] = field(default_factory=list)
     #: Candidates with a failed case that carried no report (see :meth:`missing_from_ladder`).
     unscored: set[str] = field(default_factory=set)
+    #: ``(node id, message)`` of every failed fidelity case (the CI job summary lists them).
+    failures: list[tuple[str, str]] = field(default_factory=list)
     #: Controller under pytest-xdist: the secret (hex) that signs this session's hand-over files, and whether
     #: this session created their folder (only then is the folder removed at the end).
     handover_key: str | None = None
@@ -485,16 +487,25 @@ class FidelityRun:
         case = _CASE_ID.search(report.nodeid)
         if case and report.failed and getattr(report, PAYLOAD_ATTR, None) is None:
             self.unscored.add(case.group(1))
+        from harness.plugin.step_summary import CASE_MARKERS, failing_case
+
+        failed = failing_case(report, CASE_MARKERS)
+        if failed is not None:
+            self.failures.append(failed)
         if report.when != "call":
             return
         payload = getattr(report, PAYLOAD_ATTR, None)
         if payload is not None:
             from harness.errors import FidelityError
+            from harness.gate.baselines import headline_of
+            from harness.plugin.junit import headline_numbers, record_on_suite
 
+            doc = json.loads(payload)
             try:
-                self.collector.add(json.loads(payload), passed=report.passed)
+                self.collector.add(doc, passed=report.passed)
             except (FidelityError, OSError) as e:  # a report folder that cannot be written: named at the end
                 self.finish_error = self.finish_error or str(e)
+            record_on_suite(self.pytest_config, report.nodeid, headline_numbers(headline_of(doc["metrics"])))
         for extra in json.loads(getattr(report, EXTRA_ATTR, None) or "[]"):
             self.extras.setdefault(extra["kind"], []).append(extra["data"])
 
@@ -584,13 +595,29 @@ class FidelityRun:
         if self.finish_error:
             terminalreporter.section("fidelity: the session's reports were not written", red=True)
             terminalreporter.write_line(f"error: {self.finish_error}", red=True)
+        self.write_step_summary()
+
+    def write_step_summary(self) -> None:
+        """On GitHub Actions (``$GITHUB_STEP_SUMMARY`` set): the ladder and the failing cases on the job page
+        (:mod:`harness.plugin.step_summary`)."""
+        from harness.plugin.step_summary import ENV, append, render
+
+        target = os.environ.get(ENV)
+        if not target or self.is_worker:
+            return
+        from harness.reports.aggregate import format_ladder
+
+        ladder = format_ladder(self.collector.ladder_rows) if self.collector.ladder_rows else []
+        notes = [*self.extra_lines, *([f"error: {self.finish_error}"] if self.finish_error else [])]
+        append(target, render(shown_path(self.plan.path, self.pytest_config), ladder, self.missing_from_ladder(),
+                              self.failures, notes))
 
     # ------------------------------------------------------------ fixture bodies
     def send(self, request: pytest.FixtureRequest, kind: str, data: dict[str, Any]) -> None:
         """Queue a report-case payload to travel home with this test's report."""
         request.node.stash.setdefault(_EXTRA, []).append({"kind": kind, "data": data})
 
-    def score(self, request: pytest.FixtureRequest, name: str, shard: int, record_property: Any) -> ScoredShard:
+    def score(self, request: pytest.FixtureRequest, name: str, shard: int) -> ScoredShard:
         """Score one candidate x shard (capturing it first when needed); its report travels home."""
         monitor = self.monitor
         reason = monitor.stop_reason(name) if monitor is not None else None
@@ -601,8 +628,9 @@ class FidelityRun:
         if monitor is not None:
             d = monitor.observe(name, shard, scored.report.metrics)
             self.send(request, "adaptive", {"candidate": name, "shard": shard, **d.record()})
-        for key in ("mean_kld", "ci_low", "ci_high", "p99", "top1"):
-            record_property(f"fidelity_{key}", getattr(scored.headline, key))
+        from harness.plugin.junit import headline_numbers, record_on_case
+
+        record_on_case(self.pytest_config, request.node, headline_numbers(scored.headline))
         request.node.stash[_PAYLOAD] = scored.report.to_json_dict()
         return scored
 

@@ -8,7 +8,7 @@ YAML metadata block:
 * ``tags`` -- ``fidelity``, ``kl-divergence``, ``quantized`` and every candidate's tags;
 * ``pipeline_tag: text-generation``;
 * ``base_model`` and ``base_model_relation: quantized`` when the configuration names the BF16 original on
-  the Hub (``[card] base_model``);
+  the Hub (``[card] base_model``, else the repository of a reference given as ``hf://org/repo@revision``);
 * ``model-index``: one evaluation result per candidate -- metric type ``kl_divergence``, name
   ``mean KL divergence vs BF16 (<candidate>)``, value the token-mean KLD in nats, ``config`` the candidate
   and ``args`` its 95% interval (studentized source-cluster bootstrap), positions, shards and window --
@@ -41,8 +41,15 @@ INTERVAL = "95% studentized source-cluster bootstrap"
 def card_info(config: Any) -> dict[str, Any]:
     """What the card needs from the configuration (recorded in ``results.json`` as ``card``, so ``fidelity
     verify`` re-renders the card without it): ``base_model``, ``license`` and the reference's name."""
+    from harness.inputs.hub import hub_origin
+
     card = getattr(config, "card", None)
-    return {"base_model": getattr(card, "base_model", None), "license": getattr(card, "license", None),
+    base = getattr(card, "base_model", None)
+    ref_model = None if config is None else config.reference.model
+    if base is None and ref_model is not None:  # a reference given as hf://org/repo@revision names its repository
+        origin = hub_origin(ref_model)
+        base = None if origin is None else origin["repo_id"]
+    return {"base_model": base, "license": getattr(card, "license", None),
             "reference": None if config is None else config.reference.name}
 
 

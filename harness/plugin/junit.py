@@ -1,0 +1,67 @@
+"""A candidate x shard case's headline numbers in ``--junitxml`` output, without warnings under pytest's defaults.
+
+pytest's default ``junit_family`` is ``xunit2``, whose schema has no per-test ``<properties>``: pytest's
+``record_property`` fixture warns once per case there (and errors under ``-W error``). The plugin therefore
+chooses the place by the family of the run:
+
+* ``xunit1`` / ``legacy`` (``-o junit_family=xunit1``): the numbers are properties of the case's own
+  ``<testcase>`` (``fidelity_mean_kld``, ``fidelity_ci_low``, ``fidelity_ci_high``, ``fidelity_p99``,
+  ``fidelity_top1``), as ``record_property`` would write them;
+* ``xunit2`` (the default): they are properties of the ``<testsuite>``, which that schema allows, named by the
+  case: ``<case id>:fidelity_mean_kld`` (``int8-shard00:fidelity_mean_kld``), recorded by the controller as each
+  case's report arrives, so a pytest-xdist run records every worker's numbers.
+
+Without ``--junitxml`` nothing is recorded.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import Any
+
+#: The headline fields recorded per case (attributes of :class:`harness.gate.gate` headlines).
+KEYS = ("mean_kld", "ci_low", "ci_high", "p99", "top1")
+#: The families whose schema holds per-testcase properties.
+PER_CASE_FAMILIES = ("xunit1", "legacy")
+_CASE = re.compile(r"\[([^\]]+)\]$")
+
+
+def junit_family(config: Any) -> str | None:
+    """The run's ``junit_family`` when it writes ``--junitxml``, else None."""
+    if not config.getoption("xmlpath", None):
+        return None
+    return str(config.getini("junit_family"))
+
+
+def headline_numbers(headline: Any) -> list[tuple[str, Any]]:
+    """``[(fidelity_<key>, value)]`` of a scored case's headline."""
+    return [(f"fidelity_{key}", getattr(headline, key)) for key in KEYS]
+
+
+def record_on_case(config: Any, item: Any, numbers: list[tuple[str, Any]]) -> None:
+    """Per-testcase properties, where the run's family allows them (see the module docstring)."""
+    if junit_family(config) in PER_CASE_FAMILIES:
+        item.user_properties.extend(numbers)
+
+
+def suite_property_recorder(config: Any) -> Callable[[str, object], None] | None:
+    """The junitxml writer's ``add_global_property`` (what ``record_testsuite_property`` calls), or None."""
+    for plugin in config.pluginmanager.get_plugins():
+        add = getattr(plugin, "add_global_property", None)
+        if callable(add):
+            return add  # type: ignore[no-any-return]
+    return None
+
+
+def record_on_suite(config: Any, nodeid: str, numbers: list[tuple[str, Any]]) -> None:
+    """Controller: testsuite properties named by the case, when the run's family is not a per-case one."""
+    family = junit_family(config)
+    if family is None or family in PER_CASE_FAMILIES:
+        return
+    add = suite_property_recorder(config)
+    case = _CASE.search(nodeid)
+    if add is None or case is None:
+        return
+    for name, value in numbers:
+        add(f"{case.group(1)}:{name}", value)
