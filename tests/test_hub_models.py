@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from harness.engines.hub import hub_origin, parse_hub_spec
 from harness.engines.identity import model_identity
 from harness.inputs.config import ConfigError, load_config
-from harness.inputs.hub import hub_origin, parse_hub_spec
 
 COMMIT = "3f1c2b9a" + "0" * 32
 

@@ -48,7 +48,7 @@ def model_identity(model_dir: str | Path) -> dict[str, Any]:
     weights: ``{file name: sha256}`` of every weight file, sorted by name.
     quantization: the quantization identity, only for quantized checkpoints.
     hub: ``{"repo_id", "commit"}`` for a snapshot of the Hugging Face cache (``model = "hf://org/repo@rev"``,
-    :mod:`harness.inputs.hub`), only then.
+    :mod:`harness.engines.hub`), only then.
     """
     root = Path(model_dir)
     cfg = root / "config.json"
@@ -61,7 +61,7 @@ def model_identity(model_dir: str | Path) -> dict[str, Any]:
     }
     if (root / QUANTIZATION_JSON).is_file():
         ident["quantization"] = quantized_module().quantization_identity(root)
-    from harness.inputs.hub import hub_origin
+    from harness.engines.hub import hub_origin
 
     origin = hub_origin(root)
     if origin is not None:  # a snapshot of the Hugging Face cache: the repository and the resolved commit

@@ -201,11 +201,11 @@ class _Reader:
 
     def model(self, key: str) -> Path | None:
         """A model: a path (relative to the file), or ``hf://org/repo@revision`` resolved to its snapshot in the
-        local Hugging Face cache (:mod:`harness.inputs.hub`; downloaded unless cached or ``HF_HUB_OFFLINE``)."""
+        local Hugging Face cache (:mod:`harness.engines.hub`; downloaded unless cached or ``HF_HUB_OFFLINE``)."""
         value = self.string(key, required=False)
         if value is None or not value.startswith("hf://"):
             return self.path_(key, required=False)
-        from harness.inputs.hub import resolve_hub_model
+        from harness.engines.hub import resolve_hub_model
 
         try:
             return resolve_hub_model(value)

@@ -41,7 +41,7 @@ INTERVAL = "95% studentized source-cluster bootstrap"
 def card_info(config: Any) -> dict[str, Any]:
     """What the card needs from the configuration (recorded in ``results.json`` as ``card``, so ``fidelity
     verify`` re-renders the card without it): ``base_model``, ``license`` and the reference's name."""
-    from harness.inputs.hub import hub_origin
+    from harness.engines.hub import hub_origin
 
     card = getattr(config, "card", None)
     base = getattr(card, "base_model", None)
