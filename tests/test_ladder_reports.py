@@ -176,3 +176,48 @@ def test_xdist_writes_what_a_serial_run_writes(project: pytest.Pytester) -> None
     handed_over = list(project.path.rglob("scored/*"))
     assert handed_over == [], handed_over
     assert all(c["max_p99_baseline"] for c in _load(project.path / "par" / "tails.json")["candidates"])
+
+
+def test_detectable_reversal_matches_a_normal_power_calculation() -> None:
+    """The smallest reversal with 80 % power, from the report's draws, against an independent normal-theory
+    computation (scipy): with many clusters and independent windows the replicate differences are normal with
+    the cluster-robust standard error, so power(rho) = Phi((rho m0 - h0) / se0) * Phi((rho mk - hk) / sek)."""
+    from scipy.optimize import brentq
+    from scipy.stats import norm
+
+    from harness.metrics.bootstrap import draw_cluster_weights, ratio_interval
+    from harness.reports.windows import detectable_reversal
+
+    C, n = 400, 100.0
+    rng = np.random.default_rng(11)
+
+    def summary(sums: np.ndarray) -> dict[str, Any]:
+        s = _window_summary(list(sums), positions=n)
+        s["clusters"]["n_boot"] = 10000
+        return s
+
+    base_b, k_b = rng.normal(1.0, 0.3, C) * n, rng.normal(1.0, 0.3, C) * n
+    base_a, k_a = base_b + rng.normal(0.0, 0.2, C) * n, k_b + rng.normal(0.0, 0.2, C) * n
+    sa0, sb0, sak, sbk = summary(base_a), summary(base_b), summary(k_a), summary(k_b)
+    got = detectable_reversal(sa0, sb0, sak, sbk)
+
+    def side(sa: dict[str, Any], sb: dict[str, Any]) -> tuple[float, float, float, float]:
+        d = np.asarray(sa["clusters"]["sum_kld"]) - np.asarray(sb["clusters"]["sum_kld"])
+        counts = np.full(C, n)
+        est = d.sum() / counts.sum()
+        e = d - est * counts
+        se = float(np.sqrt(C / (C - 1) * (e**2).sum()) / counts.sum())
+        lo, hi = ratio_interval(draw_cluster_weights(C, 10000, 1), d, counts)  # type: ignore[misc]
+        return se, est - lo, hi - est, 0.5 * (sa["mean_kld"] + sb["mean_kld"])
+
+    se0, lo0, hi0, m0 = side(sa0, sb0)
+    sek, lok, hik, mk = side(sak, sbk)
+
+    def power(rho: float) -> float:
+        up = norm.cdf((rho * m0 - lo0) / se0) * norm.cdf((rho * mk - hik) / sek)
+        down = norm.cdf((rho * m0 - hi0) / se0) * norm.cdf((rho * mk - lok) / sek)
+        return float(min(up, down))
+
+    expected = brentq(lambda r: power(r) - 0.8, 1e-6, 10.0)
+    print(f"smallest reversal: {got}, normal theory {expected}")
+    assert got is not None and abs(got - expected) <= 0.05 * expected, (got, expected)
