@@ -32,8 +32,11 @@ def shard_reports(tmp_path_factory: pytest.TempPathFactory, fidelity_project: Pa
     session.plan([(c, s) for c in ("good", "bad") for s in range(4)])
     out: dict[str, Any] = {c: [session.score(session.config.candidate(c), s).report.to_json_dict() for s in range(4)] for c in ("good", "bad")}
     # the raw per-position KLD of every shard (scorer output, before any summary): the independent check
-    out["raw_kld_good"] = [np.asarray(session.positions(session.config.candidate("good"), s).scores.kld, dtype=np.float64)
-                           for s in range(4)]
+    pos = [session.positions(session.config.candidate("good"), s) for s in range(4)]
+    out["raw_kld_good"] = [np.asarray(p.scores.kld, dtype=np.float64) for p in pos]
+    # the source cluster of every position (from the suite's labels of its context)
+    out["raw_cluster_good"] = [[{lab.index: str(lab.source_cluster) for lab in p.labels}[int(i)] for i in p.context_index]
+                               for p in pos]
     return out
 
 
@@ -41,7 +44,7 @@ def _reports(docs: list[dict[str, Any]]) -> list[ShardReport]:
     return [ShardReport.from_json_dict(copy.deepcopy(d)) for d in docs]
 
 
-def test_complete_aggregate_matches_the_shards(shard_reports: dict[str, list[dict[str, Any]]]) -> None:
+def test_complete_aggregate_matches_the_shards(shard_reports: dict[str, list[dict[str, Any]]], reference_interval: Any) -> None:
     reps = _reports(shard_reports["good"])
     agg = aggregate(reps, n_shards=4)
     assert agg["n_positions"] == sum(r.metrics["n_positions"] for r in reps) == 8 * 31
@@ -50,8 +53,15 @@ def test_complete_aggregate_matches_the_shards(shard_reports: dict[str, list[dic
     assert raw.size == agg["n_positions"]
     assert agg["kld"]["mean"] == pytest.approx(float(np.mean(raw, dtype=np.float64)), rel=1e-12)
     assert agg["kld"]["max"] == float(raw.max())
-    lo, hi = agg["kld"]["ci95"]
-    assert lo <= agg["kld"]["mean"] <= hi
+    # the interval against the independent float64 implementation (tests/conftest.py) over the raw positions,
+    # with the aggregate's own draws (clusters in sorted-name order, its n_boot and seed)
+    from harness.metrics.bootstrap import draw_cluster_weights
+
+    names = sorted({c for part in shard_reports["raw_cluster_good"] for c in part})
+    cluster = np.array([names.index(c) for part in shard_reports["raw_cluster_good"] for c in part])
+    W = draw_cluster_weights(len(names), agg["bootstrap"]["n_boot"], agg["bootstrap"]["seed"])
+    want = reference_interval(raw, cluster, W)
+    assert agg["kld"]["ci95"] == pytest.approx([max(want[0], 0.0), want[1]], rel=1e-9)
     assert agg["exceedance"] == {t: int(np.count_nonzero(raw > float(t))) for t in agg["exceedance"]}
     for name, (blo, bhi) in agg["kld"]["quantile_bounds"].items():  # numpy's own quantile inside each bracket
         q = float(name[1:]) / 100
