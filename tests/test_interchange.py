@@ -284,3 +284,18 @@ def test_published_reports_aggregate_and_pair(pub: tuple[Path, Path], tmp_path: 
         assert main(["paired", str(method), str(reps / "report-int4_g32.json"), "--out", str(tmp_path / "no")]) == 1
         assert "method (fidelity_method.name" in capsys.readouterr().err
     assert not (tmp_path / "no").exists()
+
+
+def test_results_json_ladder(pub: tuple[Path, Path], tmp_path: Path) -> None:
+    """aggregate --results-json: one entry per candidate (size, mean KLD, top-1, how to re-measure), best first."""
+    tmp, _v = pub
+    assert main(["aggregate", str(tmp / "reports"), "--suite", str(FIX / "suite"), "--partial", "--out", str(tmp_path / "agg"),
+                 "--results-json", str(tmp_path / "results.json")]) == 0
+    doc = json.loads((tmp_path / "results.json").read_text())
+    assert doc["schema"] == "fidelity.kld-results/1" and doc["command"].startswith("fidelity aggregate")
+    assert [e["name"] for e in doc["entries"]] == ["int8", "int4_g32"]
+    for e in doc["entries"]:
+        shard = json.loads((tmp / "reports" / e["name"] / "shard-00.json").read_text())["metrics"]
+        assert e["mean_kld"] == pytest.approx(shard["kld"]["mean"], rel=1e-12)
+        assert e["top1"] == pytest.approx(shard["top1"]["agreement"], rel=1e-12)
+        assert e["n_positions"] == 16 * 255 and e["shards"] == [0] and e["name"] in e["command"]

@@ -57,8 +57,20 @@ def _aggregate(a: argparse.Namespace) -> int:
     groups = load_reports(a.reports)
     aggs = aggregate_groups(groups, n_shards=None if a.partial else suite.n_shards, suite=suite)
     write_aggregates(a.out, groups, aggs, suite=suite)
-    for line in format_ladder(ladder_rows([r for g in groups.values() for r in g], suite=suite)):
+    rows = ladder_rows([r for g in groups.values() for r in g], suite=suite)
+    for line in format_ladder(rows):
         print(line)
+    if a.results_json is not None:
+        import shlex
+
+        from harness.io.atomic import atomic_write_json
+        from harness.reports.results_json import results_document
+
+        command = shlex.join(["fidelity", "aggregate", *map(str, a.reports), "--suite", str(a.suite),
+                              *(["--partial"] if a.partial else []), "--out", str(a.out), "--results-json", str(a.results_json)])
+        atomic_write_json(a.results_json, results_document(
+            rows, command, "pytest <your fidelity.toml> --fidelity-candidates {name} (or fidelity replay of its capture)"))
+        print(f"{a.results_json}: results.json ({len(rows)} entries)")
     print(f"{a.out}: {len(aggs)} candidate aggregate(s), ladder.md, ladder.json")
     return 0
 
@@ -87,6 +99,9 @@ def add_aggregate(sub: SubParsers) -> None:
                    help="the suite the reports were scored on (every report is checked against it; a published "
                         "suite folder with suite-manifest.json is read in place)")
     p.add_argument("--partial", action="store_true", help="allow a subset of the suite's shards (default: every shard is required)")
+    p.add_argument("--results-json", dest="results_json", type=Path, default=None,
+                   help="also write the ladder as results.json: one entry per candidate (size, mean KLD and interval, "
+                        "top-1, positions, engine, identity, how to re-measure it), for plotting")
     p.add_argument("--out", required=True, type=Path, help="folder for <candidate>/aggregate.json and ladder.md/json")
     p.set_defaults(func=_aggregate)
 

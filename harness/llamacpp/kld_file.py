@@ -35,6 +35,7 @@ import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -133,7 +134,7 @@ class KldFile:
     n_vocab: int
     n_chunk: int
     tokens: np.ndarray  # int32 [n_chunk, n_ctx]
-    rows: np.ndarray  # uint16 [n_chunk, rows_per_chunk, nv] (memmap)
+    rows: Any  # uint16 [n_chunk, rows_per_chunk, nv]: a memmap, or ChunkRows over a file's parts
 
     @property
     def first(self) -> int:
@@ -154,12 +155,22 @@ class KldFile:
 
 def read_kld(path: str | Path) -> KldFile:
     """Open and structurally verify a ``.kld`` file: magic, positive geometry, exact size (no
-    truncation, no trailing bytes), token ids in ``[0, n_vocab)``. Raises ``VerificationError``."""
+    truncation, no trailing bytes), token ids in ``[0, n_vocab)``. Raises ``VerificationError``.
+
+    A ``*.kld.parts.json`` manifest opens the file its parts make up, in order, without joining them
+    (:mod:`harness.llamacpp.kld_parts`)."""
+    from harness.llamacpp.kld_parts import ChunkRows, PartedFile, is_parts_manifest, open_parts
+
     p = Path(path)
+    pf: PartedFile | None = None
     try:
-        size = p.stat().st_size
-        with open(p, "rb") as fh:
-            head = fh.read(HEADER_BYTES)
+        if is_parts_manifest(p):
+            pf = open_parts(p)
+            size, head = pf.size, pf.read(0, min(HEADER_BYTES, pf.size))
+        else:
+            size = p.stat().st_size
+            with open(p, "rb") as fh:
+                head = fh.read(HEADER_BYTES)
     except OSError as e:
         raise VerificationError(p, f"cannot read .kld file ({e.strerror})") from None
     if head[:8] == MAGIC and len(head) < HEADER_BYTES:
@@ -174,11 +185,16 @@ def read_kld(path: str | Path) -> KldFile:
     if size != want:
         raise VerificationError(p, f"file size for n_ctx {n_ctx}, n_vocab {n_vocab}, n_chunk {n_chunk}", want, size,
                                 "truncated" if size < want else "trailing bytes")
-    tokens = np.fromfile(p, dtype="<i4", count=n_chunk * n_ctx, offset=HEADER_BYTES).reshape(n_chunk, n_ctx)
+    if pf is not None:
+        tokens = np.frombuffer(pf.read(HEADER_BYTES, 4 * n_chunk * n_ctx), dtype="<i4").reshape(n_chunk, n_ctx)
+    else:
+        tokens = np.fromfile(p, dtype="<i4", count=n_chunk * n_ctx, offset=HEADER_BYTES).reshape(n_chunk, n_ctx)
     if tokens.size and (int(tokens.min()) < 0 or int(tokens.max()) >= n_vocab):
         raise VerificationError(p, "token ids", f"in [0, {n_vocab})", f"[{int(tokens.min())}, {int(tokens.max())}]")
-    rows = np.memmap(p, dtype="<u2", mode="r", offset=HEADER_BYTES + 4 * n_chunk * n_ctx,
-                     shape=(n_chunk, rows_per_chunk(n_ctx), row_width(n_vocab)))
+    shape = (n_chunk, rows_per_chunk(n_ctx), row_width(n_vocab))
+    if pf is not None:
+        return KldFile(p, n_ctx, n_vocab, n_chunk, tokens, ChunkRows(pf, HEADER_BYTES + 4 * n_chunk * n_ctx, shape))
+    rows = np.memmap(p, dtype="<u2", mode="r", offset=HEADER_BYTES + 4 * n_chunk * n_ctx, shape=shape)
     return KldFile(p, n_ctx, n_vocab, n_chunk, tokens, rows)
 
 

@@ -84,11 +84,10 @@ def _import(kf: KldFile, path: Path, out: Path, n_shards: int) -> tuple[Suite, C
 
     from harness.capture.store import CaptureStore, StoreWriter
     from harness.engines.identity import runtime_identity
-    from harness.io.hashing import sha256_file
 
     suite = suite_from_tokens(kf.tokens, kf.n_vocab, out / "suite", n_shards=n_shards, source=Path(path).name,
                               tokenizer_sha256=f"unknown (from {Path(path).name})")
-    ident = {"name": Path(path).name, "format": "llama.cpp .kld", "sha256": sha256_file(path),
+    ident = {"name": Path(path).name, "format": "llama.cpp .kld", "sha256": kld_sha256(Path(path)),
              "scored_from_row": kf.first, "n_vocab": kf.n_vocab}
     writer = StoreWriter(out / "reference", suite, "logits", kf.n_vocab, "float32", ident, dict(KLD_ENGINE),
                          runtime_identity(), "cpu")
@@ -105,7 +104,7 @@ def _import(kf: KldFile, path: Path, out: Path, n_shards: int) -> tuple[Suite, C
 def _refuse_other_import(kf: KldFile, path: Path, out: Path, n_shards: int) -> None:
     """Before anything is written: a folder that already holds another import (another ``.kld``
     file, other tokens or another shard split) is refused; the same import resumes."""
-    from harness.io.hashing import sha256_file, tokens_sha256
+    from harness.io.hashing import tokens_sha256
     from harness.io.jsonio import read_json
 
     sj, mf = out / "suite" / "suite.json", out / "reference" / "capture.json"
@@ -119,12 +118,20 @@ def _refuse_other_import(kf: KldFile, path: Path, out: Path, n_shards: int) -> N
                                     "import into a new --out folder")
     if mf.exists():
         model = read_json(mf).get("model")
-        digest = sha256_file(path)
+        digest = kld_sha256(Path(path))
         if not isinstance(model, dict) or model.get("sha256") != digest:
             raise VerificationError(mf, "existing reference store (a store is never overwritten)", f"an import of {path.name} ({digest[:12]})",
                                     f"{model.get('name') if isinstance(model, dict) else model!r}", "import into a new --out folder")
     elif out.exists() and (out / "reference").exists() and any((out / "reference").iterdir()):
         raise VerificationError(out / "reference", "folder", "absent or an earlier import of the same file", "a folder without capture.json")
+
+
+def kld_sha256(path: Path) -> str:
+    """sha256 of a ``.kld`` file, or of the file a parts manifest makes up (its parts checked too)."""
+    from harness.io.hashing import sha256_file
+    from harness.llamacpp.kld_parts import is_parts_manifest, open_parts, parts_sha256
+
+    return parts_sha256(open_parts(path)) if is_parts_manifest(path) else sha256_file(path)
 
 
 def suite_from_tokens(tokens: np.ndarray, vocab: int, out: str | Path, n_shards: int = 1, source: str = "tokens",

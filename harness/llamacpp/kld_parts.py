@@ -1,0 +1,173 @@
+"""A ``.kld`` file published split into parts, read in order without being joined on disk.
+
+Large base log-prob files are published as ``<name>.kld.part-000``, ``-001``, ... beside a manifest
+``<name>.kld.parts.json`` (schema ``fidelity.kld-parts/1``):
+
+file: the name of the whole file the parts make up, in order.
+bytes: its size; sha256: its sha256 (of the parts' bytes, in order).
+parts: ``[{"name", "bytes", "sha256"}]`` in file order; names are plain file names beside the manifest.
+
+Opening checks every part's presence and byte count against the manifest, the total against the
+size the ``.kld`` header implies, and (:func:`parts_sha256`, used where a content identity is
+recorded) every part's sha256 and the whole file's. Rows are read chunk by chunk with positioned
+reads that may straddle two parts (:class:`ChunkRows`); no joined copy is ever written.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from harness.errors import FidelityError, VerificationError
+
+SCHEMA = "fidelity.kld-parts/1"
+SUFFIX = ".parts.json"
+_CHUNK = 1 << 20
+
+
+def is_parts_manifest(path: Path) -> bool:
+    """True for a ``*.kld.parts.json`` manifest path."""
+    return path.name.endswith(SUFFIX)
+
+
+@dataclass(frozen=True)
+class PartedFile:
+    """The parts of one file, in order, with their byte counts (verified against the manifest)."""
+
+    manifest: Path
+    name: str
+    parts: tuple[Path, ...]
+    sizes: tuple[int, ...]
+    sha256: str | None
+    part_sha256: tuple[str | None, ...]
+
+    @property
+    def size(self) -> int:
+        return sum(self.sizes)
+
+    def read(self, offset: int, n: int) -> bytes:
+        """``n`` bytes from ``offset`` of the whole file, read from the parts that hold them."""
+        out = bytearray()
+        start = 0
+        for part, size in zip(self.parts, self.sizes):
+            end = start + size
+            if offset < end and offset + n > start:
+                lo = max(offset, start) - start
+                hi = min(offset + n, end) - start
+                with open(part, "rb") as fh:
+                    fh.seek(lo)
+                    out += fh.read(hi - lo)
+            start = end
+        if len(out) != n:
+            raise VerificationError(self.manifest, f"bytes {offset}..{offset + n} of {self.name}", n, len(out), "a part is short")
+        return bytes(out)
+
+    def stream(self) -> Iterator[tuple[Path, bytes]]:
+        """Every part's bytes in order, in 1 MiB blocks, with the part they come from."""
+        for part in self.parts:
+            with open(part, "rb") as fh:
+                while block := fh.read(_CHUNK):
+                    yield part, block
+
+
+def open_parts(manifest: Path) -> PartedFile:
+    """Read a parts manifest and check every part's presence and byte count (module docstring)."""
+    from harness.io.jsonio import read_json
+
+    doc: dict[str, Any] = read_json(manifest)
+    if doc.get("schema") != SCHEMA:
+        raise VerificationError(manifest, "schema", SCHEMA, doc.get("schema"))
+    entries = doc.get("parts")
+    if not isinstance(entries, list) or not entries:
+        raise VerificationError(manifest, "parts", "a non-empty list of {name, bytes, sha256}", type(entries).__name__)
+    parts, sizes, shas = [], [], []
+    for i, e in enumerate(entries):
+        name = e.get("name") if isinstance(e, dict) else None
+        if not isinstance(name, str) or not name or "/" in name or "\\" in name or name in (".", ".."):
+            raise VerificationError(manifest, f"parts[{i}].name", "a plain file name beside the manifest", name)
+        want = e.get("bytes")
+        if not isinstance(want, int) or isinstance(want, bool) or want < 0:
+            raise VerificationError(manifest, f"parts[{i}].bytes", "an integer >= 0", want)
+        p = manifest.parent / name
+        if not p.is_file():
+            raise VerificationError(p, "part of " + str(doc.get("file")), "present", "missing")
+        if p.stat().st_size != want:
+            raise VerificationError(p, "byte count (the manifest's)", want, p.stat().st_size, "a truncated or wrong part")
+        parts.append(p)
+        sizes.append(want)
+        shas.append(e.get("sha256") if isinstance(e.get("sha256"), str) else None)
+    total = doc.get("bytes")
+    if total != sum(sizes):
+        raise VerificationError(manifest, "bytes (the sum of the parts)", sum(sizes), total)
+    return PartedFile(manifest, str(doc.get("file")), tuple(parts), tuple(sizes),
+                      doc.get("sha256") if isinstance(doc.get("sha256"), str) else None, tuple(shas))
+
+
+def parts_sha256(pf: PartedFile) -> str:
+    """sha256 of the whole file, from its parts in order; each part's and the whole's checked against the manifest."""
+    whole = hashlib.sha256()
+    current: Path | None = None
+    part_hash = hashlib.sha256()
+
+    def close(part: Path | None) -> None:
+        if part is None:
+            return
+        want = pf.part_sha256[pf.parts.index(part)]
+        if want is not None and part_hash.hexdigest() != want:
+            raise VerificationError(part, "sha256 (the parts manifest's)", want, part_hash.hexdigest())
+
+    for part, block in pf.stream():
+        if part != current:
+            close(current)
+            current, part_hash = part, hashlib.sha256()
+        part_hash.update(block)
+        whole.update(block)
+    close(current)
+    if pf.sha256 is not None and whole.hexdigest() != pf.sha256:
+        raise VerificationError(pf.manifest, f"sha256 of {pf.name} (its parts in order)", pf.sha256, whole.hexdigest())
+    return whole.hexdigest()
+
+
+class ChunkRows:
+    """The ``[n_chunk, rows, width]`` uint16 rows of a parted ``.kld``, one chunk per positioned read."""
+
+    def __init__(self, pf: PartedFile, offset: int, shape: tuple[int, int, int]) -> None:
+        self.pf, self.offset, self.shape = pf, offset, shape
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __getitem__(self, chunk: int) -> np.ndarray:
+        n_chunk, rows, width = self.shape
+        if not 0 <= chunk < n_chunk:
+            raise IndexError(f"chunk {chunk} of {n_chunk}")
+        size = rows * width * 2
+        data = self.pf.read(self.offset + chunk * size, size)
+        return np.frombuffer(data, dtype="<u2").reshape(rows, width)
+
+
+def split_file(path: Path, out: Path, part_bytes: int) -> Path:
+    """Split ``path`` into ``out/<name>.part-NNN`` of ``part_bytes`` each and write the manifest; returns it."""
+    from harness.io.atomic import atomic_write_bytes, atomic_write_json
+
+    if part_bytes <= 0:
+        raise FidelityError(f"part size: expected a positive number of bytes, found {part_bytes}")
+    data_hash = hashlib.sha256()
+    entries = []
+    with open(path, "rb") as fh:
+        k = 0
+        while block := fh.read(part_bytes):
+            name = f"{path.name}.part-{k:03d}"
+            atomic_write_bytes(out / name, block)
+            entries.append({"name": name, "bytes": len(block), "sha256": hashlib.sha256(block).hexdigest()})
+            data_hash.update(block)
+            k += 1
+    manifest = out / f"{path.name}{SUFFIX}"
+    atomic_write_json(manifest, {"schema": SCHEMA, "file": path.name, "bytes": path.stat().st_size,
+                                 "sha256": data_hash.hexdigest(), "parts": entries})
+    return manifest

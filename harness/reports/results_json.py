@@ -1,0 +1,33 @@
+"""``results.json``: a ladder as one entry per measured file, for plotting (the GGUF metrics record's form).
+
+Schema ``fidelity.kld-results/1``:
+
+command: the command line that wrote it.
+entries: one per candidate, best mean KLD first: ``name``; ``size_bytes`` (on-disk bytes of the
+    measured file(s), None when unknown) and ``size_gib``; ``mean_kld`` and its 95% interval ``ci95``
+    (None: not estimable); ``top1``; ``n_positions``; ``shards``; ``engine`` (the candidate's engine as
+    its reports record it); ``identity`` (the candidate's identity by content); ``command`` (how to
+    re-measure it: the replay of its capture, or the pytest run of its configuration).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+SCHEMA = "fidelity.kld-results/1"
+GIB = float(1 << 30)
+
+
+def results_document(rows: Sequence[dict[str, Any]], command: str, remeasure: str) -> dict[str, Any]:
+    """The ``results.json`` of ladder ``rows`` (:func:`harness.reports.aggregate.ladder_rows`); ``remeasure``
+    is formatted with ``{name}`` for each entry's ``command``."""
+    entries = []
+    for r in rows:
+        comp = r["aggregate"]["comparability"]
+        size = r.get("size_bytes")
+        entries.append({"name": r["candidate"], "size_bytes": size, "size_gib": None if not size else size / GIB,
+                        "mean_kld": r["mean_kld"], "ci95": r["ci95"], "top1": r["top1"], "n_positions": r["n_positions"],
+                        "shards": r["shards"], "engine": (comp.get("engine") or {}).get("candidate"),
+                        "identity": comp["candidate"].get("identity"), "command": remeasure.format(name=r["candidate"])})
+    return {"schema": SCHEMA, "command": command, "entries": entries}
