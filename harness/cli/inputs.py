@@ -17,9 +17,36 @@ def _suite_build(a: argparse.Namespace) -> int:
     from harness.inputs.suite import build_suite, describe
     from harness.metrics.bootstrap import MIN_CLUSTERS
 
-    s = build_suite(a.corpus, a.tokenizer, a.n_ctx, a.contexts, a.shards, a.seed, a.out, grouping_file=a.grouping, documents=a.documents,
-                    provenance=a.provenance, source=a.source, licence=a.licence)
+    corpus, record = a.corpus, None
+    if a.from_dataset is not None or a.split_file is not None:
+        from harness.inputs import corpus_sources
+
+        if a.corpus_out is None:
+            raise FidelityError("suite build --from-dataset/--split-file: expected --corpus-out DIR (the folder the "
+                                "documents are written to, for suite verify --corpus and dataset build), found none")
+        if a.from_dataset is not None:
+            made = corpus_sources.from_datasets(a.from_dataset, a.corpus_out, text_column=a.text_column, id_column=a.id_column,
+                                                split=a.split, name=a.source_name, revision=a.source_revision,
+                                                licence=a.licence, chat_template=a.chat_template)
+        else:
+            if a.split_rule is None:
+                raise FidelityError(f"suite build --split-file: expected --split-rule "
+                                    f"({', '.join(corpus_sources.SPLIT_RULES)}), found none")
+            made = corpus_sources.from_long_file(a.split_file, a.corpus_out, rule=a.split_rule, name=a.source_name,
+                                                 licence=a.licence, chat_template=a.chat_template)
+        corpus, record = made.folder, made.record
+        print(f"{made.folder}: {made.documents} documents from {made.record['name']} ({made.record['kind']})")
+    elif a.chat_template is not None:
+        raise FidelityError("suite build --chat-template: expected --from-dataset or --split-file (a corpus folder's "
+                            "files are used as they are), found --corpus")
+    s = build_suite(corpus, a.tokenizer, a.n_ctx, a.contexts, a.shards, a.seed, a.out, grouping_file=a.grouping, documents=a.documents,
+                    provenance=a.provenance, source=a.source, licence=a.licence, corpus_source=record)
     print(describe(s))
+    unlicensed = sorted(rel for rel, r in (s.meta.get("documents") or {}).items() if not r["licence"])
+    if unlicensed:
+        print(f"fidelity: warning: {a.out}: {len(unlicensed)} of {len(s.meta['documents'])} documents have no licence "
+              f"(e.g. {unlicensed[0]}); they are recorded as licence null and shown as unknown in a dataset card: "
+              "pass --licence or a provenance.json", file=sys.stderr)
     per_shard = [len({s.contexts[i].source_cluster for i in s.shard_indices(k)}) for k in range(s.n_shards)]
     total = len({c.source_cluster for c in s.contexts})
     if min(per_shard + [total]) < MIN_CLUSTERS:
@@ -67,7 +94,13 @@ def add_suite(sub: SubParsers) -> None:
             "      --documents corpus/heldout.txt"
         ),
     )
-    b.add_argument("--corpus", required=True, type=Path, help="folder of text documents")
+    src = b.add_mutually_exclusive_group(required=True)
+    src.add_argument("--corpus", type=Path, help="folder of text documents")
+    src.add_argument("--from-dataset", type=Path, default=None, dest="from_dataset",
+                     help="a Hugging Face datasets source, read offline: a save_to_disk folder, or .parquet, .jsonl/.json "
+                          "or .arrow files (a file or a folder); one row is one document (needs --corpus-out)")
+    src.add_argument("--split-file", type=Path, default=None, dest="split_file",
+                     help="one long text file cut into documents by --split-rule (needs --corpus-out)")
     b.add_argument("--tokenizer", required=True, type=Path, help="tokenizer.json of the reference model")
     b.add_argument("--n-ctx", required=True, type=positive_int, dest="n_ctx", help="tokens per context (>= 2)")
     b.add_argument("--contexts", required=True, type=positive_int, help="number of contexts")
@@ -80,7 +113,21 @@ def add_suite(sub: SubParsers) -> None:
                    help="provenance sidecar (schema fidelity.corpus-provenance/1: source and licence per document; "
                         "default: <corpus>/provenance.json when present)")
     b.add_argument("--source", default=None, help="source of documents the sidecar does not attribute (e.g. a URL)")
-    b.add_argument("--licence", default=None, help="licence of documents the sidecar does not attribute (e.g. CC-BY-4.0)")
+    b.add_argument("--licence", default=None, help="licence of documents the sidecar does not attribute (e.g. CC-BY-4.0); "
+                                                    "with --from-dataset/--split-file: of every document")
+    b.add_argument("--corpus-out", type=Path, default=None, dest="corpus_out",
+                   help="with --from-dataset/--split-file: new folder the documents are written to (+ provenance.json)")
+    b.add_argument("--text-column", default="text", dest="text_column", help="--from-dataset: the text column (default: text)")
+    b.add_argument("--id-column", default=None, dest="id_column", help="--from-dataset: a document-id column (default: row numbers)")
+    b.add_argument("--split", default=None, help="--from-dataset: the split of a DatasetDict folder")
+    b.add_argument("--source-name", default=None, dest="source_name", help="the source's name as recorded (default: its file name)")
+    b.add_argument("--source-revision", default=None, dest="source_revision",
+                   help="--from-dataset: the source's revision as recorded (e.g. the Hub commit it was downloaded at)")
+    b.add_argument("--split-rule", default=None, dest="split_rule",
+                   help="--split-file: blank-lines, lines, or regex:PATTERN (a document starts at every match)")
+    b.add_argument("--chat-template", type=Path, default=None, dest="chat_template",
+                   help="with --from-dataset/--split-file: a tokenizer folder whose chat template formats every document "
+                        "(a text as one user message; a column of {role, content} messages as is)")
     b.set_defaults(func=_suite_build)
     v = ss.add_parser("verify", help="re-hash a suite; exit 1 on any mismatch", formatter_class=formatter,
                       description=(

@@ -365,12 +365,15 @@ def build_suite(
     provenance: str | Path | None = None,
     source: str | None = None,
     licence: str | None = None,
+    corpus_source: dict[str, Any] | None = None,
 ) -> Suite:
     """Cut a suite from a corpus folder and write it to ``out`` (see the module docstring).
 
     ``documents`` restricts the suite to the listed relative paths (a file with one per line, or a
     list), e.g. a held-out split. ``provenance``/``source``/``licence`` attribute the documents
-    (:func:`harness.inputs.provenance.document_records`). Raises ``FidelityError`` if the corpus has fewer non-overlapping
+    (:func:`harness.inputs.provenance.document_records`). ``corpus_source``: how the corpus folder was made
+    from a source people have (:mod:`harness.inputs.corpus_sources`), recorded as ``suite.json``
+    ``corpus_source``. Raises ``FidelityError`` if the corpus has fewer non-overlapping
     windows than ``n_contexts`` or the geometry is invalid.
     """
     from tokenizers import Tokenizer
@@ -465,6 +468,8 @@ def build_suite(
         "shards": [asdict(s) for s in shards],
         "documents": dict(document_records(corpus_dir, list(docs), provenance=provenance, source=source, licence=licence)),
     }
+    if corpus_source is not None:
+        doc["corpus_source"] = corpus_source
     doc["manifest_sha256"] = manifest_sha256(doc)
     out_dir = Path(out)
     import io
