@@ -105,11 +105,19 @@ def load_models(reference_dir: str | Path, candidate_dir: str | Path, *, device:
         diff = {k: (a_ref[k], a_cand[k]) for k in a_ref if a_ref[k] != a_cand[k]}
         raise VerificationError(cand_dir / "config.json", "architecture differs from the reference's",
                                 {k: v[0] for k, v in diff.items()}, {k: v[1] for k, v in diff.items()})
+    from harness.attribution.formats import candidate_format, compressed_tensors_weights
+
     tdtype = parse_dtype(dtype)
+    fmt = candidate_format(cand_dir)  # refuses formats whose effective weights it cannot form, before loading
     ref_model = load_model(ref_dir, device="cpu", dtype="bfloat16")
     ref_params = {k: v.detach() for k, v in ref_model.named_parameters()}
-    model = load_model(cand_dir, device="cpu", dtype="bfloat16")
-    cand_params = dict(model.named_parameters())
+    if fmt == "compressed-tensors":
+        # the decompressed effective weights go into the reference's own (plain) modules
+        cand_params = compressed_tensors_weights(cand_dir, set(ref_params))
+        model = ref_model
+    else:
+        model = load_model(cand_dir, device="cpu", dtype="bfloat16")
+        cand_params = dict(model.named_parameters())
     if set(ref_params) != set(cand_params):
         only_ref = sorted(set(ref_params) - set(cand_params))[:3]
         only_cand = sorted(set(cand_params) - set(ref_params))[:3]
@@ -133,7 +141,9 @@ def load_models(reference_dir: str | Path, candidate_dir: str | Path, *, device:
     del ref_model
     model = model.to(dev, tdtype).eval()
     out = AblationModels(model, ref_values, cand_values, params, dev, ref_dir, cand_dir)
-    out._live = {p: "cand" for p in params}
+    # what the module in memory holds now: the candidate's values, or the reference's when it is the container
+    out._live = {p: "ref" if fmt == "compressed-tensors" else "cand" for p in params}
+    out.set_variant(())
     return out
 
 

@@ -1,4 +1,5 @@
-"""Group effects with paired cluster-bootstrap intervals (numpy only).
+"""Group effects with paired cluster-bootstrap intervals (numpy only): the shard reports' studentized
+source-cluster interval (:data:`INTERVAL_METHOD_TEXT`), with common random numbers.
 
 Every variant is scored on the same positions as the candidate, so each effect is a difference of
 two token means over the same positions and its interval applies the *same* cluster draws to both
@@ -27,6 +28,7 @@ Fields (KLD in nats, token means over the scored positions):
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -36,14 +38,17 @@ import numpy as np
 from harness.metrics.bootstrap import (
     DEFAULT_N_BOOT,
     DEFAULT_SEED,
-    LEVEL,
+    MEAN_METHOD,
+    MEAN_METHOD_TEXT,
     draw_cluster_weights,
-    percentile_interval,
-    ratio_replicates,
+    ratio_intervals,
 )
 
 MIB = 2**20
-INTERVAL_METHOD = "source-cluster bootstrap, common random numbers, percentile interval"
+#: The intervals' method: the shard reports' studentized source-cluster bootstrap (``bootstrap.method``).
+INTERVAL_METHOD = MEAN_METHOD
+#: The same in words, with the pairing: every variant's interval applies the same cluster draws.
+INTERVAL_METHOD_TEXT = MEAN_METHOD_TEXT + "; common random numbers (the same cluster draws for every variant)"
 
 
 @dataclass(frozen=True)
@@ -76,11 +81,14 @@ class PairedMeans:
         self.weights = draw_cluster_weights(self.n_clusters, n_boot, seed)
         self.n_boot, self.seed = n_boot, seed
 
-    def estimate(self, per_context: np.ndarray) -> dict[str, Any]:
-        """``{"value", "ci95"}`` of ``sum(per_context) / positions`` (a difference when the sums are differences)."""
+    def estimate(self, per_context: np.ndarray, *, nonnegative: bool = False) -> dict[str, Any]:
+        """``{"value", "ci95"}`` of ``sum(per_context) / positions`` (a difference when the sums are differences):
+        the studentized cluster interval of the shard reports (:func:`harness.metrics.bootstrap.ratio_intervals`),
+        clipped at 0 for a KLD (``nonnegative``); ``ci95`` None below the bootstrap's minimum of clusters."""
         sums = np.bincount(self.ids, weights=np.asarray(per_context, dtype=np.float64), minlength=self.n_clusters)
-        rep = ratio_replicates(self.weights, sums, self.cluster_positions)
-        return {"value": float(sums.sum() / self.n_positions), "ci95": percentile_interval(rep, LEVEL)}
+        bounds = (0.0, math.inf) if nonnegative else (-math.inf, math.inf)
+        (ci,) = ratio_intervals(self.weights, sums[:, None], self.cluster_positions, bounds=bounds)
+        return {"value": float(sums.sum() / self.n_positions), "ci95": ci}
 
 
 def _excludes_zero(ci: list[float] | None) -> bool:
@@ -91,7 +99,7 @@ def grouping_effects(pm: PairedMeans, candidate_sum_kld: np.ndarray, rule: str, 
                      groups: Sequence[GroupData], candidate_bytes: int) -> dict[str, Any]:
     """Effects, ranking, additivity and bits-to-spend of one grouping (see the module docstring)."""
     cand = np.asarray(candidate_sum_kld, dtype=np.float64)
-    whole = pm.estimate(cand)
+    whole = pm.estimate(cand, nonnegative=True)
     rows = []
     for g in groups:
         restore = pm.estimate(cand - g.restore_sum_kld)
@@ -107,7 +115,7 @@ def grouping_effects(pm: PairedMeans, candidate_sum_kld: np.ndarray, rule: str, 
             "restore_per_mib": restore["value"] / (g.bytes / MIB) if g.bytes else None,
         }
         if g.only_sum_kld is not None:
-            only = pm.estimate(g.only_sum_kld)
+            only = pm.estimate(g.only_sum_kld, nonnegative=True)
             row["only"] = {**only, "excludes_zero": _excludes_zero(only["ci95"])}
         rows.append(row)
     rows.sort(key=lambda r: (-r["restore"]["value"], r["group"]))

@@ -36,7 +36,8 @@ def render_markdown(r: dict[str, Any]) -> str:
         f"# Attribution: {r['candidate']['path']} vs {r['reference']['path']}", "",
         (f"Suite {r['suite']['path']} shards {r['suite']['shards']}: {r['n_positions']} positions, "
         f"{r['n_contexts']} contexts, {r['n_clusters']} source clusters; {r['differing_params']} parameters differ. "
-        f"KLD(candidate) = {_ci(r['whole'])} nats (95% {r['bootstrap']['method']}, {r['bootstrap']['n_boot']} replicates)."), "",
+        f"KLD(candidate) = {_ci(r['whole'])} nats. Intervals: 95%, {r['bootstrap'].get('method_text', r['bootstrap']['method'])}, "
+        f"{r['bootstrap']['n_boot']} replicates, seed {r['bootstrap']['seed']}."), "",
         ("ΔKLD restore = KLD(candidate) − KLD(candidate with the group restored to the reference's weights); "
         "KLD only = KLD(reference with only this group taken from the candidate)."), "",
     ]
@@ -93,7 +94,7 @@ def render_plot(r: dict[str, Any]) -> bytes:
         ax.invert_yaxis()
         ax.axvline(0.0, color="black", linewidth=0.8)
         ax.set_title(f"by {g['rule']} (whole KLD {r['whole']['value']:.3g} nats)")
-        ax.set_xlabel("nats (95% paired cluster-bootstrap intervals)")
+        ax.set_xlabel("nats (95% studentized paired cluster-bootstrap intervals)")
         ax.legend(fontsize=8, loc="lower right")
     fig.tight_layout()
     buf = io.BytesIO()

@@ -15,6 +15,7 @@ import numpy as np
 
 from harness.attribution.effects import (
     INTERVAL_METHOD,
+    INTERVAL_METHOD_TEXT,
     GroupData,
     PairedMeans,
     grouping_effects,
@@ -123,8 +124,8 @@ def attribute(req: AttributionRequest) -> dict[str, Any]:
         "differing_params": len(models.params),
         "modes": list(req.modes),
         "compute": {"device": req.device, "dtype": req.dtype, "capture": "LM-head input, in-process weight swaps"},
-        "bootstrap": {"method": INTERVAL_METHOD, "level": 0.95, "n_boot": req.n_boot, "seed": req.seed},
-        "whole": pm.estimate(cand.sum_kld),
+        "bootstrap": {"method": INTERVAL_METHOD, "method_text": INTERVAL_METHOD_TEXT, "level": 0.95, "n_boot": req.n_boot, "seed": req.seed},
+        "whole": pm.estimate(cand.sum_kld, nonnegative=True),
         "top1_candidate": float(cand.top1.sum() / pm.n_positions),
         "variants_scored": len(variants) + 1,
         "groupings": out_groupings,

@@ -22,8 +22,10 @@ def _attribute(a: argparse.Namespace) -> int:
     paths = write_attribution(result, a.out)
     for g in result["groupings"]:
         top = g["groups"][0]
-        print(f"by {g['rule']}: first {top['group']} ΔKLD {top['restore']['value']:.3e} "
-              f"[{top['restore']['ci95'][0]:.3e}, {top['restore']['ci95'][1]:.3e}]" if "restore" in top else f"by {g['rule']}")
+        ci = top.get("restore", {}).get("ci95")
+        iv = "[not estimable]" if ci is None else f"[{ci[0]:.3e}, {ci[1]:.3e}]"
+        print(f"by {g['rule']}: first {top['group']} ΔKLD {top['restore']['value']:.3e} {iv}" if "restore" in top
+              else f"by {g['rule']}")
     print("written: " + ", ".join(str(p) for p in paths))
     return 0
 
@@ -39,8 +41,11 @@ def add_attribute(sub: SubParsers) -> None:
             "cluster-bootstrap interval, KLD of the reference with only the group quantized, the group's\n"
             "share of the candidate's bytes, how far the effects add up to the whole, and the groups with\n"
             "the highest ΔKLD per MiB (where extra bits buy the most).\n\n"
-            "Models: transformers folders, the project's simulated quantized format, compressed-tensors\n"
-            "checkpoints that transformers loads (decompressed). They must share an architecture.\n\n"
+            "Models: transformers folders, the project's simulated quantized format, and compressed-tensors\n"
+            "checkpoints (decompressed to each module's effective weight). They must share an architecture.\n"
+            "Refused, in one line naming why: compressed-tensors schemes that quantize activations, and other\n"
+            "quant_methods (AutoRound, torchao, GPTQ, AWQ, ...): export those as compressed-tensors first.\n"
+            "Intervals: the shard reports' studentized source-cluster bootstrap, common random numbers.\n\n"
             "examples:\n"
             "  fidelity attribute --reference fixtures/model --candidate fixtures/candidates/int3_g32 \\\n"
             "      --suite fixtures/suite --shards 0-1 --out attribution/int3_g32\n"
