@@ -95,6 +95,36 @@ def test_too_few_clusters_is_not_estimable() -> None:
     assert "not estimable" in text and "Not estimable: 1 source clusters" in text
 
 
+def test_tail_intervals_only_from_the_clusters_they_need() -> None:
+    """Below TAIL_MIN_CLUSTERS the p99 / CVaR1% intervals are null and the report says why; from it on they are
+    the percentile intervals (1 % per side) of the tail statistics of the expanded resampled positions (checked one replicate
+    at a time with numpy on np.repeat-expanded samples, independent of the weighted-tail code)."""
+    from harness.metrics.bootstrap import DEFAULT_SEED, MIN_CLUSTERS, TAIL_MIN_CLUSTERS, draw_cluster_weights
+    from harness.metrics.tails import cvar
+    from harness.reports.shard import ShardReport, render_markdown
+
+    few = MIN_CLUSTERS + 1
+    s = make_scores(few * 20, seed=6)
+    ci = np.repeat(np.arange(few), 20)
+    labels = [ContextLabel(i, f"doc{i}", "prose") for i in range(few)]
+    m = summarize(s, ci, np.tile(np.arange(20), few), labels, n_boot=200, n_boot_tails=50)
+    assert m["kld"]["ci95"] is not None and m["kld"]["p99_ci95"] is None and m["kld"]["cvar1_ci95"] is None
+    assert m["bootstrap"]["tail_estimable"] is False and m["bootstrap"]["tail_min_clusters"] == TAIL_MIN_CLUSTERS
+    text = render_markdown(ShardReport("x", {"shard": {"index": 0, "sha256": "0"}}, m))
+    assert f"p99 and CVaR1% intervals not estimable: {few} source clusters, fewer than the {TAIL_MIN_CLUSTERS}" in text
+
+    C, per, nt = TAIL_MIN_CLUSTERS, 5, 40
+    s = make_scores(C * per, seed=7)
+    ci = np.repeat(np.arange(C), per)
+    labels = [ContextLabel(i, f"doc{i}", "prose") for i in range(C)]
+    m = summarize(s, ci, np.tile(np.arange(per), C), labels, n_boot=100, n_boot_tails=nt)
+    W = draw_cluster_weights(C, 100, DEFAULT_SEED)[:nt]
+    q99 = [np.quantile(np.repeat(s.kld, W[b][ci]), 0.99) for b in range(nt)]
+    cv = [cvar(np.repeat(s.kld, W[b][ci]), 0.01) for b in range(nt)]
+    assert m["kld"]["p99_ci95"] == pytest.approx(list(np.quantile(q99, [0.01, 0.99])), rel=1e-12)
+    assert m["kld"]["cvar1_ci95"] == pytest.approx(list(np.quantile(cv, [0.01, 0.99])), rel=1e-12)
+
+
 def test_headline_recomputable_from_context_rows() -> None:
     s = make_scores(1200, seed=1)
     ci, row, labels = make_suite(40, 30, 9, seed=1)

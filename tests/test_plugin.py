@@ -322,6 +322,16 @@ def test_a_candidate_that_cannot_load_is_named_under_the_ladder(project: pytest.
     result.stdout.fnmatch_lines(["*bad shard 00: *models/bad: transformers could not interpret the checkpoint fully*",
                                  "*tails of bad: *models/bad: transformers could not interpret*"])
     assert "Traceback" not in out and "During handling of the above exception" not in out
+    # every summary names it with its status and reason, not only the terminal
+    import json
+
+    ladder = json.loads((project.path / "fidelity-reports" / "ladder.json").read_text())
+    assert [r["candidate"] for r in ladder["rows"]] == ["good"]
+    (entry,) = ladder["not_measured"]
+    assert entry["candidate"] == "bad" and entry["status"] == "failed"
+    assert "models/bad: transformers could not interpret the checkpoint fully" in entry["reason"]
+    md = (project.path / "fidelity-reports" / "ladder.md").read_text()
+    assert "Configured but not measured" in md and "- `bad`: failed: " in md
 
 
 @pytest.mark.slow  # captures the good candidate of the tiny project

@@ -143,6 +143,8 @@ class BootstrapInfo(TypedDict):
     level: float
     min_clusters: int  # fewer source clusters: every interval is None (not estimable)
     estimable: bool
+    tail_min_clusters: int  # fewer source clusters: the tails' intervals (p99, CVaR1%) are None (not estimable)
+    tail_estimable: bool
     n_boot: int
     n_boot_tails: int
     seed: int

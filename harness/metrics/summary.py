@@ -13,7 +13,9 @@ Field meanings (all KLD values in nats; "positions" are the scored positions aft
   ``kld.se_iid`` — the naive i.i.d. standard error (what llama.cpp prints), for comparison only.
 * ``kld.median/p95/p99/p999`` — numpy "linear" quantiles over positions; ``kld.cvar1`` — mean of
   the worst 1 % with fractional boundary weight; ``kld.max`` — exact max; ``kld.p99_ci95`` and
-  ``kld.cvar1_ci95`` — cluster-bootstrap intervals of the pooled tail statistics.
+  ``kld.cvar1_ci95`` — cluster-bootstrap intervals of the pooled tail statistics, ``null`` below
+  ``bootstrap.tail_min_clusters`` source clusters (``bootstrap.tail_estimable``: false), where their
+  coverage cannot be trusted.
 * ``exceedance`` — exact counts of positions with KLD > 1e-4, 1e-3, 1e-2, 0.1, 1.
 * ``histogram`` — the fixed log-spaced histogram (:mod:`harness.metrics.histogram`).
 * ``top1``, ``ear``, ``jsd_bits`` — mean agreement of the argmaxes, mean sum min(p, q), mean JSD.
@@ -47,7 +49,9 @@ from harness.metrics.bootstrap import (
     MEAN_METHOD,
     MEAN_METHOD_TEXT,
     MIN_CLUSTERS,
+    TAIL_ALPHA,
     TAIL_METHOD_TEXT,
+    TAIL_MIN_CLUSTERS,
     TailData,
     draw_cluster_weights,
     percentile_interval,
@@ -229,7 +233,8 @@ def summarize(
     diag["top10_overlap"]["ci95"] = None if div[2] is None else [div[2][0] / 10, min(div[2][1] / 10, 1.0)]
     nt = min(n_boot_tails, n_boot)
     estimable = C >= MIN_CLUSTERS
-    if estimable:
+    tail_estimable = C >= max(MIN_CLUSTERS, TAIL_MIN_CLUSTERS)
+    if tail_estimable:
         q99_rep, cvar_rep = tail_replicates(TailData.build(kld, L.cluster, C), W[:nt], 0.99, 0.01)
     mean_ref, mean_cand = float(a["nll_ref"].mean()), float(a["nll_cand"].mean())
     dp = a["delta_p"]
@@ -247,6 +252,8 @@ def summarize(
             "level": LEVEL,
             "min_clusters": MIN_CLUSTERS,
             "estimable": estimable,
+            "tail_min_clusters": TAIL_MIN_CLUSTERS,
+            "tail_estimable": tail_estimable,
             "n_boot": int(n_boot),
             "n_boot_tails": int(nt),
             "seed": int(seed),
@@ -262,8 +269,8 @@ def summarize(
             "p999": quantile(kld, 0.999),
             "cvar1": cvar(kld, 0.01),
             "max": _f(kld.max()),
-            "p99_ci95": percentile_interval(q99_rep) if estimable else None,
-            "cvar1_ci95": percentile_interval(cvar_rep) if estimable else None,
+            "p99_ci95": percentile_interval(q99_rep, 1.0 - 2.0 * TAIL_ALPHA) if tail_estimable else None,
+            "cvar1_ci95": percentile_interval(cvar_rep, 1.0 - 2.0 * TAIL_ALPHA) if tail_estimable else None,
         },
         "exceedance": exceedance_counts(kld),
         "histogram": LogHistogram.from_values(kld).to_json(),

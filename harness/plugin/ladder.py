@@ -35,8 +35,12 @@ class LadderCollector:
         self.reports.append(payload)
         self.verdicts[(report.candidate, shard)] = passed
 
-    def finish(self, *, update_baselines: bool, config: Any) -> None:
-        """Write the ladder artifacts; on update, the baseline files; find unused baselines."""
+    def finish(self, *, update_baselines: bool, config: Any, not_scored: dict[str, str] | None = None) -> None:
+        """Write the ladder artifacts; on update, the baseline files; find unused baselines.
+
+        ``not_scored``: candidate -> why it has no report (``"failed: ..."`` / ``"skipped: ..."``); every one
+        of them that is configured and has no report is listed in ``ladder.md`` / ``ladder.json``
+        (``not_measured``)."""
         from harness.gate.baselines import headline_of, unused_baselines, write_baseline
         from harness.reports.aggregate import ladder_rows, write_ladder
         from harness.reports.shard import ShardReport, report_shard
@@ -46,7 +50,11 @@ class LadderCollector:
 
         # every report is checked against the run's suite, which the ladder's aggregates record
         self.ladder_rows = ladder_rows(reports, self.verdicts, suite=load_any_suite(config.suite, verify=False))
-        write_ladder(self.report_dir, self.ladder_rows, _precision_floor(self.report_dir, self.ladder_rows))
+        scored = {r.candidate for r in reports}
+        why = not_scored or {}
+        missing = [{"candidate": c.name, "status": why[c.name].split(":", 1)[0], "reason": why[c.name].split(":", 1)[1].strip()}
+                   for c in config.candidates if c.name not in scored and c.name in why]
+        write_ladder(self.report_dir, self.ladder_rows, _precision_floor(self.report_dir, self.ladder_rows), missing)
         if update_baselines:
             by_cand: dict[str, dict[int, Any]] = {}
             for r in reports:

@@ -236,6 +236,16 @@ def _collect_config(config: pytest.Config, path: Path) -> None:
 
 
 #: A candidate x shard case's node id: ``...::test_fidelity[<candidate>-shard<NN>]``.
+def _reason_of(report: Any) -> str:
+    """One line saying why a case failed or was skipped (the last ``E`` line of a failure, a skip's reason)."""
+    longrepr = report.longrepr
+    if isinstance(longrepr, tuple) and len(longrepr) == 3:  # a skip: (path, line, "Skipped: reason")
+        return str(longrepr[2]).removeprefix("Skipped: ").strip()
+    lines = [ln[1:].strip() for ln in str(report.longreprtext).splitlines() if ln.startswith("E ")]
+    text = lines[-1] if lines else (str(report.longreprtext).strip().splitlines() or ["(no message)"])[-1]
+    return text[:300]
+
+
 _CASE_ID = re.compile(r"::test_fidelity\[([A-Za-z0-9][A-Za-z0-9_.+]*)-shard\d+\]$")
 
 def check_report_dir(report_dir: Path, plan: FidelityPlan) -> None:
@@ -294,6 +304,9 @@ class FidelityRun:
     extra_lines: list[str] = field(default_factory=list)
     #: Candidates with a failed case that carried no report (see :meth:`missing_from_ladder`).
     unscored: set[str] = field(default_factory=set)
+    #: Why a candidate's shard case produced no report: ``"failed: <message>"`` or ``"skipped: <reason>"``
+    #: (the first of its cases); the ladder lists every configured candidate without a report with it.
+    not_scored: dict[str, str] = field(default_factory=dict)
     #: ``(node id, message)`` of every failed fidelity case (the CI job summary lists them).
     failures: list[tuple[str, str]] = field(default_factory=list)
     #: Controller under pytest-xdist: the secret (hex) that signs this session's hand-over files, and whether
@@ -487,6 +500,9 @@ class FidelityRun:
         case = _CASE_ID.search(report.nodeid)
         if case and report.failed and getattr(report, PAYLOAD_ATTR, None) is None:
             self.unscored.add(case.group(1))
+            self.not_scored.setdefault(case.group(1), "failed: " + _reason_of(report))
+        elif case and report.skipped:
+            self.not_scored.setdefault(case.group(1), "skipped: " + _reason_of(report))
         from harness.plugin.step_summary import CASE_MARKERS, failing_case
 
         failed = failing_case(report, CASE_MARKERS)
@@ -549,7 +565,7 @@ class FidelityRun:
         try:
             if self.collector.reports:
                 self.collector.finish(update_baselines=self.pytest_config.getoption("fidelity_update_baselines"),
-                                      config=self.plan.full)
+                                      config=self.plan.full, not_scored=self.not_scored)
                 written += [report_dir / "ladder.md", report_dir / "ladder.json"]
             if self.extras:
                 from harness.plugin.cases import write_extras

@@ -396,15 +396,22 @@ def format_ladder(rows: Sequence[dict[str, Any]]) -> list[str]:
     return [fmt(head), "|" + "|".join("-" * (w + 2) for w in widths) + "|"] + [fmt(b) for b in body]
 
 
-def ladder_files(out_dir: Path, rows: Sequence[dict[str, Any]], floor: dict[str, Any] | None = None) -> dict[Path, str]:
+def ladder_files(out_dir: Path, rows: Sequence[dict[str, Any]], floor: dict[str, Any] | None = None,
+                 not_measured: Sequence[dict[str, str]] = ()) -> dict[Path, str]:
     """``ladder.md`` and ``ladder.json`` (the aggregates) as ``{path: text}``; ``floor``, a precision-floor
     result of the same suite (``fidelity.precision-floor/1``), is shown beside the table and stored as
-    ``precision_floor`` (``mean``, ``ci95``, ``dtype``, ``shards``, ``n_positions``, ``definition``)."""
+    ``precision_floor`` (``mean``, ``ci95``, ``dtype``, ``shards``, ``n_positions``, ``definition``).
+    ``not_measured``: configured candidates without a report (``candidate``, ``status`` — ``failed``,
+    ``skipped`` or ``not run`` — and ``reason``), listed under the table and in ``not_measured``."""
     from harness.io.atomic import dumps_json
 
     out_dir = Path(out_dir)
-    doc: dict[str, Any] = {"schema": "fidelity.ladder/1", "rows": [dict(r) for r in rows]}
+    doc: dict[str, Any] = {"schema": "fidelity.ladder/1", "rows": [dict(r) for r in rows],
+                           "not_measured": [dict(m) for m in not_measured]}
     md = "# Fidelity ladder\n\n" + "\n".join(format_ladder(rows)) + "\n"
+    if not_measured:
+        md += "\nConfigured but not measured (no shard report):\n\n" + "".join(
+            f"- `{m['candidate']}`: {m['status']}: {m['reason']}\n" for m in not_measured)
     if floor is not None:
         k = floor["kld"]
         doc["precision_floor"] = {"mean": k["mean"], "ci95": k["ci95"], "dtype": floor["compute"]["dtype"],
@@ -418,6 +425,7 @@ def ladder_files(out_dir: Path, rows: Sequence[dict[str, Any]], floor: dict[str,
     return {out_dir / "ladder.md": md, out_dir / "ladder.json": dumps_json(doc)}
 
 
-def write_ladder(out_dir: Path, rows: Sequence[dict[str, Any]], floor: dict[str, Any] | None = None) -> None:
+def write_ladder(out_dir: Path, rows: Sequence[dict[str, Any]], floor: dict[str, Any] | None = None,
+                 not_measured: Sequence[dict[str, str]] = ()) -> None:
     """Write ``ladder.md`` and ``ladder.json`` as one unit (both or neither)."""
-    atomic_write_files(ladder_files(out_dir, rows, floor))
+    atomic_write_files(ladder_files(out_dir, rows, floor, not_measured))

@@ -292,7 +292,10 @@ def render_markdown(r: ShardReport) -> str:
         f"| {_g(k.get('median'))} | {_g(k.get('p95'))} | {_g(k.get('p99'))} | {_g(k.get('p999'))} | "
         f"{_g(k.get('cvar1'))} | {_g(k.get('max'))} |",
         "",
-        f"p99 interval {_interval(k.get('p99_ci95'))}; CVaR1% interval {_interval(k.get('cvar1_ci95'))}.",
+        (f"p99 interval {_interval(k.get('p99_ci95'))}; CVaR1% interval {_interval(k.get('cvar1_ci95'))}."
+         if k.get("p99_ci95") or bs.get("tail_estimable", True) else
+         f"p99 and CVaR1% intervals not estimable: {m['n_clusters']} source clusters, fewer than the "
+         f"{bs.get('tail_min_clusters')} at which their coverage holds (docs/statistics.md)."),
         "",
     ]
     if "diagnostics" in m:
