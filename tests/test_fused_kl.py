@@ -122,7 +122,12 @@ def test_fused_matches_torch_path(results, name: str) -> None:
                 np.testing.assert_array_equal(k, t, err_msg=f)
         else:
             close(k, t, f, rtol)
-        np.testing.assert_array_equal(results[f"{name}/via/{f}"], k, err_msg=f)
+        if f"{name}/via/{f}" in results:  # the dispatch, saved for two cases (tests/fused_kl_cases.py: VIA)
+            np.testing.assert_array_equal(results[f"{name}/via/{f}"], k, err_msg=f)
+
+
+def test_dispatch_was_checked(results) -> None:
+    assert {k.split("/")[0] for k in results if "/via/" in k} == {"random", "own_head"}
 
 
 def test_identical_operands_are_exactly_zero(results) -> None:
