@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from harness.inputs.config import FidelityConfig, PairConfig
     from harness.plugin.cases import PairCase, TailCase, WindowCase
     from harness.plugin.ladder import LadderCollector
+    from harness.run.ray_executor import RayExecutor
     from harness.run.session import FidelitySession, ScoredShard
     from harness.run.shared_scores import Handover
 
@@ -248,6 +249,26 @@ def _reason_of(report: Any) -> str:
 
 _CASE_ID = re.compile(r"::test_fidelity\[([A-Za-z0-9][A-Za-z0-9_.+]*)-shard\d+\]$")
 
+def _executor(config: pytest.Config, plan: FidelityPlan) -> RayExecutor | None:
+    """``--fidelity-executor``: None for serial; a Ray executor (not yet started) otherwise. Without the
+    Ray extra, or combined with pytest-xdist, a usage error that says what to do."""
+    from harness.errors import FidelityError
+    from harness.run.ray_executor import RayExecutor, parse_executor, require_ray
+
+    spec = parse_executor(config.getoption("fidelity_executor"))
+    if spec.kind == "serial":
+        return None
+    try:
+        require_ray()
+    except FidelityError as exc:
+        raise pytest.UsageError(f"--fidelity-executor {config.getoption('fidelity_executor')}: {exc}") from None
+    if config.getoption("numprocesses", None):
+        raise pytest.UsageError("--fidelity-executor ray cannot be combined with -n (pytest-xdist): the cluster runs "
+                                "the cases in parallel and this process writes every report")
+    return RayExecutor(spec, plan.config, device=config.getoption("fidelity_device"),
+                       score_from=config.getoption("fidelity_window"))
+
+
 def check_report_dir(report_dir: Path, plan: FidelityPlan) -> None:
     """Refuse a report folder that holds the reports of another suite: they would be mixed into this run's
     ladder folder and aggregated together later. The folder is stamped at the end of each run
@@ -315,6 +336,8 @@ class FidelityRun:
     handover_created: bool = False
     #: An error that ended the session's writing (named once on the terminal; the exit status is non-zero).
     finish_error: str | None = None
+    #: ``--fidelity-executor ray...``: the cases' Ray tasks (:mod:`harness.run.ray_executor`); None: serial.
+    executor: RayExecutor | None = None
 
     @classmethod
     def configure(cls, config: pytest.Config) -> FidelityRun | None:
@@ -334,6 +357,7 @@ class FidelityRun:
                 if other.suffix == ".toml" and other != path:
                     raise pytest.UsageError(f"pytest was pointed at {other} but --fidelity-config names {path}: give one")
         plan = FidelityPlan.load(config, path, how)
+        executor = _executor(config, plan)
         if config.getoption("numprocesses", None) and config.getoption("testrunuid", None) is None:
             # the controller fixes the session id pytest-xdist hands its workers, so it knows which
             # shared-scores folder to remove at the end (harness/run/shared_scores.py)
@@ -345,7 +369,7 @@ class FidelityRun:
             _finish_interrupted_writes(Path(config.getoption("fidelity_report_dir")))
         if how == "option":
             _collect_config(config, path)
-        run = cls(config, plan)
+        run = cls(config, plan, executor=executor)
         if config.getoption("numprocesses", None) and not hasattr(config, "workerinput"):
             import secrets
 
@@ -480,6 +504,9 @@ class FidelityRun:
                 self.planned.setdefault(case[0], []).append(case[1])
         if self.planned:
             self.session.plan([(n, s) for n, shards in self.planned.items() for s in shards])
+        if self.executor is not None and self.planned:  # every case's task starts now; each case waits on its own
+            self.executor.start()
+            self.executor.submit([(n, s) for n, shards in self.planned.items() for s in shards])
 
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_makereport(
@@ -533,6 +560,8 @@ class FidelityRun:
             return
         from harness.errors import FidelityError
 
+        if self.executor is not None:
+            self.executor.shutdown()
         shared = self.shared_scores_dir()
         if shared is not None and self.handover_key is not None:
             # the workers' hand-over files live exactly as long as the session; only this session's go
@@ -604,6 +633,9 @@ class FidelityRun:
             for name in missing:  # never a silently shorter ladder
                 terminalreporter.write_line(f"not in the ladder: {name} (no shard was scored: see its failed cases above)",
                                             red=True)
+        if self.executor is not None and self.executor.nodes:
+            self.extra_lines.append(f"executor: {self.executor.spec.describe()}; results from "
+                                    f"{len(self.executor.nodes)} node(s): {', '.join(sorted(self.executor.nodes))}")
         if self.extra_lines:
             terminalreporter.section("fidelity reports")
             for line in self.extra_lines:
@@ -638,9 +670,11 @@ class FidelityRun:
         monitor = self.monitor
         reason = monitor.stop_reason(name) if monitor is not None else None
         if reason:
+            if self.executor is not None:
+                self.executor.cancel(name, shard)
             pytest.skip(reason)
         with self.terminal():
-            scored = _or_fail(f"{name} shard {shard:02d}", lambda: self.session.score(self.session.config.candidate(name), shard))
+            scored = _or_fail(f"{name} shard {shard:02d}", lambda: self._score(name, shard))
         if monitor is not None:
             d = monitor.observe(name, shard, scored.report.metrics)
             self.send(request, "adaptive", {"candidate": name, "shard": shard, **d.record()})
@@ -649,6 +683,14 @@ class FidelityRun:
         record_on_case(self.pytest_config, request.node, headline_numbers(scored.headline))
         request.node.stash[_PAYLOAD] = scored.report.to_json_dict()
         return scored
+
+    def _score(self, name: str, shard: int) -> ScoredShard:
+        """In this process, or the case's cluster task (whose positions the session then holds)."""
+        if self.executor is None:
+            return self.session.score(self.session.config.candidate(name), shard)
+        from harness.run.ray_executor import scored_shard
+
+        return scored_shard(self.executor, self.session, name, shard)  # type: ignore[no-any-return]
 
     def tails(self, request: pytest.FixtureRequest, name: str) -> TailCase:
         """A candidate's tail report over the selected shards (those actually scored after an adaptive stop)."""

@@ -265,6 +265,15 @@ class FidelitySession:
                 self._positions[key] = scored_once(self.shared_scores, cand.name, shard, bound, score)
         return self._positions[key]
 
+    def adopt(self, name: str, shard: int, positions: ShardPositions) -> None:
+        """Positions of ``name`` x ``shard`` scored elsewhere (a cluster task, already verified): the
+        tail, window and paired cases of this session read them instead of scoring again."""
+        self._positions[(name, shard)] = positions
+
+    def forget(self, name: str, shard: int) -> None:
+        """Drop the cached positions of ``name`` x ``shard`` (a cluster worker hands them to the driver)."""
+        self._positions.pop((name, shard), None)
+
     def verify_joins(self, cand: CandidateConfig, shard: int) -> None:
         """The identity checks ``fidelity replay`` runs (:func:`harness.run.verify.verify_joins`),
         before any position of ``cand`` x ``shard`` is scored."""

@@ -1,0 +1,148 @@
+"""One candidate x shard as a task on a cluster node: capture it if needed, score it, hand back its data.
+
+This is the body a Ray worker runs (:mod:`harness.run.ray_executor` submits it); it imports no Ray, so
+it is plain Python that any process can call. The task **returns** what it measured and writes no
+report: the driver verifies the result and writes every report itself, exactly as a serial run does.
+The only files a task writes are capture stores in the configuration's ``cache_dir`` (a live
+candidate's shard, through the resumable, lock-merged :class:`~harness.capture.store.StoreWriter`),
+so a task killed at any instant and run again (Ray's retry) resumes the capture and scores from
+scratch: nothing half-written is ever read, and nothing is counted twice.
+
+Every path of the configuration (suite, head, stores, models, ``cache_dir``) must be reachable from
+every node at the same path -- a shared file system -- and every store is verified by content when a
+task opens it (:meth:`harness.capture.store.CaptureStore.open`, ``verify=True``).
+
+A result is a dict of plain values (no object of this package crosses the wire):
+
+=============== ===============================================================================
+key             meaning
+=============== ===============================================================================
+``schema``      ``fidelity.cluster-result/1``
+``report``      the shard report as JSON text (``ShardReport.to_json_dict``, sorted keys)
+``positions``   the scored positions as ``.npz`` bytes (:func:`harness.run.positions_wire.positions_to_bytes`)
+``sha256``      sha256 of the report's UTF-8 bytes followed by the positions' bytes
+``node``        host name and process id that ran the task
+``error``       instead of the above: the task's own failure (a ``FidelityError``), one line
+=============== ===============================================================================
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from harness.errors import FidelityError
+
+if TYPE_CHECKING:
+    from harness.inputs.config import FidelityConfig
+    from harness.run.session import FidelitySession
+
+__all__ = ["RESULT_SCHEMA", "TaskSpec", "capture_reference", "result_digest", "run_case"]
+
+RESULT_SCHEMA = "fidelity.cluster-result/1"
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """What one task is told (plain values, so it travels to any node)."""
+
+    #: Absolute path of the ``fidelity.toml`` (the same path on every node).
+    config: str
+    #: sha256 of the file's bytes as the driver read it: a node that sees another file refuses.
+    config_sha256: str
+    #: ``--fidelity-device``: ``auto`` resolves on the worker (the GPU Ray assigned it, else the CPU).
+    device: str
+    #: ``--fidelity-window``.
+    score_from: int
+
+
+def result_digest(report_text: str, positions: bytes) -> str:
+    """The ``sha256`` a result carries: report text (UTF-8) then positions bytes."""
+    h = hashlib.sha256(report_text.encode("utf-8"))
+    h.update(positions)
+    return h.hexdigest()
+
+
+def _node() -> str:
+    return f"{socket.gethostname()} pid {os.getpid()}"
+
+
+#: Sessions of this worker process, by task spec: suite, head and reference load once per worker.
+_SESSIONS: dict[TaskSpec, FidelitySession] = {}
+
+
+def _session(spec: TaskSpec) -> FidelitySession:
+    if spec not in _SESSIONS:
+        from harness.inputs.config import load_config
+        from harness.run.session import FidelitySession, resolve_device
+
+        path = Path(spec.config)
+        if not path.is_file():
+            raise FidelityError(f"{path}: not found on node {socket.gethostname()}: every node must reach the "
+                                "configuration and its files at the same path (a shared file system)")
+        found = hashlib.sha256(path.read_bytes()).hexdigest()
+        if found != spec.config_sha256:
+            raise FidelityError(f"{path}: on node {socket.gethostname()}: expected the driver's file (sha256 "
+                                f"{spec.config_sha256}), found sha256 {found}: every node must read the same file")
+        config = load_config(path)
+        _check_reachable(config)
+        _SESSIONS[spec] = FidelitySession(config=config, device=resolve_device(spec.device), score_from=spec.score_from)
+    return _SESSIONS[spec]
+
+
+def _check_reachable(config: FidelityConfig) -> None:
+    """Every input path of the configuration exists on this node (else: which one, and why it must)."""
+    ref = config.reference
+    paths = [config.suite, ref.head, *([ref.model] if ref.model is not None else [])]
+    if ref.model is None:
+        paths.append(ref.store)
+    for path in paths:
+        if not path.exists():
+            raise FidelityError(f"{path}: not found on node {socket.gethostname()}: every node must reach the "
+                                "configuration's suite, head, stores and models at the same path (a shared file system)")
+
+
+def _check_candidate(config: FidelityConfig, name: str) -> None:
+    cand = config.candidate(name)
+    for path in (p for p in (cand.model, cand.store, cand.head) if p is not None):
+        if not path.exists():
+            raise FidelityError(f"{path}: candidate {name}: not found on node {socket.gethostname()}: every node must "
+                                "reach the candidate's model or store at the same path (a shared file system)")
+
+
+def capture_reference(spec: TaskSpec) -> dict[str, Any]:
+    """Capture the reference store when it is missing (once, before the candidates' tasks), verify it."""
+    try:
+        _ = _session(spec).reference
+    except FidelityError as exc:
+        return {"schema": RESULT_SCHEMA, "error": f"reference: {exc}", "node": _node()}
+    return {"schema": RESULT_SCHEMA, "node": _node()}
+
+
+def run_case(spec: TaskSpec, name: str, shard: int, ready: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Capture (when needed) and score ``name`` x ``shard``; return its report and positions.
+
+    ``ready``: the reference-capture task's result when the reference had to be captured first (Ray
+    passes it once that task has finished); its error becomes this case's error."""
+    from harness.run.positions_wire import positions_to_bytes
+
+    if ready is not None and "error" in ready:
+        return {"schema": RESULT_SCHEMA, "error": str(ready["error"]), "node": str(ready.get("node"))}
+    try:
+        session = _session(spec)
+        _check_candidate(session.config, name)
+        cand = session.config.candidate(name)
+        scored = session.score(cand, shard)
+        positions = session.positions(cand, shard)
+    except FidelityError as exc:
+        return {"schema": RESULT_SCHEMA, "error": str(exc), "node": _node()}
+    session.forget(name, shard)  # the driver keeps the positions; a worker holds none between tasks
+    report_text = json.dumps(scored.report.to_json_dict(), sort_keys=True)
+    data = positions_to_bytes(positions)
+    return {"schema": RESULT_SCHEMA, "report": report_text, "positions": data,
+            "sha256": result_digest(report_text, data), "node": _node()}

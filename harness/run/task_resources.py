@@ -1,0 +1,74 @@
+"""What one candidate x shard task asks a cluster for: CPUs and GPUs, from the candidate's engine.
+
+A task captures the shard when the candidate is a live model (its engine loads the model) and then
+scores it against the shared head; a replayed store only scores. The request is what the task's
+heaviest step needs, so the scheduler never places two tasks on one GPU or more threads than a
+machine has:
+
+==================== ============================================ =============
+candidate            GPUs on a GPU run (``cuda``, ``auto``+GPUs)   CPUs
+==================== ============================================ =============
+replayed store       1 (the scorer)                               ``threads``
+``transformers``     1                                            ``threads``
+``quantized``        1                                            ``threads``
+``llamacpp``         1 (the scorer)                               ``threads``
+``vllm``             ``tensor_parallel_size`` (default 1)          ``threads``
+==================== ============================================ =============
+
+A CPU run asks for no GPU. ``threads`` defaults to 1.
+The per-candidate engine settings are read from the candidate's ``options`` when the configuration
+carries them (``tensor_parallel_size``, ``threads``); a candidate without them gets the defaults above.
+Ray gives a task of N CPUs ``OMP_NUM_THREADS=N``, so torch inside it runs N threads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from harness.errors import FidelityError
+
+__all__ = ["TaskResources", "task_resources"]
+
+
+@dataclass(frozen=True)
+class TaskResources:
+    """A task's resource request, in the units a Ray ``.options(...)`` call takes."""
+
+    #: CPU slots (Ray sets the task's ``OMP_NUM_THREADS`` to this).
+    num_cpus: float
+    #: Whole GPUs (0 on a CPU run).
+    num_gpus: float
+
+    def as_options(self) -> dict[str, float]:
+        """``{"num_cpus": ..., "num_gpus": ...}`` for ``remote_function.options(**...)``."""
+        return {"num_cpus": self.num_cpus, "num_gpus": self.num_gpus}
+
+
+def _option(options: Any, key: str) -> Any:
+    """``options[key]`` (a mapping) or ``options.key`` (a dataclass), None when absent."""
+    if options is None:
+        return None
+    if isinstance(options, Mapping):
+        return options.get(key)
+    return getattr(options, key, None)
+
+
+def _count(value: Any, key: str, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise FidelityError(f"candidate {name}: options.{key}: expected an integer >= 1, found {value!r}")
+    return value
+
+
+def task_resources(engine: str | None, options: Any, name: str, *, gpu: bool) -> TaskResources:
+    """The request of one task of candidate ``name``: ``engine`` is None for a replayed store,
+    ``options`` the candidate's engine options (a mapping or dataclass; None: defaults), ``gpu``
+    whether the run scores on GPUs (``--fidelity-device cuda``, or ``auto`` on a cluster that has them)."""
+    threads = _option(options, "threads")
+    cpus = _count(threads, "threads", name) if threads is not None else 1
+    if engine == "vllm":
+        tp = _option(options, "tensor_parallel_size")
+        gpus = _count(tp, "tensor_parallel_size", name) if tp is not None else 1
+        return TaskResources(num_cpus=cpus, num_gpus=gpus if gpu else 0)
+    return TaskResources(num_cpus=cpus, num_gpus=1 if gpu else 0)

@@ -1,0 +1,185 @@
+"""The ladder on a Ray cluster (``--fidelity-executor ray``): a local cluster started for the run (this
+machine's CPUs, object store capped at 512 MiB) runs every candidate x shard as a task; its report
+folder equals a serial run's, also when a worker is SIGKILLed mid-task and when one candidate is broken.
+
+The cluster runs the tiny project of tests/conftest.py (2 candidates x 4 shards, plus a broken one) and,
+marked slow, two candidates x two shards of the embedded ladder (fidelity.toml)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from harness.errors import FidelityError
+from harness.run.ray_executor import ExecutorSpec, parse_executor
+from harness.run.task_resources import TaskResources, task_resources
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+# ---------------------------------------------------------------- without a cluster
+@pytest.mark.parametrize(("value", "want"), [
+    ("serial", ExecutorSpec("serial")),
+    ("ray", ExecutorSpec("ray", None)),
+    ("ray:auto", ExecutorSpec("ray", "auto")),
+    ("ray:10.0.0.5:6379", ExecutorSpec("ray", "10.0.0.5:6379")),
+    ("ray://head.example:10001", ExecutorSpec("ray", "ray://head.example:10001")),
+])
+def test_parse_executor(value: str, want: ExecutorSpec) -> None:
+    assert parse_executor(value) == want
+
+
+@pytest.mark.parametrize("value", ["Ray", "ray:", "ray:head", "ray//h:1", "dask", "ray://h", "ray:h:port"])
+def test_parse_executor_refuses(value: str) -> None:
+    with pytest.raises(FidelityError, match="expected serial, ray, ray:auto, ray:HOST:PORT or ray://HOST:PORT"):
+        parse_executor(value)
+
+
+def test_task_resources_per_engine() -> None:
+    assert task_resources("transformers", None, "a", gpu=False) == TaskResources(1, 0)
+    assert task_resources("transformers", None, "a", gpu=True) == TaskResources(1, 1)
+    assert task_resources(None, None, "replayed", gpu=True) == TaskResources(1, 1)
+    assert task_resources("vllm", {"tensor_parallel_size": 4}, "big", gpu=True) == TaskResources(1, 4)
+    assert task_resources("vllm", {"tensor_parallel_size": 4}, "big", gpu=False) == TaskResources(1, 0)
+    assert task_resources("llamacpp", {"threads": 8}, "gguf", gpu=False) == TaskResources(8, 0)
+    with pytest.raises(FidelityError, match=r"candidate big: options.tensor_parallel_size: expected an integer >= 1, found 0"):
+        task_resources("vllm", {"tensor_parallel_size": 0}, "big", gpu=True)
+
+
+@pytest.fixture
+def project(pytester: pytest.Pytester, fidelity_project: Path) -> pytest.Pytester:
+    shutil.copytree(fidelity_project, pytester.path, dirs_exist_ok=True)
+    return pytester
+
+
+def test_without_the_extra_the_option_says_how_to_install(project: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    import harness.run.ray_executor as rx
+
+    monkeypatch.setattr(rx, "ray_installed", lambda: False)
+    result = project.runpytest("--fidelity-executor", "ray", "--collect-only")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert ("--fidelity-executor ray: the ray executor needs the optional Ray extra, which is not installed: "
+            "install it with: pip install 'fidelity-harness[ray]'") in result.stderr.str()
+    help_text = project.runpytest("--help").stdout.str()
+    assert "--fidelity-executor" in help_text and "fidelity-harness[ray]" in help_text
+
+
+def test_executor_with_xdist_is_a_usage_error(project: pytest.Pytester) -> None:
+    pytest.importorskip("ray")
+    result = project.runpytest("--fidelity-executor", "ray", "-n", "2", "--collect-only")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--fidelity-executor ray cannot be combined with -n*"])
+
+
+# ---------------------------------------------------------------- on a local cluster
+def _strip(d: dict[str, Any]) -> dict[str, Any]:
+    """A shard report without what never counts (timing, creation time)."""
+    return {k: v for k, v in d.items() if k not in ("timing", "created")}
+
+
+def assert_same_reports(serial: Path, other: Path) -> int:
+    """Every file of ``serial`` is in ``other`` and vice versa; shard reports equal except timing and creation
+    time (their Markdown except those two lines); every summary byte-identical except the run ledger."""
+    files = sorted(p.relative_to(serial) for p in serial.rglob("*") if p.is_file())
+    assert files == sorted(p.relative_to(other) for p in other.rglob("*") if p.is_file())
+    shards = 0
+    for rel in files:
+        a, b = serial / rel, other / rel
+        if rel.name == "fidelity-run.json":  # the ledger names the run (command, time): never equal
+            assert sorted(json.loads(a.read_text())["files"]) == sorted(json.loads(b.read_text())["files"])
+        elif rel.name.startswith("shard-") and rel.suffix == ".json":
+            shards += 1
+            assert _strip(json.loads(a.read_text())) == _strip(json.loads(b.read_text())), rel
+        elif rel.name.startswith("shard-") and rel.suffix == ".md":
+            keep = [line for line in a.read_text().splitlines() if not line.startswith(("Schema ", "Timing: "))]
+            assert keep == [line for line in b.read_text().splitlines() if not line.startswith(("Schema ", "Timing: "))], rel
+        else:
+            assert a.read_bytes() == b.read_bytes(), rel
+    return shards
+
+
+BROKEN = '''
+[[candidates]]
+name = "broken"
+model = "models/broken"
+'''
+
+
+def _kill_first_task(proc: subprocess.Popen[bytes], deadline_s: float) -> int | None:
+    """SIGKILL the first Ray worker seen running a case's task (its process title is ``ray::run_case``)."""
+    end = time.monotonic() + deadline_s
+    while time.monotonic() < end and proc.poll() is None:
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                title = (entry / "cmdline").read_bytes().split(b"\0")[0]
+            except OSError:
+                continue
+            if title.startswith(b"ray::run_case"):
+                os.kill(int(entry.name), signal.SIGKILL)
+                return int(entry.name)
+        time.sleep(0.02)
+    return None
+
+
+@pytest.mark.slow  # starts a local Ray cluster, captures and scores the tiny project twice
+def test_ray_run_equals_serial_and_survives_a_killed_worker(project: pytest.Pytester) -> None:
+    """Serial, then on a local Ray cluster with one worker SIGKILLed mid-task: Ray retries the task, every case
+    passes as it did serially, and the report folders are the same (no report duplicated, none partial).
+    A broken candidate (its weights truncated) fails its own cases only, in both runs alike."""
+    pytest.importorskip("ray")
+    root = project.path
+    shutil.copytree(root / "models" / "good", root / "models" / "broken")
+    weights = root / "models" / "broken" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])
+    (root / "fidelity.toml").write_text((root / "fidelity.toml").read_text() + BROKEN)
+    common = ["-p", "no:cacheprovider", "-q"]
+    serial = project.runpytest_subprocess(*common, "--fidelity-update-baselines", "--fidelity-report-dir", "serial")
+    # broken: its 4 shard cases, its tail case and the window cases (every candidate) end in errors; the rest pass
+    serial.assert_outcomes(passed=11, errors=7, skipped=1)
+    shutil.rmtree(root / ".fidelity-cache")  # the cluster captures the candidates itself
+    written = {p.name: p.read_bytes() for p in (root / "baselines").iterdir()}
+    shutil.rmtree(root / "baselines")  # the tail reports name the baselines they saw: none, as in the serial run
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.Popen([sys.executable, "-m", "pytest", *common, "--fidelity-executor", "ray",
+                             "--fidelity-update-baselines", "--fidelity-report-dir", "ray"], cwd=root, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    killed = _kill_first_task(proc, deadline_s=120)
+    out, _ = proc.communicate(timeout=300)
+    text = out.decode()
+    assert killed is not None, text
+    assert "11 passed, 1 skipped, 7 errors" in text, text
+    assert "broken shard 00: the task raised" in text, text
+    assert assert_same_reports(root / "serial", root / "ray") == 8
+    assert {p.name: p.read_bytes() for p in (root / "baselines").iterdir()} == written  # the driver wrote them alike
+    assert not list((root / "ray").rglob("*.tmp*"))
+    assert "executor: ray (local cluster for this run); results from 1 node(s)" in text, text
+
+
+@pytest.mark.slow  # the embedded ladder's captures (shared with fidelity.toml's own cases) and a local Ray cluster
+def test_embedded_ladder_on_ray_equals_serial(tmp_path: Path) -> None:
+    """Two candidates x two shards of the embedded ladder (fidelity.toml): same reports as a serial run."""
+    pytest.importorskip("ray")
+    select = ["fidelity.toml", "-p", "no:cacheprovider", "-q", "--fidelity-candidates", "int8,int4_g32",
+              "--fidelity-shards", "0-1"]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+
+    def run(*extra: str) -> str:
+        done = subprocess.run([sys.executable, "-m", "pytest", *select, *extra], cwd=REPO, env=env,
+                              capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stdout + done.stderr
+        return done.stdout
+
+    run("--fidelity-executor", "ray", "--fidelity-report-dir", str(tmp_path / "ray"))
+    run("--fidelity-report-dir", str(tmp_path / "serial"))
+    assert assert_same_reports(tmp_path / "serial", tmp_path / "ray") == 4
