@@ -164,6 +164,16 @@ def test_ray_run_equals_serial_and_survives_a_killed_worker(project: pytest.Pyte
     assert {p.name: p.read_bytes() for p in (root / "baselines").iterdir()} == written  # the driver wrote them alike
     assert not list((root / "ray").rglob("*.tmp*"))
     assert "executor: ray (local cluster for this run); results from 1 node(s)" in text, text
+    # the same cases without pytest: fidelity ladder on a local cluster writes the same shard reports and ladder
+    cli = subprocess.run([sys.executable, "-m", "harness", "ladder", "fidelity.toml", "--executor", "ray",
+                          "--report-dir", "cli"], cwd=root, env=env, capture_output=True, text=True, timeout=300)
+    assert cli.returncode == 1, cli.stdout + cli.stderr  # broken's cases fail
+    assert [line.split(":")[0] for line in cli.stderr.splitlines() if line.startswith("FAILED")] == \
+        [f"FAILED broken shard {k:02d}" for k in range(4)], cli.stderr
+    for rel in sorted(p.relative_to(root / "cli") for p in (root / "cli").rglob("shard-*.json")):
+        assert _strip(json.loads((root / "serial" / rel).read_text())) == _strip(json.loads((root / "cli" / rel).read_text()))
+    assert len(list((root / "cli").rglob("shard-*.json"))) == 8
+    assert (root / "serial" / "ladder.json").read_bytes() == (root / "cli" / "ladder.json").read_bytes()
 
 
 @pytest.mark.slow  # the embedded ladder's captures (shared with fidelity.toml's own cases) and a local Ray cluster

@@ -1,0 +1,75 @@
+"""``fidelity ladder``: a configuration's candidate x shard cases without pytest, serially or on a Ray cluster."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from harness.cli.registry import Builder, SubParsers, formatter, nonneg_int
+
+
+def _executor(text: str) -> str:
+    from harness.errors import FidelityError
+    from harness.run.ray_executor import parse_executor
+
+    try:
+        parse_executor(text)
+    except FidelityError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("executor: ")) from None
+    return text
+
+
+def _device(text: str) -> str:
+    if text in ("auto", "cpu", "cuda") or (text.startswith("cuda:") and text[5:].isdigit()):
+        return text
+    raise argparse.ArgumentTypeError(f"expected auto, cpu, cuda or cuda:N, got {text!r}")
+
+
+def add_ladder(sub: SubParsers) -> None:
+    p = sub.add_parser(
+        "ladder", formatter_class=formatter,
+        help="score, gate and report every candidate x shard of a fidelity.toml (serially or on a Ray cluster)",
+        description=(
+            "The candidate x shard cases of a configuration without pytest: each is captured when needed, scored,\n"
+            "gated against its baseline and written as <report-dir>/<candidate>/shard-NN.json + .md, then the\n"
+            "ladder (ladder.md, ladder.json) -- the files `pytest CONFIG` writes for the same selection.\n"
+            "Exit 0 when every case passed its baseline, 1 when one failed.\n\n"
+            "examples:\n"
+            "  fidelity ladder fidelity.toml --candidates int8,int4_g32 --shards 0-1\n"
+            "  fidelity ladder fidelity.toml --executor ray            # a local Ray cluster for this run\n"
+            "  fidelity ladder fidelity.toml --executor ray:auto       # the cluster this machine joined (ray start)"
+        ),
+    )
+    p.add_argument("config", type=Path, help="the fidelity.toml")
+    p.add_argument("--executor", type=_executor, default="serial", metavar="WHERE",
+                   help="serial (default), ray, ray:auto, ray:HOST:PORT or ray://HOST:PORT (needs the ray extra: "
+                        "pip install 'fidelity-harness[ray]')")
+    p.add_argument("--candidates", default=None, metavar="NAMES", help="candidates, exact names, e.g. int8,int4_g32 (default: all)")
+    p.add_argument("--shards", default=None, metavar="SPEC", help="shards, e.g. 0,2-3 (default: all)")
+    p.add_argument("--report-dir", type=Path, default=Path("fidelity-reports"), help="where reports go (default: fidelity-reports/)")
+    p.add_argument("--device", type=_device, default="auto", help="auto|cpu|cuda[:N] (default: auto)")
+    p.add_argument("--window", type=nonneg_int, default=0, metavar="N", help="score_from: drop the first N rows of every context")
+    p.set_defaults(func=_run)
+
+
+def _run(a: argparse.Namespace) -> int:
+    from harness.reports.aggregate import format_ladder
+    from harness.run.ladder_run import run_ladder
+
+    command = " ".join(["fidelity", *sys.argv[1:]]) if sys.argv[1:2] == ["ladder"] else "fidelity ladder"
+    out = run_ladder(a.config, report_dir=a.report_dir, executor=a.executor, candidates=a.candidates, shards=a.shards,
+                     device=a.device, window=a.window, command=command, progress=lambda line: print(line, flush=True))
+    for line in format_ladder(out.rows):
+        print(line)
+    print(f"reports: {a.report_dir}/")
+    if out.nodes:
+        print(f"executor: {a.executor}; results from {len(out.nodes)} node(s): {', '.join(out.nodes)}")
+    for line in out.skipped:
+        print(f"skipped: {line}")
+    for line in out.failures:
+        print(f"FAILED {line}", file=sys.stderr)
+    return 1 if out.failures else 0
+
+
+COMMANDS: tuple[Builder, ...] = (add_ladder,)

@@ -1,0 +1,128 @@
+"""``fidelity ladder``: a configuration's candidate x shard cases without pytest, serially or on a Ray cluster.
+
+The same work as ``pytest fidelity.toml`` minus the report cases: every selected candidate x shard is
+scored (in this process, or as a Ray task: :mod:`harness.run.ray_executor`), gated against its committed
+baseline (:class:`harness.gate.gate.Gate`), and written as ``<report-dir>/<candidate>/shard-NN.json`` +
+``.md`` as it arrives; then ``ladder.md`` / ``ladder.json`` and the folder's stamp and ledger
+(``fidelity-run.json``). The shard reports and the ladder are the ones the pytest run writes for the
+same selection. A candidate whose case fails (its capture, scoring or gate) is named with the reason;
+the other candidates are unaffected. Tails, windows and pairs are the pytest run's report cases.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from harness.errors import FidelityError
+
+__all__ = ["LadderOutcome", "run_ladder"]
+
+
+@dataclass
+class LadderOutcome:
+    """What one ``fidelity ladder`` run did."""
+
+    report_dir: Path
+    #: Files written (shard reports, ladder, stamp), in order.
+    written: list[Path] = field(default_factory=list)
+    #: The ladder's rows (:func:`harness.reports.aggregate.ladder_rows`).
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    #: ``"<candidate> shard NN: <reason>"`` for every case that failed (capture, scoring or gate).
+    failures: list[str] = field(default_factory=list)
+    #: ``"<candidate>: <reason>"`` for candidates not run (their engine is not installed).
+    skipped: list[str] = field(default_factory=list)
+    #: Where the results came from (Ray: host names), empty when serial.
+    nodes: list[str] = field(default_factory=list)
+
+
+def _select(config: Any, candidates: str | None, shards: str | None) -> tuple[Any, list[int], list[str]]:
+    import dataclasses
+
+    from harness.engines.registry import get_engine
+    from harness.inputs.suite import Suite, parse_shard_spec
+
+    suite = Suite.load(config.suite, verify=False)
+    chosen = parse_shard_spec(shards, len(suite.shards))
+    if config.reference_shards is not None:
+        chosen = [k for k in chosen if k in config.reference_shards]
+    names = candidates.split(",") if candidates else [c.name for c in config.candidates]
+    picked = [config.candidate(n) for n in names]  # unknown names: a ConfigError with near matches
+    skipped = []
+    keep = []
+    for cand in picked:
+        if cand.model is not None and not get_engine(cand.engine, str(config.path)).available():
+            skipped.append(f"{cand.name}: engine {cand.engine!r} is not installed: install it with: "
+                           f"{get_engine(cand.engine).install_hint}")
+        else:
+            keep.append(cand)
+    order = [c for c in config.candidates if c in keep]
+    return dataclasses.replace(config, candidates=tuple(order), pairs=()), chosen, skipped
+
+
+def run_ladder(config_path: Path, *, report_dir: Path, executor: str = "serial", candidates: str | None = None,
+               shards: str | None = None, device: str = "auto", window: int = 0, command: str = "fidelity ladder",
+               progress: Callable[[str], None] | None = None) -> LadderOutcome:
+    """Score, gate and write every selected case (module docstring); ``progress`` receives one line per case."""
+    from harness.gate.baselines import headline_of
+    from harness.gate.gate import Gate
+    from harness.inputs.config import load_config
+    from harness.inputs.suite import Suite
+    from harness.plugin.report_dir import STAMP, read_stamp, write_stamp
+    from harness.reports.aggregate import ladder_rows, write_ladder
+    from harness.reports.shard import ShardReport
+    from harness.run.ray_executor import RayExecutor, parse_executor, scored_shard
+    from harness.run.session import FidelitySession, resolve_device
+
+    spec = parse_executor(executor)
+    full = load_config(config_path)
+    config, chosen, skipped = _select(full, candidates, shards)
+    suite = Suite.load(config.suite, verify=False)
+    found = (read_stamp(report_dir) or {}).get("suite_token_sha256") if (report_dir / STAMP).is_file() else None
+    if found is not None and found != suite.suite_token_sha256:
+        raise FidelityError(f"{report_dir / STAMP}: the report folder holds reports of another suite: expected "
+                            f"suite_token_sha256 {suite.suite_token_sha256}, found {found}; pass --report-dir DIR "
+                            "(one folder per suite) or remove the folder")
+    cases = [(c.name, s) for c in config.candidates for s in chosen]
+    out = LadderOutcome(report_dir=report_dir, skipped=skipped)
+    session = FidelitySession(config=config, device=resolve_device(device) if spec.kind == "serial" else device,
+                              score_from=window)
+    session.plan(cases)
+    ray_exec = RayExecutor(spec, config, device=device, score_from=window) if spec.kind == "ray" else None
+    gate = Gate(baselines=config.baselines, update=False, config_path=config.path, selector=(str(config_path),))
+    reports: list[ShardReport] = []
+    verdicts: dict[tuple[str, int], bool] = {}
+    try:
+        if ray_exec is not None:
+            ray_exec.start()
+            ray_exec.submit(cases)
+        for name, shard in cases:
+            try:
+                scored = (scored_shard(ray_exec, session, name, shard) if ray_exec is not None
+                          else session.score(config.candidate(name), shard))
+            except FidelityError as exc:
+                out.failures.append(f"{name} shard {shard:02d}: {exc}")
+                continue
+            failure = gate.failure(scored)
+            if failure:
+                out.failures.append(f"{name} shard {shard:02d}: {failure}")
+            out.written += scored.report.write(report_dir / name / f"shard-{shard:02d}.json")
+            reports.append(scored.report)
+            verdicts[(name, shard)] = failure is None
+            if progress is not None:
+                h = headline_of(scored.report.metrics)
+                progress(f"{name} shard {shard:02d}: mean KLD {h.mean_kld:.6g}, top-1 {h.top1:.4f}, "
+                         f"{'pass' if failure is None else 'FAIL'}")
+    finally:
+        if ray_exec is not None:
+            ray_exec.shutdown()
+            out.nodes = sorted(ray_exec.nodes)
+    if reports:
+        out.rows = ladder_rows(reports, verdicts, suite=suite)
+        write_ladder(report_dir, out.rows)
+        out.written += [report_dir / "ladder.md", report_dir / "ladder.json"]
+        write_stamp(report_dir, suite.suite_token_sha256, config.path, out.written, command)
+        out.written.append(report_dir / STAMP)
+    return out
