@@ -57,9 +57,8 @@ def _run(a: argparse.Namespace) -> int:
     from harness.reports.aggregate import format_ladder
     from harness.run.ladder_run import run_ladder
 
-    command = " ".join(["fidelity", *sys.argv[1:]]) if sys.argv[1:2] == ["ladder"] else "fidelity ladder"
     out = run_ladder(a.config, report_dir=a.report_dir, executor=a.executor, candidates=a.candidates, shards=a.shards,
-                     device=a.device, window=a.window, command=command, progress=lambda line: print(line, flush=True))
+                     device=a.device, window=a.window, progress=lambda line: print(line, flush=True))
     for line in format_ladder(out.rows):
         print(line)
     print(f"reports: {a.report_dir}/")

@@ -3,9 +3,9 @@
 The same work as ``pytest fidelity.toml`` minus the report cases: every selected candidate x shard is
 scored (in this process, or as a Ray task: :mod:`harness.run.ray_executor`), gated against its committed
 baseline (:class:`harness.gate.gate.Gate`), and written as ``<report-dir>/<candidate>/shard-NN.json`` +
-``.md`` as it arrives; then ``ladder.md`` / ``ladder.json`` and the folder's stamp and ledger
-(``fidelity-run.json``). The shard reports and the ladder are the ones the pytest run writes for the
-same selection. A candidate whose case fails (its capture, scoring or gate) is named with the reason;
+``.md`` as it arrives; then ``ladder.md`` / ``ladder.json``. The shard reports and the ladder are the
+ones the pytest run writes for the same selection. A folder stamped by a pytest run of another suite
+(``fidelity-run.json``) is refused; the stamp and its ledger are the pytest run's. A candidate whose case fails (its capture, scoring or gate) is named with the reason;
 the other candidates are unaffected. Tails, windows and pairs are the pytest run's report cases.
 """
 
@@ -18,7 +18,10 @@ from typing import Any
 
 from harness.errors import FidelityError
 
-__all__ = ["LadderOutcome", "run_ladder"]
+__all__ = ["STAMP", "LadderOutcome", "run_ladder"]
+
+#: The pytest run's stamp of a report folder (its ``suite_token_sha256`` says which suite the folder holds).
+STAMP = "fidelity-run.json"
 
 
 @dataclass
@@ -26,7 +29,7 @@ class LadderOutcome:
     """What one ``fidelity ladder`` run did."""
 
     report_dir: Path
-    #: Files written (shard reports, ladder, stamp), in order.
+    #: Files written (shard reports, then the ladder), in order.
     written: list[Path] = field(default_factory=list)
     #: The ladder's rows (:func:`harness.reports.aggregate.ladder_rows`).
     rows: list[dict[str, Any]] = field(default_factory=list)
@@ -63,14 +66,14 @@ def _select(config: Any, candidates: str | None, shards: str | None) -> tuple[An
 
 
 def run_ladder(config_path: Path, *, report_dir: Path, executor: str = "serial", candidates: str | None = None,
-               shards: str | None = None, device: str = "auto", window: int = 0, command: str = "fidelity ladder",
+               shards: str | None = None, device: str = "auto", window: int = 0,
                progress: Callable[[str], None] | None = None) -> LadderOutcome:
     """Score, gate and write every selected case (module docstring); ``progress`` receives one line per case."""
     from harness.gate.baselines import headline_of
     from harness.gate.gate import Gate
     from harness.inputs.config import load_config
     from harness.inputs.suite import Suite
-    from harness.plugin.report_dir import STAMP, read_stamp, write_stamp
+    from harness.io.jsonio import read_json
     from harness.reports.aggregate import ladder_rows, write_ladder
     from harness.reports.shard import ShardReport
     from harness.run.ray_executor import RayExecutor, parse_executor, scored_shard
@@ -80,9 +83,10 @@ def run_ladder(config_path: Path, *, report_dir: Path, executor: str = "serial",
     full = load_config(config_path)
     config, chosen, skipped = _select(full, candidates, shards)
     suite = Suite.load(config.suite, verify=False)
-    found = (read_stamp(report_dir) or {}).get("suite_token_sha256") if (report_dir / STAMP).is_file() else None
+    stamp = report_dir / STAMP
+    found = read_json(stamp).get("suite_token_sha256") if stamp.is_file() else None
     if found is not None and found != suite.suite_token_sha256:
-        raise FidelityError(f"{report_dir / STAMP}: the report folder holds reports of another suite: expected "
+        raise FidelityError(f"{stamp}: the report folder holds reports of another suite: expected "
                             f"suite_token_sha256 {suite.suite_token_sha256}, found {found}; pass --report-dir DIR "
                             "(one folder per suite) or remove the folder")
     cases = [(c.name, s) for c in config.candidates for s in chosen]
@@ -123,6 +127,4 @@ def run_ladder(config_path: Path, *, report_dir: Path, executor: str = "serial",
         out.rows = ladder_rows(reports, verdicts, suite=suite)
         write_ladder(report_dir, out.rows)
         out.written += [report_dir / "ladder.md", report_dir / "ladder.json"]
-        write_stamp(report_dir, suite.suite_token_sha256, config.path, out.written, command)
-        out.written.append(report_dir / STAMP)
     return out
