@@ -114,10 +114,14 @@ model = "models/broken"
 '''
 
 
-def _kill_first_task(proc: subprocess.Popen[bytes], deadline_s: float) -> int | None:
-    """SIGKILL the first Ray worker seen running a case's task (its process title is ``ray::run_case``)."""
+def _kill_first_task(proc: subprocess.Popen[bytes], captures: Path, deadline_s: float) -> int | None:
+    """Once a task has begun writing a capture store under ``captures``, SIGKILL a Ray worker running a case's
+    task (its process title is ``ray::run_case``): a worker killed while the cluster captures and scores."""
     end = time.monotonic() + deadline_s
     while time.monotonic() < end and proc.poll() is None:
+        if not any(captures.glob("*/ctx-*.safetensors")):
+            time.sleep(0.02)
+            continue
         for entry in Path("/proc").iterdir():
             if not entry.name.isdigit():
                 continue
@@ -154,7 +158,7 @@ def test_ray_run_equals_serial_and_survives_a_killed_worker(project: pytest.Pyte
     proc = subprocess.Popen([sys.executable, "-m", "pytest", *common, "--fidelity-executor", "ray",
                              "--fidelity-update-baselines", "--fidelity-report-dir", "ray"], cwd=root, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    killed = _kill_first_task(proc, deadline_s=120)
+    killed = _kill_first_task(proc, root / ".fidelity-cache" / "captures", deadline_s=120)
     out, _ = proc.communicate(timeout=300)
     text = out.decode()
     assert killed is not None, text

@@ -4,9 +4,9 @@ This is the body a Ray worker runs (:mod:`harness.run.ray_executor` submits it);
 it is plain Python that any process can call. The task **returns** what it measured and writes no
 report: the driver verifies the result and writes every report itself, exactly as a serial run does.
 The only files a task writes are capture stores in the configuration's ``cache_dir`` (a live
-candidate's shard, through the resumable, lock-merged :class:`~harness.capture.store.StoreWriter`),
-so a task killed at any instant and run again (Ray's retry) resumes the capture and scores from
-scratch: nothing half-written is ever read, and nothing is counted twice.
+candidate's shard, through the resumable :class:`~harness.capture.store.StoreWriter`, while holding
+the store's task lock: :func:`_live_store`), so a task killed at any instant and run again (Ray's retry)
+resumes the capture and scores from scratch: nothing half-written is ever read, and nothing is counted twice.
 
 Every path of the configuration (suite, head, stores, models, ``cache_dir``) must be reachable from
 every node at the same path -- a shared file system -- and every store is verified by content when a
@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 from harness.errors import FidelityError
 
 if TYPE_CHECKING:
-    from harness.inputs.config import FidelityConfig
+    from harness.inputs.config import CandidateConfig, FidelityConfig
     from harness.run.session import FidelitySession
 
 __all__ = ["RESULT_SCHEMA", "TaskSpec", "capture_reference", "result_digest", "run_case"]
@@ -115,6 +115,43 @@ def _check_candidate(config: FidelityConfig, name: str) -> None:
                                 "reach the candidate's model or store at the same path (a shared file system)")
 
 
+def _live_store(session: FidelitySession, cand: CandidateConfig, shard: int) -> Any:
+    """The live candidate's capture store holding ``shard``, captured here when it does not yet.
+
+    The tasks of one candidate share one store (as a serial run's shards do). A task checks, captures and
+    opens it holding an exclusive lock (``.<store>.task-lock`` beside it), so no task reads the store while
+    another writes it, and a task killed mid-write leaves only what the next writer removes on open (an
+    unlisted context file of an interrupted write): the store then fails verification once, is handed to
+    the writer, which removes that leftover (and refuses anything it did not write), and is opened again."""
+    import fcntl
+
+    from harness.capture.loop import capture
+    from harness.capture.store import CaptureStore
+    from harness.engines.base import EngineOptions
+    from harness.engines.registry import get_engine, require
+    from harness.errors import VerificationError
+
+    assert cand.model is not None
+    require(get_engine(cand.engine, str(session.config.path)))
+    out = session.live_store_path(cand)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out.parent / f".{out.name}.task-lock", "a+b") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            store = None
+            if (out / "capture.json").exists():
+                try:
+                    store = CaptureStore.open(out, session.suite, verify=True)
+                except VerificationError:
+                    store = None
+            if store is None or store.missing(session.shard_indices(shard)):
+                store = capture(cand.engine, cand.model, session.suite, out, shards=[shard],
+                                options=EngineOptions(device=session.device), progress=False)
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+    return store
+
+
 def capture_reference(spec: TaskSpec) -> dict[str, Any]:
     """Capture the reference store when it is missing (once, before the candidates' tasks), verify it."""
     try:
@@ -137,6 +174,8 @@ def run_case(spec: TaskSpec, name: str, shard: int, ready: dict[str, Any] | None
         session = _session(spec)
         _check_candidate(session.config, name)
         cand = session.config.candidate(name)
+        if cand.model is not None:
+            session.hold_store(name, _live_store(session, cand, shard))
         scored = session.score(cand, shard)
         positions = session.positions(cand, shard)
     except FidelityError as exc:

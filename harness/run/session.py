@@ -84,6 +84,7 @@ class FidelitySession:
     _reference: Any = None
     _cand_heads: dict[str, Any] = field(default_factory=dict)
     _stores: dict[str, Any] = field(default_factory=dict)
+    _held: dict[str, Any] = field(default_factory=dict)
     _planned: dict[str, set[int]] = field(default_factory=dict)
     _positions: dict[tuple[str, int], ShardPositions] = field(default_factory=dict)
     #: pytest-xdist: the folder this session's workers share scored positions through
@@ -228,6 +229,9 @@ class FidelitySession:
         from harness.engines.registry import get_engine, require
 
         require(get_engine(cand.engine, str(self.config.path)))
+        held = self._held.get(cand.name)
+        if held is not None and not held.missing(self.shard_indices(shard)):
+            return held
         out = self.live_store_path(cand)
         if (out / "capture.json").exists():
             store = CaptureStore.open(out, self.suite, verify=True)
@@ -264,6 +268,11 @@ class FidelitySession:
                                 cand_head=self.candidate_head(cand), window=self.score_from, device=self.device)
                 self._positions[key] = scored_once(self.shared_scores, cand.name, shard, bound, score)
         return self._positions[key]
+
+    def hold_store(self, name: str, store: Any) -> None:
+        """A live candidate's capture store, opened and verified by the caller (a cluster task, under the
+        store's task lock): this session scores from it instead of opening the store again."""
+        self._held[name] = store
 
     def adopt(self, name: str, shard: int, positions: ShardPositions) -> None:
         """Positions of ``name`` x ``shard`` scored elsewhere (a cluster task, already verified): the
