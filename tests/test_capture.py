@@ -245,3 +245,20 @@ def test_quantized_checkpoint_without_engine_module(tmp_path: Path, tiny_model: 
         model_identity(q)
     with pytest.raises(FidelityError, match="harness.engines.quantized is not available"):
         load_model(q)
+
+
+def test_a_model_that_outputs_nan_is_named_before_any_file(tmp_path: Path, tiny_model: Path, tiny_suite: Path) -> None:
+    """A checkpoint whose forward pass gives NaN is refused naming the model (its own output), not a store file,
+    and no context file is written."""
+    from safetensors.torch import load_file
+
+    broken = tmp_path / "nan-model"
+    shutil.copytree(tiny_model, broken)
+    (weights,) = sorted(broken.glob("*.safetensors"))
+    tensors = load_file(str(weights))
+    tensors["model.norm.weight"] = torch.full_like(tensors["model.norm.weight"], float("nan"))
+    save_file(tensors, str(weights), metadata={"format": "pt"})
+    with pytest.raises(FidelityError, match=r"nan-model: the model's own hidden_states output is not finite: \d+ NaN/Inf "
+                                            r"value\(s\) in context \d+ \(first at row 0\) through engine 'transformers'"):
+        capture("transformers", broken, tiny_suite, tmp_path / "out", shards=[0], progress=False)
+    assert not list((tmp_path / "out").glob("ctx-*.safetensors"))

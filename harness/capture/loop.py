@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from harness.engines.base import STORE_DTYPES, EngineOptions
 from harness.engines.registry import get_engine, require
@@ -20,6 +20,21 @@ from harness.errors import FidelityError
 if TYPE_CHECKING:
     from harness.capture.store import CaptureStore
     from harness.inputs.suite import Suite
+
+
+def _check_finite_output(model: Path, engine: str, kind: str, index: int, out: Any) -> None:
+    """Refuse a forward pass with NaN/Inf values, naming the model (its own output, before any file is written)."""
+    import torch
+
+    finite = torch.isfinite(out)
+    if not bool(finite.all()):
+        bad = int((~finite).sum())
+        row = int(torch.nonzero(~finite)[0][0]) if out.dim() >= 2 else 0
+        raise FidelityError(
+            f"{model}: the model's own {kind} output is not finite: {bad} NaN/Inf value(s) in context {index} "
+            f"(first at row {row}) through engine {engine!r}. The checkpoint or its engine produces them (broken "
+            "weights, an overflowing activation); nothing of this context was written."
+        )
 
 
 def capture(
@@ -69,7 +84,9 @@ def capture(
                     skipped += 1
                     bar.set_postfix(skipped=skipped)
                     continue
-                writer.write(i, loaded.forward(suite.tokens[i], kind))
+                out_i = loaded.forward(suite.tokens[i], kind)
+                _check_finite_output(model, eng.name, kind, i, out_i)
+                writer.write(i, out_i)
     finally:
         loaded.close()
     return CaptureStore.open(out, suite)
