@@ -163,7 +163,7 @@ def test_ray_run_equals_serial_and_survives_a_killed_worker(project: pytest.Pyte
     text = out.decode()
     assert killed is not None, text
     assert "11 passed, 1 skipped, 7 errors" in text, text
-    assert "broken shard 00: the task raised" in text, text
+    assert "SafetensorError" in text, text  # broken's own error, raised by the driver as the serial run raises it
     assert assert_same_reports(root / "serial", root / "ray") == 8
     assert {p.name: p.read_bytes() for p in (root / "baselines").iterdir()} == written  # the driver wrote them alike
     assert not list((root / "ray").rglob("*.tmp*"))
@@ -177,7 +177,9 @@ def test_ray_run_equals_serial_and_survives_a_killed_worker(project: pytest.Pyte
     for rel in sorted(p.relative_to(root / "cli") for p in (root / "cli").rglob("shard-*.json")):
         assert _strip(json.loads((root / "serial" / rel).read_text())) == _strip(json.loads((root / "cli" / rel).read_text()))
     assert len(list((root / "cli").rglob("shard-*.json"))) == 8
-    assert (root / "serial" / "ladder.json").read_bytes() == (root / "cli" / "ladder.json").read_bytes()
+    ladders = [json.loads((root / d / "ladder.json").read_text()) for d in ("serial", "cli")]
+    assert ladders[0]["rows"] == ladders[1]["rows"]
+    assert [(m["candidate"], m["status"]) for m in ladders[1]["not_measured"]] == [("broken", "failed")]
 
 
 @pytest.mark.slow  # the embedded ladder's captures (shared with fidelity.toml's own cases) and a local Ray cluster

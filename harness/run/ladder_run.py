@@ -45,9 +45,10 @@ def _select(config: Any, candidates: str | None, shards: str | None) -> tuple[An
     import dataclasses
 
     from harness.engines.registry import get_engine
-    from harness.inputs.suite import Suite, parse_shard_spec
+    from harness.inputs.suite import parse_shard_spec
+    from harness.interchange.suite_manifest import load_any_suite
 
-    suite = Suite.load(config.suite, verify=False)
+    suite = load_any_suite(config.suite, verify=False)
     chosen = parse_shard_spec(shards, len(suite.shards))
     if config.reference_shards is not None:
         chosen = [k for k in chosen if k in config.reference_shards]
@@ -72,7 +73,7 @@ def run_ladder(config_path: Path, *, report_dir: Path, executor: str = "serial",
     from harness.gate.baselines import headline_of
     from harness.gate.gate import Gate
     from harness.inputs.config import load_config
-    from harness.inputs.suite import Suite
+    from harness.interchange.suite_manifest import load_any_suite
     from harness.io.jsonio import read_json
     from harness.reports.aggregate import ladder_rows, write_ladder
     from harness.reports.shard import ShardReport
@@ -82,7 +83,7 @@ def run_ladder(config_path: Path, *, report_dir: Path, executor: str = "serial",
     spec = parse_executor(executor)
     full = load_config(config_path)
     config, chosen, skipped = _select(full, candidates, shards)
-    suite = Suite.load(config.suite, verify=False)
+    suite = load_any_suite(config.suite, verify=False)
     stamp = report_dir / STAMP
     found = read_json(stamp).get("suite_token_sha256") if stamp.is_file() else None
     if found is not None and found != suite.suite_token_sha256:
@@ -98,6 +99,7 @@ def run_ladder(config_path: Path, *, report_dir: Path, executor: str = "serial",
     gate = Gate(baselines=config.baselines, update=False, config_path=config.path, selector=(str(config_path),))
     reports: list[ShardReport] = []
     verdicts: dict[tuple[str, int], bool] = {}
+    first_failure: dict[str, str] = {}
     try:
         if ray_exec is not None:
             ray_exec.start()
@@ -106,8 +108,10 @@ def run_ladder(config_path: Path, *, report_dir: Path, executor: str = "serial",
             try:
                 scored = (scored_shard(ray_exec, session, name, shard) if ray_exec is not None
                           else session.score(config.candidate(name), shard))
-            except FidelityError as exc:
-                out.failures.append(f"{name} shard {shard:02d}: {exc}")
+            except Exception as exc:  # this case fails (a bad candidate); the others go on
+                why = str(exc) if isinstance(exc, FidelityError) else f"{type(exc).__name__}: {exc}"
+                out.failures.append(f"{name} shard {shard:02d}: {why}")
+                first_failure.setdefault(name, why[:300])
                 continue
             failure = gate.failure(scored)
             if failure:
@@ -125,6 +129,11 @@ def run_ladder(config_path: Path, *, report_dir: Path, executor: str = "serial",
             out.nodes = sorted(ray_exec.nodes)
     if reports:
         out.rows = ladder_rows(reports, verdicts, suite=suite)
-        write_ladder(report_dir, out.rows)
+        scored = {r.candidate for r in reports}
+        missing = [{"candidate": name, "status": "failed", "reason": why} for name, why in first_failure.items()
+                   if name not in scored]
+        missing += [{"candidate": line.split(":", 1)[0], "status": "skipped", "reason": line.split(":", 1)[1].strip()}
+                    for line in skipped]
+        write_ladder(report_dir, out.rows, not_measured=missing)
         out.written += [report_dir / "ladder.md", report_dir / "ladder.json"]
     return out

@@ -103,7 +103,7 @@ def _failure(result: Any, where: str) -> str | None:
     if not isinstance(result, dict) or result.get("schema") != RESULT_SCHEMA:
         raise FidelityError(f"{where}: expected a {RESULT_SCHEMA} result, found {type(result).__name__}")
     error = result.get("error")
-    return None if error is None else f"{error} (on {result.get('node')})"
+    return None if error is None else str(error)
 
 
 def verify_result(result: Any, name: str, shard: int) -> CaseResult:
@@ -225,7 +225,10 @@ class RayExecutor:
             raise FidelityError(f"{name} shard {shard:02d}: no task was submitted for this case")
         try:
             raw = ray.get(self._refs.pop(key))
-        except RayTaskError as exc:  # an exception the task did not expect: its last line names it
+        except RayTaskError as exc:  # an exception the task did not expect: raised here as the serial run raises it
+            cause = getattr(exc, "cause", None)
+            if isinstance(cause, Exception):
+                raise cause from None
             lines = [line for line in str(exc).strip().splitlines() if line.strip()]
             raise FidelityError(f"the task raised: {lines[-1] if lines else type(exc).__name__}") from None
         except RayError as exc:  # the worker died more often than Ray retries, the task was cancelled, ...
