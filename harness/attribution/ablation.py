@@ -105,15 +105,16 @@ def load_models(reference_dir: str | Path, candidate_dir: str | Path, *, device:
         diff = {k: (a_ref[k], a_cand[k]) for k in a_ref if a_ref[k] != a_cand[k]}
         raise VerificationError(cand_dir / "config.json", "architecture differs from the reference's",
                                 {k: v[0] for k, v in diff.items()}, {k: v[1] for k, v in diff.items()})
-    from harness.attribution.formats import candidate_format, compressed_tensors_weights
+    from harness.attribution.formats import SUPPORTED, candidate_format, compressed_tensors_weights, torchao_weights
 
     tdtype = parse_dtype(dtype)
     fmt = candidate_format(cand_dir)  # refuses formats whose effective weights it cannot form, before loading
     ref_model = load_model(ref_dir, device="cpu", dtype="bfloat16")
     ref_params = {k: v.detach() for k, v in ref_model.named_parameters()}
-    if fmt == "compressed-tensors":
+    if fmt in SUPPORTED:
         # the decompressed effective weights go into the reference's own (plain) modules
-        cand_params = compressed_tensors_weights(cand_dir, set(ref_params))
+        weights = compressed_tensors_weights if fmt == "compressed-tensors" else torchao_weights
+        cand_params = weights(cand_dir, set(ref_params))
         model = ref_model
     else:
         model = load_model(cand_dir, device="cpu", dtype="bfloat16")
@@ -142,7 +143,7 @@ def load_models(reference_dir: str | Path, candidate_dir: str | Path, *, device:
     model = model.to(dev, tdtype).eval()
     out = AblationModels(model, ref_values, cand_values, params, dev, ref_dir, cand_dir)
     # what the module in memory holds now: the candidate's values, or the reference's when it is the container
-    out._live = {p: "ref" if fmt == "compressed-tensors" else "cand" for p in params}
+    out._live = {p: "ref" if fmt in SUPPORTED else "cand" for p in params}
     out.set_variant(())
     return out
 

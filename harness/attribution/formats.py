@@ -12,10 +12,14 @@ the weight the candidate's forward actually multiplies by. Formats:
   ``weight_global_scale``, ``weight_shape``, ``weight_g_idx``) are not weights and are dropped. A scheme
   that also quantizes activations (or the KV cache) is refused: a weight swap cannot reproduce what
   it does to activations, so the attribution would measure another model;
-* every other ``quantization_config.quant_method`` (AutoRound, torchao, GPTQ, AWQ, bitsandbytes, ...)
-  is refused in one line naming it: their weights live in packed buffers or tensor subclasses this
-  tool does not decompress. Export such a model as compressed-tensors (or dequantize it to a plain
-  folder) to attribute it.
+* **torchao** weight-only configurations (``quant_type`` ``Int8WeightOnlyConfig``, ``Int4WeightOnlyConfig``,
+  ...): loaded through transformers (torchao installed); each weight is a torchao tensor subclass whose
+  ``dequantize()`` is the effective weight. A configuration that quantizes activations (its name says
+  ``Activation``) is refused, as above;
+* every other ``quantization_config.quant_method`` (AutoRound, GPTQ, AWQ, bitsandbytes, ...) is
+  refused in one line naming it: their weights live in packed buffers behind their own kernels,
+  which this tool does not decompress. Export such a model as compressed-tensors (or dequantize it
+  to a plain folder) to attribute it.
 """
 
 from __future__ import annotations
@@ -28,7 +32,10 @@ import torch
 
 from harness.errors import FidelityError, VerificationError
 
-__all__ = ["CT_AUX_SUFFIXES", "candidate_format", "compressed_tensors_weights"]
+__all__ = ["CT_AUX_SUFFIXES", "SUPPORTED", "candidate_format", "compressed_tensors_weights", "torchao_weights"]
+
+#: The quantized formats whose effective weights this module forms (besides plain folders).
+SUPPORTED = ("compressed-tensors", "torchao")
 
 #: Parameters compressed-tensors keeps beside a decompressed ``weight`` (quantization metadata, not weights).
 CT_AUX_SUFFIXES = ("weight_scale", "weight_zero_point", "weight_global_scale", "weight_shape", "weight_g_idx",
@@ -50,10 +57,17 @@ def candidate_format(model_dir: Path) -> str:
     if qc is None:
         return "plain"
     method = qc.get("quant_method")
+    if method == "torchao":
+        types = sorted({str(v.get("_type")) for v in (qc.get("quant_type") or {}).values() if isinstance(v, dict)})
+        if not types or any("Activation" in t for t in types):
+            raise FidelityError(
+                f"{model_dir / 'config.json'}: fidelity attribute refuses this torchao configuration "
+                f"({', '.join(types) or 'no quant_type'}): only weight-only configurations can be swapped weight by weight")
+        return "torchao"
     if method != "compressed-tensors":
         raise FidelityError(
             f"{model_dir / 'config.json'}: fidelity attribute cannot take apart quant_method {method!r}: it swaps each "
-            "module's dense effective weight, and decompresses only compressed-tensors checkpoints and plain folders "
+            "module's dense effective weight, and decompresses only compressed-tensors, torchao weight-only and plain folders "
             "(export the model as compressed-tensors, or dequantize it to a plain folder)")
     quantized_activations = []
     for name, group in sorted((qc.get("config_groups") or {}).items()):
@@ -99,3 +113,29 @@ def compressed_tensors_weights(model_dir: Path, names: set[str]) -> dict[str, to
         raise VerificationError(model_dir, "decompressed parameters", "the reference's names and quantization parameters",
                                 f"extra: {other[:3]}")
     return {k: params[k] for k in names}
+
+
+def torchao_weights(model_dir: Path, names: set[str]) -> dict[str, torch.Tensor]:
+    """The effective weights of a torchao checkpoint by parameter name (bf16): each quantized weight's
+    ``dequantize()``, every other parameter as stored. The names must be the reference's."""
+    from harness.engines.transformers import load_model
+
+    model = load_model(model_dir, device="cpu", dtype="bfloat16")
+    params = dict(model.named_parameters())
+    if set(params) != names:
+        raise VerificationError(model_dir, "parameters differ from the reference's",
+                                f"the reference's names (missing here: {sorted(names - set(params))[:3]})",
+                                f"extra: {sorted(set(params) - names)[:3]}")
+    out: dict[str, torch.Tensor] = {}
+    for name, p in params.items():
+        t = p.detach()
+        if type(t) is not torch.Tensor:  # a torchao tensor subclass
+            deq = getattr(t, "dequantize", None)
+            if deq is None:
+                raise VerificationError(model_dir, f"weight {name}", "a tensor or a torchao tensor with dequantize()",
+                                        type(t).__name__)
+            t = deq()
+        if type(t) is not torch.Tensor:
+            raise VerificationError(model_dir, f"dequantized weight {name}", "a dense tensor", type(t).__name__)
+        out[name] = t.to(torch.bfloat16)
+    return out
