@@ -101,6 +101,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                          "cluster started for the run), ray:auto (the cluster this machine joined with ray start), "
                          "ray:HOST:PORT (a cluster's head), ray://HOST:PORT (Ray Client); needs the ray extra: "
                          "pip install 'fidelity-harness[ray]'")
+    group.addoption("--fidelity-mlflow", dest="fidelity_mlflow", metavar="URI", default=None,
+                    help="log the run's per-shard metrics, ladder and plots to this MLflow tracking URI "
+                         "(needs: pip install 'fidelity-harness[mlflow]')")
     group.addoption("--fidelity-adaptive", dest="fidelity_adaptive", action="store_true",
                     help="stop scoring a candidate's shards once its interval (Bonferroni alpha spending over "
                          "the planned shards) lies on one side of its baseline's max_mean_kld")

@@ -328,6 +328,8 @@ class FidelityRun:
     #: Why a candidate's shard case produced no report: ``"failed: <message>"`` or ``"skipped: <reason>"``
     #: (the first of its cases); the ladder lists every configured candidate without a report with it.
     not_scored: dict[str, str] = field(default_factory=dict)
+    #: The report folder's files this run wrote (``--fidelity-mlflow`` logs the ladder and plots among them).
+    summary_files: list[Path] = field(default_factory=list)
     #: ``(node id, message)`` of every failed fidelity case (the CI job summary lists them).
     failures: list[tuple[str, str]] = field(default_factory=list)
     #: Controller under pytest-xdist: the secret (hex) that signs this session's hand-over files, and whether
@@ -356,6 +358,11 @@ class FidelityRun:
             for other in _collected_paths(config):
                 if other.suffix == ".toml" and other != path:
                     raise pytest.UsageError(f"pytest was pointed at {other} but --fidelity-config names {path}: give one")
+        if config.getoption("fidelity_mlflow", None):
+            from harness.plugin.tracker import INSTALL, available
+
+            if not available():
+                raise pytest.UsageError(f"--fidelity-mlflow needs the mlflow package: {INSTALL}")
         plan = FidelityPlan.load(config, path, how)
         executor = _executor(config, plan)
         if config.getoption("numprocesses", None) and config.getoption("testrunuid", None) is None:
@@ -573,8 +580,26 @@ class FidelityRun:
                 self._write_summaries()
             except (FidelityError, OSError) as e:
                 self.finish_error = str(e)
+        uri = self.pytest_config.getoption("fidelity_mlflow", None)
+        if uri and self.collector.reports and self.finish_error is None:
+            self.log_to_mlflow(str(uri))
         if self.finish_error is not None and session.exitstatus == pytest.ExitCode.OK:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+    def log_to_mlflow(self, uri: str) -> None:
+        """``--fidelity-mlflow``: one MLflow run with this run's numbers, ladder and plots
+        (:mod:`harness.plugin.tracker`); a tracking failure is named at the end, never an internal error."""
+        from harness.plugin.tracker import log_run
+
+        tags = {"fidelity.config": str(self.plan.path), "fidelity.suite_token_sha256": self.plan.suite_sha256,
+                "fidelity.command": " ".join(["pytest", *self.pytest_config.invocation_params.args])}
+        try:
+            rid = log_run(uri, run_name=self.plan.path.name, tags=tags, reports=self.collector.reports,
+                          rows=self.collector.ladder_rows, files=self.summary_files)
+        except Exception as e:  # mlflow raises its own exception types (connection, store, permission)
+            self.finish_error = f"--fidelity-mlflow {uri}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+            return
+        self.extra_lines.append(f"mlflow: run {rid} (experiment fidelity) at {uri}")
 
     def _write_summaries(self) -> None:
         from harness.plugin.report_dir import (
@@ -612,6 +637,7 @@ class FidelityRun:
             command = " ".join(["pytest", *self.pytest_config.invocation_params.args])
             created = summary_folders_present(report_dir) - before
             stamp = write_stamp(report_dir, self.plan.suite_sha256, self.plan.path, written, command, created)
+            self.summary_files = list(written)
         earlier = earlier_shard_reports(stamp)
         if earlier:
             self.extra_lines.append(f"kept from earlier runs: {len(earlier)} shard report(s), e.g. {earlier[0]} "
