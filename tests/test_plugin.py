@@ -30,6 +30,10 @@ def test_missing_baseline_fails_and_says_how_to_create_it(project: pytest.Pytest
     result = project.runpytest("-m", "fidelity", "--fidelity-candidates", "good")
     result.assert_outcomes(failed=4)
     result.stdout.fnmatch_lines(["*no baseline for candidate 'good'*pytest fidelity.toml --fidelity-candidates good --fidelity-update-baselines*"])
+    # the ladder says why, not a bare "FAIL (4/4)"
+    (row,) = _load(project.path / "fidelity-reports" / "ladder.json")["rows"]
+    assert row["candidate"] == "good" and row["verdict"] == "no baseline"
+    assert "FAIL" not in (project.path / "fidelity-reports" / "ladder.md").read_text()
 
 
 @pytest.mark.slow  # runs cases of the tiny project (captures and scoring)

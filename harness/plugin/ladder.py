@@ -19,13 +19,15 @@ class LadderCollector:
     report_dir: Path
     reports: list[dict[str, Any]] = field(default_factory=list)
     verdicts: dict[tuple[str, int], bool] = field(default_factory=dict)
+    #: ``(candidate, shard)`` cases that failed only because the candidate has no baseline file.
+    no_baseline: set[tuple[str, int]] = field(default_factory=set)
     written_baselines: list[Path] = field(default_factory=list)
     unused_baselines: list[Path] = field(default_factory=list)
     ladder_rows: list[dict[str, Any]] = field(default_factory=list)
     #: The shard report files written (the report folder's ledger lists them).
     written: list[Path] = field(default_factory=list)
 
-    def add(self, payload: dict[str, Any], *, passed: bool) -> None:
+    def add(self, payload: dict[str, Any], *, passed: bool, no_baseline: bool = False) -> None:
         """Record one case's report and write ``<report-dir>/<candidate>/shard-<NN>.json`` and ``.md``."""
         from harness.reports.shard import ShardReport, report_shard
 
@@ -34,6 +36,8 @@ class LadderCollector:
         self.written += report.write(self.report_dir / report.candidate / f"shard-{shard:02d}.json")
         self.reports.append(payload)
         self.verdicts[(report.candidate, shard)] = passed
+        if no_baseline:
+            self.no_baseline.add((report.candidate, shard))
 
     def finish(self, *, update_baselines: bool, config: Any, not_scored: dict[str, str] | None = None) -> None:
         """Write the ladder artifacts; on update, the baseline files; find unused baselines.
@@ -49,7 +53,8 @@ class LadderCollector:
         from harness.interchange.suite_manifest import load_any_suite
 
         # every report is checked against the run's suite, which the ladder's aggregates record
-        self.ladder_rows = ladder_rows(reports, self.verdicts, suite=load_any_suite(config.suite, verify=False))
+        self.ladder_rows = ladder_rows(reports, self.verdicts, suite=load_any_suite(config.suite, verify=False),
+                                       no_baseline=self.no_baseline)
         scored = {r.candidate for r in reports}
         why = not_scored or {}
         missing = [{"candidate": c.name, "status": why[c.name].split(":", 1)[0], "reason": why[c.name].split(":", 1)[1].strip()}

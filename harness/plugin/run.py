@@ -552,7 +552,8 @@ class FidelityRun:
 
             doc = json.loads(payload)
             try:
-                self.collector.add(doc, passed=report.passed)
+                self.collector.add(doc, passed=report.passed,
+                                   no_baseline=report.failed and "no baseline for candidate" in str(report.longreprtext))
             except (FidelityError, OSError) as e:  # a report folder that cannot be written: named at the end
                 self.finish_error = self.finish_error or str(e)
             record_on_suite(self.pytest_config, report.nodeid, headline_numbers(headline_of(doc["metrics"])))

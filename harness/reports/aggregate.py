@@ -315,8 +315,10 @@ def _diagnostics(t: Any, n: int, ci: dict[str, list[float] | None]) -> dict[str,
 
 # ------------------------------------------------------------------ ladder (one row per candidate)
 def ladder_rows(reports: Sequence[Any], verdicts: dict[tuple[str, int], bool] | None = None, *,
-                suite: Any = None) -> list[dict[str, Any]]:
+                suite: Any = None, no_baseline: set[tuple[str, int]] | None = None) -> list[dict[str, Any]]:
     """One aggregated row per candidate, sorted by mean KLD (best first); ``suite`` as in :func:`aggregate`.
+    ``no_baseline``: the failed ``(candidate, shard)`` cases that failed only for want of a baseline file: their
+    verdict says "no baseline" (never a bare "FAIL").
     ``resolvable_delta``: the difference in mean KLD this suite resolves (:mod:`harness.planning.design`)."""
     from harness.planning.design import single_run_resolvable_delta
 
@@ -329,6 +331,10 @@ def ladder_rows(reports: Sequence[Any], verdicts: dict[tuple[str, int], bool] | 
         shards = [s["index"] for s in agg["shards"]]
         passed = [(verdicts or {}).get((name, s)) for s in shards]
         verdict = "—" if any(p is None for p in passed) else ("pass" if all(passed) else f"FAIL ({passed.count(False)}/{len(passed)})")
+        lacking = sum(1 for s in shards if (name, s) in (no_baseline or set()))
+        if lacking and verdict != "pass":
+            gated = passed.count(False) - lacking
+            verdict = "no baseline" + (f"; FAIL ({gated}/{len(passed)})" if gated else "")
         rows.append(
             {
                 "candidate": name,
