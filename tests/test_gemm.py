@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 
+from harness.scoring import cblas_bf16
 from harness.scoring import gemm as gemm_mod
 from harness.scoring.gemm import choose_gemm, gemm_mode, native_bf16_cpu
 from harness.scoring.scorer import (
@@ -43,12 +44,16 @@ def _bound(x: torch.Tensor, w: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
 
 def _logits(x: torch.Tensor, w: torch.Tensor, path: str) -> np.ndarray:
     with torch.inference_mode(), gemm_mode(path):
-        wf = gemm_operand(w, torch.device("cpu"))
+        wf = gemm_operand(w, torch.device("cpu"), path)
+        assert wf.dtype == (torch.bfloat16 if path == "mkl-bf16-f32" else torch.float32)  # MKL: head never widened
         out = logits_gemm(x, wf, torch.empty(N, V, dtype=torch.float32))
     return out.double().numpy()
 
 
-@pytest.mark.parametrize("path", ["onednn-bf16", "fp32"])
+_NO_MKL = pytest.mark.skipif(not cblas_bf16.available(), reason="torch build without MKL's cblas_gemm_bf16bf16f32")
+
+
+@pytest.mark.parametrize("path", ["onednn-bf16", "fp32", pytest.param("mkl-bf16-f32", marks=_NO_MKL)])
 def test_gemm_path_is_an_exact_fp32_accumulation(path: str) -> None:
     x, w = _inputs()
     exact, bound = _bound(x, w)
@@ -83,10 +88,23 @@ def test_choice_native_fallback_and_override(monkeypatch: pytest.MonkeyPatch) ->
     bf = (torch.bfloat16,) * 3
     monkeypatch.delenv("FIDELITY_GEMM", raising=False)
     monkeypatch.setattr(gemm_mod, "native_bf16_cpu", lambda: True)
+    monkeypatch.setattr(cblas_bf16, "available", lambda: True)
+    assert choose_gemm(cpu, bf, False) == "mkl-bf16-f32"  # native bf16 and MKL's bf16 GEMM: first choice
+    monkeypatch.setenv("FIDELITY_GEMM", "onednn-bf16")
     assert choose_gemm(cpu, bf, False) == "onednn-bf16"
+    monkeypatch.delenv("FIDELITY_GEMM")
+    monkeypatch.setattr(cblas_bf16, "available", lambda: False)  # a torch build without it
+    assert choose_gemm(cpu, bf, False) == "onednn-bf16"
+    monkeypatch.setenv("FIDELITY_GEMM", "mkl-bf16-f32")  # forced but missing: the automatic choice
+    assert choose_gemm(cpu, bf, False) == "onednn-bf16"
+    monkeypatch.delenv("FIDELITY_GEMM")
     assert choose_gemm(cpu, (torch.bfloat16, torch.float32, torch.bfloat16), False) == "fp32"  # fp32 operand: never rounded
     monkeypatch.setattr(gemm_mod, "native_bf16_cpu", lambda: False)  # a CPU without native bf16
     assert choose_gemm(cpu, bf, False) == "fp32"
+    monkeypatch.setattr(cblas_bf16, "available", lambda: True)
+    assert choose_gemm(cpu, bf, False) == "fp32"  # MKL would emulate bf16: not chosen automatically
+    monkeypatch.setenv("FIDELITY_GEMM", "mkl-bf16-f32")
+    assert choose_gemm(cpu, bf, False) == "mkl-bf16-f32"
     monkeypatch.setenv("FIDELITY_GEMM", "onednn-bf16")
     assert choose_gemm(cpu, bf, False) == "onednn-bf16"
     monkeypatch.setenv("FIDELITY_GEMM", "fp32")
@@ -97,17 +115,21 @@ def test_choice_native_fallback_and_override(monkeypatch: pytest.MonkeyPatch) ->
         choose_gemm(cpu, bf, False)
 
 
-@pytest.mark.parametrize("native", [True, False])
-def test_scorer_reports_and_runs_the_path(monkeypatch: pytest.MonkeyPatch, native: bool) -> None:
-    """Both paths (native bf16 and the fallback) score identically to the float64 logits' tolerance,
-    and scorer_run names the path score_hidden takes."""
+@pytest.mark.parametrize(
+    "native, mkl", [(True, False), (False, False), pytest.param(True, True, marks=_NO_MKL)]
+)
+def test_scorer_reports_and_runs_the_path(monkeypatch: pytest.MonkeyPatch, native: bool, mkl: bool) -> None:
+    """Every path (MKL's bf16 GEMM, oneDNN's bf16 mode, the fp32 fallback) scores identically to the
+    float64 logits' tolerance, and scorer_run names the path score_hidden takes."""
     monkeypatch.delenv("FIDELITY_GEMM", raising=False)
     monkeypatch.setattr(gemm_mod, "native_bf16_cpu", lambda: native)
+    if not mkl:
+        monkeypatch.setattr(cblas_bf16, "available", lambda: False)
     x, w = _inputs(1)
     c = (x.float() + 0.05 * torch.randn(x.shape, generator=torch.Generator().manual_seed(2))).bfloat16()
     y = torch.randint(0, V, (N,), generator=torch.Generator().manual_seed(3))
     run = scorer_run(x, c, w, backend="torch")
-    assert run.backend == "torch" and run.gemm == ("onednn-bf16" if native else "fp32")
+    assert run.backend == "torch" and run.gemm == ("mkl-bf16-f32" if mkl else "onednn-bf16" if native else "fp32")
     s = score_hidden(x, c, w, y, backend="torch")
     la, lb = x.double().numpy() @ w.double().numpy().T, c.double().numpy() @ w.double().numpy().T
     lp = la - la.max(1, keepdims=True)

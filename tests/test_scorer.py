@@ -11,7 +11,14 @@ from scipy.spatial.distance import jensenshannon
 from scipy.special import entr, rel_entr
 from scipy.special import log_softmax as np_log_softmax
 
-from harness.scoring.scorer import PositionScores, default_tile_rows, score_hidden, score_logits, score_two_pass
+from harness.scoring.scorer import (
+    MEMORY_BUDGET_BYTES,
+    PositionScores,
+    default_tile_rows,
+    score_hidden,
+    score_logits,
+    score_two_pass,
+)
 
 
 def reference(ref_logits: torch.Tensor, cand_logits: torch.Tensor, targets: torch.Tensor) -> dict[str, np.ndarray]:
@@ -232,7 +239,7 @@ def test_position_scores_concat_select_len() -> None:
 
 
 def test_default_tile_rows_respects_budget() -> None:
-    assert default_tile_rows(152_064, 2) * 2 * 152_064 * 2 <= 256 * 1024 * 1024
+    assert default_tile_rows(152_064, 2) * 2 * 152_064 * 2 <= MEMORY_BUDGET_BYTES
     assert default_tile_rows(100, 2) == 1024
     assert default_tile_rows(10**9, 2) == 16
 

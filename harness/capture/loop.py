@@ -4,7 +4,9 @@
 (:mod:`harness.engines.base`), checks its vocabulary against the suite's, opens a resumable
 :class:`~harness.capture.store.StoreWriter` with the model's and the engine's identity, and writes
 one context file per suite context of the chosen shards, skipping contexts already stored and
-verified. Engines implement only load and forward-to-capture-point.
+verified. Engines implement only load and forward-to-capture-point. An engine loaded with a
+``batch_size`` above 1 (a ``[candidates.options]`` setting) gets the pending contexts that many at a
+time (``forward_batch``); every context is still written and verified on its own.
 """
 
 from __future__ import annotations
@@ -77,16 +79,23 @@ def capture(
         width = loaded.hidden_size if kind == "hidden_states" else loaded.vocab_size
         writer = StoreWriter(out, suite, kind, width, STORE_DTYPES[kind], ident, loaded.identity(), runtime_identity(), loaded.device)
         with writer:
-            bar = tqdm(indices, desc=f"capture {model.name} ({eng.name})", unit="ctx", disable=not progress)
-            skipped = 0
-            for i in bar:
-                if writer.done(i):
-                    skipped += 1
-                    bar.set_postfix(skipped=skipped)
-                    continue
-                out_i = loaded.forward(suite.tokens[i], kind)
-                _check_finite_output(model, eng.name, kind, i, out_i)
-                writer.write(i, out_i)
+            todo = [i for i in indices if not writer.done(i)]
+            batch = max(1, int(getattr(loaded, "batch_size", 1)))
+            bar = tqdm(total=len(indices), initial=len(indices) - len(todo), desc=f"capture {model.name} ({eng.name})",
+                       unit="ctx", disable=not progress)
+            with bar:
+                for b0 in range(0, len(todo), batch):
+                    group = todo[b0 : b0 + batch]
+                    if batch == 1:
+                        rows = [loaded.forward(suite.tokens[group[0]], kind)]
+                    else:
+                        rows = loaded.forward_batch([suite.tokens[i] for i in group], kind)
+                    if len(rows) != len(group):
+                        raise FidelityError(f"engine {eng.name!r} returned {len(rows)} contexts for a batch of {len(group)}")
+                    for i, out_i in zip(group, rows, strict=True):
+                        _check_finite_output(model, eng.name, kind, i, out_i)
+                        writer.write(i, out_i)
+                    bar.update(len(group))
     finally:
         loaded.close()
     return CaptureStore.open(out, suite)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import tomllib
 from pathlib import Path
 
 from harness.cli.registry import Builder, SubParsers, device_arg, formatter, nonneg_int, positive_int
@@ -162,7 +163,21 @@ def _capture(a: argparse.Namespace) -> int:
 
     suite = Suite.load(a.suite)
     shards = suite.parse_shards(a.shards)
-    opts = EngineOptions(device=a.device, dtype=a.dtype, threads=a.threads, trust_remote_code=a.trust_remote_code)
+    from harness.engines.options import validate_options
+    from harness.engines.registry import get_engine
+
+    raw: dict[str, object] = {}
+    for item in a.option or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise FidelityError(f"--option: expected KEY=VALUE, found {item!r}")
+        try:  # a TOML value (number, true/false, "string", {table}); a bare word is a string
+            raw[key.strip()] = tomllib.loads(f"v = {value}")["v"]
+        except tomllib.TOMLDecodeError:
+            raw[key.strip()] = value
+    engine_options = validate_options(a.engine, getattr(get_engine(a.engine), "options", {}), raw)
+    opts = EngineOptions(device=a.device, dtype=a.dtype, threads=a.threads, trust_remote_code=a.trust_remote_code,
+                         engine_options=engine_options)
     store = capture(a.engine, a.model, suite, a.out, shards=shards, kind=a.kind, options=opts, progress=not a.quiet)
     print(f"{store.root}: {len(store.indices)}/{suite.n_contexts} contexts captured ({store.kind}, width {store.width})")
     return 0
@@ -196,6 +211,12 @@ def add_capture(sub: SubParsers) -> None:
     p.add_argument("--kind", default=None, choices=["hidden_states", "logits"], help="what to store (default: the engine's first kind, see --engine)")
     p.add_argument("--trust-remote-code", action="store_true", dest="trust_remote_code", help="allow the model's own Python code")
     p.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads")
+    p.add_argument("--option", action="append", metavar="KEY=VALUE",
+                   help="an engine option, as [candidates.options] in fidelity.toml takes it (repeatable; VALUE is a "
+                        "TOML value: 4, true, 0.85, 'auto', {0 = '70GiB'}). transformers: device_map, max_memory, "
+                        "attn_implementation, batch_size; llamacpp: n_gpu_layers, flash_attn, n_batch, n_ubatch, "
+                        "threads; vllm: tensor_parallel_size, gpu_memory_utilization, max_num_batched_tokens, "
+                        "enforce_eager, kv_cache_dtype, batch_size")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=_capture)
 

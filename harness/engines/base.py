@@ -14,13 +14,16 @@ An engine is an object satisfying :class:`Engine`, named by its ``name``; the re
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     import numpy as np
     import torch
+
+    from harness.engines.options import OptionSpec
 
 #: Capture kinds and the dtype each is stored in.
 STORE_DTYPES: dict[str, str] = {"hidden_states": "bfloat16", "logits": "float32"}
@@ -37,6 +40,9 @@ class EngineOptions:
     threads: int | None = None
     #: Allow a model's own Python code (off unless asked).
     trust_remote_code: bool = False
+    #: The candidate's engine-specific options (``[candidates.options]``), validated against the
+    #: engine's ``options`` table (:func:`harness.engines.options.validate_options`).
+    engine_options: Mapping[str, Any] = field(default_factory=dict)
 
 
 class LoadedModel(Protocol):
@@ -57,6 +63,13 @@ class LoadedModel(Protocol):
         """One context's ``[n_ctx-1, width]`` rows at the capture point (``kind``: see STORE_DTYPES)."""
         ...
 
+    def forward_batch(self, contexts: Sequence[np.ndarray], kind: str) -> list[torch.Tensor]:
+        """Several contexts in one engine call (as many as :attr:`batch_size`): one ``forward`` result each."""
+        ...
+
+    #: Contexts per engine call in the capture loop (1: one at a time, the default).
+    batch_size: int
+
     def close(self) -> None:
         """Release the model (memory, threads, files)."""
         ...
@@ -71,6 +84,9 @@ class Engine(Protocol):
     kinds: tuple[str, ...]
     #: The install command shown when the engine's package is missing.
     install_hint: str
+    #: Options a candidate may give this engine (``[candidates.options]``), by name (an engine from
+    #: another package may leave it out: it then takes none).
+    options: Mapping[str, OptionSpec]
 
     def available(self) -> bool:
         """True when the engine's package imports."""

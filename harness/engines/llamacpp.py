@@ -23,11 +23,13 @@ from source: ~11 min on 2 cores the first time, then from pip's wheel cache).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
+import json
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from harness.engines.base import EngineOptions
+from harness.engines.options import OptionSpec, validate_options
 from harness.errors import FidelityError
 
 if TYPE_CHECKING:
@@ -35,6 +37,15 @@ if TYPE_CHECKING:
 
 ENGINE_NAME = "llamacpp"
 INSTALL_HINT = 'CMAKE_ARGS="-DGGML_NATIVE=OFF" pip install llama-cpp-python==0.3.36'
+
+#: ``[candidates.options]`` of engine ``llamacpp`` (docs: README, "Engine options").
+OPTIONS: dict[str, OptionSpec] = {
+    "n_gpu_layers": OptionSpec("int", "layers offloaded to the GPU (-1: all; 0, the default: none)", -1, 100_000),
+    "flash_attn": OptionSpec("bool", "flash attention (default false; changes logits slightly: recorded)"),
+    "n_batch": OptionSpec("int", "logical batch size in tokens (default: the context length, one batch per context)", 1, 1 << 20),
+    "n_ubatch": OptionSpec("int", "physical batch size in tokens (default: the context length)", 1, 1 << 20),
+    "threads": OptionSpec("int", "CPU threads for generation and batch processing (default: --threads, else llama.cpp's)", 1, 4096),
+}
 
 
 def available() -> bool:
@@ -73,16 +84,22 @@ def gguf_identity(path: str | Path) -> dict[str, Any]:
     return {"name": p.name, "format": "gguf", "sha256": sha256_file(p), "bytes": p.stat().st_size}
 
 
-def engine_identity(extra_bufts: bool | None = None) -> dict[str, str]:
+def engine_identity(extra_bufts: bool | None = None, options: Mapping[str, Any] | None = None) -> dict[str, str]:
+    """Version, CPU features, numerics-relevant settings; the candidate's options (canonical JSON) when given."""
+    opts = dict(options or {})
     llama_cpp = _import()
     info = llama_cpp.llama_print_system_info()
     info = info.decode() if isinstance(info, bytes) else str(info)
     ident = {"name": ENGINE_NAME, "version": f"llama-cpp-python {llama_cpp.__version__}", "system_info": info.strip(),
              # numerics-relevant context settings (llama-perplexity's default -fa auto turns flash attention
              # on, which changes logits: pass -fa off to it to reproduce these captures)
-             "flash_attn": "off", "kv_cache": "f16", "batch": "one batch per context"}
+             "flash_attn": "on" if opts.get("flash_attn") else "off", "kv_cache": "f16", "batch": "one batch per context"}
+    if "n_batch" in opts or "n_ubatch" in opts:
+        ident["batch"] = f"n_batch {opts.get('n_batch', 'n_ctx')}, n_ubatch {opts.get('n_ubatch', 'n_ctx')}"
     if extra_bufts is not None:
         ident["extra_bufts"] = str(extra_bufts).lower()
+    if opts:
+        ident["options"] = json.dumps(opts, sort_keys=True, separators=(",", ":"))
     return ident
 
 
@@ -109,19 +126,29 @@ def _no_extra_bufts(llama_cpp: Any) -> Iterator[bool | None]:
         L.llama_cpp.llama_model_default_params = orig
 
 
-def load_model(path: str | Path, n_ctx: int, threads: int | None = None, hidden: bool = False) -> tuple[Any, bool | None]:
+def load_model(
+    path: str | Path, n_ctx: int, threads: int | None = None, hidden: bool = False, options: Mapping[str, Any] | None = None
+) -> tuple[Any, bool | None]:
     """A ``llama_cpp.Llama`` for ``path`` with all-position logits, one batch per context; with
-    ``hidden`` also per-token embeddings without pooling (the output of the final norm)."""
+    ``hidden`` also per-token embeddings without pooling (the output of the final norm).
+    ``options`` (validated :data:`OPTIONS`) override GPU offload, flash attention, batch sizes, threads."""
     llama_cpp = _import()
     p = check_gguf(path)
+    opts = dict(options or {})
+    threads = opts.get("threads", threads)
+    n_batch = int(opts.get("n_batch", n_ctx))
+    n_ubatch = int(opts.get("n_ubatch", n_batch if "n_batch" in opts else n_ctx))
+    if n_ubatch > n_batch:
+        raise FidelityError(f"{p}: engine 'llamacpp' options: n_ubatch ({n_ubatch}) may not exceed n_batch ({n_batch})")
     extra_kw: dict[str, Any] = {}
     if hidden:
         extra_kw = {"embedding": True, "pooling_type": llama_cpp.LLAMA_POOLING_TYPE_NONE}
     with _no_extra_bufts(llama_cpp) as extra:
         try:
             model = llama_cpp.Llama(
-                model_path=str(p), n_ctx=n_ctx, n_batch=n_ctx, n_ubatch=n_ctx, logits_all=True,
-                n_threads=threads, n_threads_batch=threads, n_gpu_layers=0, verbose=False, seed=0, flash_attn=False, **extra_kw,
+                model_path=str(p), n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch, logits_all=True,
+                n_threads=threads, n_threads_batch=threads, n_gpu_layers=int(opts.get("n_gpu_layers", 0)), verbose=False,
+                seed=0, flash_attn=bool(opts.get("flash_attn", False)), **extra_kw,
             )
         except (ValueError, RuntimeError) as e:
             raise FidelityError(f"{p}: llama.cpp could not load the model ({e})") from None
@@ -161,19 +188,24 @@ def capture_hidden(model: Any, token_ids: np.ndarray | Sequence[int]) -> Any:
 class LlamaCppLoaded:
     """A GGUF model loaded through llama.cpp (see :class:`harness.engines.base.LoadedModel`)."""
 
-    def __init__(self, model: Any, extra_bufts: bool | None) -> None:
+    def __init__(self, model: Any, extra_bufts: bool | None, options: Mapping[str, Any] | None = None) -> None:
         self.model = model
         self.extra_bufts = extra_bufts
+        self.options = dict(options or {})
+        self.batch_size = 1
         self.hidden_size = int(model.n_embd())
         self.vocab_size = int(model.n_vocab())
         self.device = "cpu"
 
     def identity(self) -> dict[str, str]:
-        return engine_identity(self.extra_bufts)
+        return engine_identity(self.extra_bufts, self.options)
 
     def forward(self, token_ids: np.ndarray, kind: str) -> Any:
         fn = capture_hidden if kind == "hidden_states" else capture_logits
         return fn(self.model, token_ids)
+
+    def forward_batch(self, contexts: Sequence[np.ndarray], kind: str) -> list[Any]:
+        return [self.forward(c, kind) for c in contexts]  # llama.cpp evaluates one sequence per context
 
     def close(self) -> None:
         if hasattr(self.model, "close"):
@@ -186,6 +218,7 @@ class LlamaCppEngine:
     name = ENGINE_NAME
     kinds: tuple[str, ...] = ("logits", "hidden_states")
     install_hint = INSTALL_HINT
+    options: Mapping[str, OptionSpec] = OPTIONS
 
     def available(self) -> bool:
         return available()
@@ -194,8 +227,9 @@ class LlamaCppEngine:
         return gguf_identity(model)
 
     def load(self, model: Path, n_ctx: int, kind: str, options: EngineOptions) -> LlamaCppLoaded:
-        m, extra = load_model(model, n_ctx, options.threads, hidden=kind == "hidden_states")
-        return LlamaCppLoaded(m, extra)
+        opts = validate_options(ENGINE_NAME, OPTIONS, options.engine_options)
+        m, extra = load_model(model, n_ctx, options.threads, hidden=kind == "hidden_states", options=opts)
+        return LlamaCppLoaded(m, extra, opts)
 
 
 #: The registered engine (see harness.engines.base).

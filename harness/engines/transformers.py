@@ -8,12 +8,14 @@ pre-hook. For decoder LMs that is the post-final-norm hidden state; the test sui
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import json
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from harness.engines.base import EngineOptions
 from harness.engines.identity import QUANTIZATION_JSON, model_identity, quantized_module
+from harness.engines.options import OptionSpec, validate_options
 from harness.errors import FidelityError
 
 if TYPE_CHECKING:
@@ -22,6 +24,20 @@ if TYPE_CHECKING:
 
 ENGINE_NAME = "transformers"
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
+
+#: ``[candidates.options]`` of engine ``transformers`` (docs: README, "Engine options").
+OPTIONS: dict[str, OptionSpec] = {
+    "device_map": OptionSpec(
+        "str|table",
+        "where the layers go: 'auto' (accelerate spreads them over the GPUs, then the CPU, within max_memory), "
+        "one device ('cpu', 'cuda:0'), or a table module name -> device; replaces moving the model to --device",
+    ),
+    "max_memory": OptionSpec("table", "per-device memory limits for device_map = 'auto', e.g. {0 = '70GiB', cpu = '100GiB'}"),
+    "attn_implementation": OptionSpec(
+        "str", "attention kernel", choices=("eager", "sdpa", "flash_attention_2", "flash_attention_3", "flex_attention")
+    ),
+    "batch_size": OptionSpec("int", "contexts per forward pass (all have the suite's length: no padding)", 1, 4096),
+}
 
 
 def parse_dtype(dtype: str | torch.dtype) -> torch.dtype:
@@ -116,22 +132,43 @@ def check_loading_info(root: Path, info: dict[str, Any]) -> None:
         )
 
 
-def load_model(model_dir: str | Path, device: str = "cpu", dtype: str | torch.dtype = "bfloat16", trust_remote_code: bool = False) -> torch.nn.Module:
+def load_model(
+    model_dir: str | Path,
+    device: str = "cpu",
+    dtype: str | torch.dtype = "bfloat16",
+    trust_remote_code: bool = False,
+    options: Mapping[str, Any] | None = None,
+) -> torch.nn.Module:
     """Load a causal LM in eval mode from safetensors; quantized checkpoints (``quantization.json``)
-    go to ``harness.engines.quantized.load_quantized``."""
+    go to ``harness.engines.quantized.load_quantized``. ``options`` (validated :data:`OPTIONS`):
+    ``device_map`` / ``max_memory`` place the layers instead of ``device``; ``attn_implementation``
+    picks the attention kernel."""
     root = check_model_dir(model_dir)
     tdtype = parse_dtype(dtype)
+    opts = dict(options or {})
+    if "max_memory" in opts and "device_map" not in opts:
+        raise FidelityError(f"{root}: engine 'transformers' option 'max_memory' needs 'device_map' (e.g. device_map = 'auto')")
     if (root / QUANTIZATION_JSON).is_file():
+        if set(opts) - {"batch_size"}:
+            raise FidelityError(f"{root}: a {QUANTIZATION_JSON} checkpoint (this project's simulated format) takes only the "
+                                f"option batch_size, found {', '.join(sorted(set(opts) - {'batch_size'}))}")
         model: torch.nn.Module = quantized_module().load_quantized(root, device, tdtype)
         model.eval()
         return model
     check_quantization_package(root)
     from transformers import AutoModelForCausalLM
 
+    kw: dict[str, Any] = {}
+    if "device_map" in opts:
+        kw["device_map"] = opts["device_map"]
+        if "max_memory" in opts:  # accelerate names GPUs by integer index
+            kw["max_memory"] = {(int(k) if str(k).isdigit() else k): v for k, v in opts["max_memory"].items()}
+    if "attn_implementation" in opts:
+        kw["attn_implementation"] = opts["attn_implementation"]
     try:
         # cast: transformers types .to()/.eval() of a PreTrainedModel through an untyped wrapper
         result: Any = AutoModelForCausalLM.from_pretrained(
-            root, dtype=tdtype, use_safetensors=True, trust_remote_code=trust_remote_code, output_loading_info=True
+            root, dtype=tdtype, use_safetensors=True, trust_remote_code=trust_remote_code, output_loading_info=True, **kw
         )
         model = cast("torch.nn.Module", result[0])
         info: dict[str, Any] = result[1]
@@ -140,7 +177,8 @@ def load_model(model_dir: str | Path, device: str = "cpu", dtype: str | torch.dt
     except (OSError, ValueError) as e:
         raise FidelityError(f"{root}: transformers could not load the model ({e})") from None
     check_loading_info(root, info)
-    model.to(device)
+    if "device_map" not in opts:
+        model.to(device)
     model.eval()
     return model
 
@@ -158,22 +196,26 @@ def model_hidden_size(model: torch.nn.Module) -> int:
     return int(head.weight.shape[1])
 
 
-def _as_input(model: torch.nn.Module, token_ids: np.ndarray | torch.Tensor | Sequence[int]) -> torch.Tensor:
+def _as_input(model: torch.nn.Module, token_ids: np.ndarray | torch.Tensor | Sequence[int] | Sequence[Sequence[int]]) -> torch.Tensor:
     import numpy as np
     import torch
 
     ids = torch.as_tensor(np.asarray(token_ids, dtype=np.int64))
-    if ids.ndim != 1 or ids.numel() < 2:
-        raise FidelityError(f"expected one context of at least 2 token ids, got shape {list(ids.shape)}")
-    device = next(model.parameters()).device
-    return ids.unsqueeze(0).to(device)
+    if ids.ndim == 1:
+        ids = ids.unsqueeze(0)
+    if ids.ndim != 2 or ids.shape[1] < 2 or ids.shape[0] < 1:
+        raise FidelityError(f"expected contexts of at least 2 token ids, got shape {list(ids.shape)}")
+    emb = model.get_input_embeddings()  # type: ignore[operator]
+    device = emb.weight.device if emb is not None and hasattr(emb, "weight") else next(model.parameters()).device
+    return ids.to(device)
 
 
-def capture_hidden(model: torch.nn.Module, token_ids: np.ndarray | torch.Tensor | Sequence[int]) -> torch.Tensor:
-    """Post-final-norm hidden states (the LM head's input) of one context: ``[n_ctx-1, hidden]`` bf16 on CPU."""
+def capture_hidden_batch(model: torch.nn.Module, contexts: np.ndarray | torch.Tensor | Sequence[Sequence[int]]) -> list[torch.Tensor]:
+    """Post-final-norm hidden states (the LM head's input) of ``B`` equal-length contexts in one
+    forward pass: ``B`` tensors ``[n_ctx-1, hidden]`` bf16 on CPU."""
     import torch
 
-    ids = _as_input(model, token_ids)
+    ids = _as_input(model, contexts)
     grabbed: list[torch.Tensor] = []
 
     def hook(_module: torch.nn.Module, args: tuple[Any, ...]) -> None:
@@ -187,45 +229,77 @@ def capture_hidden(model: torch.nn.Module, token_ids: np.ndarray | torch.Tensor 
         handle.remove()
     if len(grabbed) != 1:
         raise FidelityError(f"LM head was called {len(grabbed)} times in one forward pass; expected exactly once")
-    h = grabbed[0][0]
-    if h.shape[0] != ids.shape[1]:
-        raise FidelityError(f"LM head saw {h.shape[0]} rows for {ids.shape[1]} tokens (logits_to_keep?)")
-    return h[:-1].to(device="cpu", dtype=torch.bfloat16).contiguous()
+    h = grabbed[0]
+    if h.shape[:2] != ids.shape:
+        raise FidelityError(f"LM head saw {list(h.shape[:2])} rows for {list(ids.shape)} tokens (logits_to_keep?)")
+    return [h[b, :-1].to(device="cpu", dtype=torch.bfloat16).contiguous() for b in range(h.shape[0])]
+
+
+def capture_hidden(model: torch.nn.Module, token_ids: np.ndarray | torch.Tensor | Sequence[int]) -> torch.Tensor:
+    """Post-final-norm hidden states (the LM head's input) of one context: ``[n_ctx-1, hidden]`` bf16 on CPU."""
+    import numpy as np
+
+    ids = np.asarray(token_ids)
+    if ids.ndim != 1:
+        raise FidelityError(f"expected one context of at least 2 token ids, got shape {list(ids.shape)}")
+    return capture_hidden_batch(model, ids[None])[0]
+
+
+def capture_logits_batch(model: torch.nn.Module, contexts: np.ndarray | torch.Tensor | Sequence[Sequence[int]]) -> list[torch.Tensor]:
+    """The model's own logits of ``B`` equal-length contexts in one forward pass, rows ``0 .. n_ctx-2``."""
+    import torch
+
+    ids = _as_input(model, contexts)
+    with torch.inference_mode():
+        out = model(input_ids=ids, use_cache=False)
+    return [out.logits[b, :-1].to(device="cpu", dtype=torch.float32).contiguous() for b in range(ids.shape[0])]
 
 
 def capture_logits(model: torch.nn.Module, token_ids: np.ndarray | torch.Tensor | Sequence[int]) -> torch.Tensor:
     """The model's own logits of one context, rows ``0 .. n_ctx-2``: ``[n_ctx-1, vocab]`` float32 on CPU."""
-    import torch
+    import numpy as np
 
-    ids = _as_input(model, token_ids)
-    with torch.inference_mode():
-        out = model(input_ids=ids, use_cache=False)
-    logits: torch.Tensor = out.logits[0, :-1].to(device="cpu", dtype=torch.float32).contiguous()
-    return logits
+    ids = np.asarray(token_ids)
+    if ids.ndim != 1:
+        raise FidelityError(f"expected one context of at least 2 token ids, got shape {list(ids.shape)}")
+    return capture_logits_batch(model, ids[None])[0]
 
 
-def engine_identity() -> dict[str, str]:
+def engine_identity(options: Mapping[str, Any] | None = None) -> dict[str, str]:
+    """Engine name and version; the candidate's options (canonical JSON) when any were given."""
     import transformers
 
-    return {"name": ENGINE_NAME, "version": transformers.__version__}
+    ident = {"name": ENGINE_NAME, "version": transformers.__version__}
+    if options:
+        ident["options"] = json.dumps(dict(options), sort_keys=True, separators=(",", ":"))
+    return ident
 
 
 class TransformersLoaded:
     """A transformers model loaded for capture (see :class:`harness.engines.base.LoadedModel`)."""
 
-    def __init__(self, model: torch.nn.Module, device: str) -> None:
+    def __init__(self, model: torch.nn.Module, device: str, options: Mapping[str, Any] | None = None) -> None:
         self.model: torch.nn.Module | None = model
         self.hidden_size = model_hidden_size(model)
         self.vocab_size = model_vocab_size(model)
         self.device = device
+        self.options = dict(options or {})
+        self.batch_size = int(self.options.get("batch_size", 1))
 
     def identity(self) -> dict[str, str]:
-        return engine_identity()
+        return engine_identity(self.options)
 
     def forward(self, token_ids: np.ndarray, kind: str) -> torch.Tensor:
         assert self.model is not None, "model was closed"
         fn = capture_hidden if kind == "hidden_states" else capture_logits
         return fn(self.model, token_ids)
+
+    def forward_batch(self, contexts: Sequence[np.ndarray], kind: str) -> list[torch.Tensor]:
+        import numpy as np
+
+        assert self.model is not None, "model was closed"
+        fn = capture_hidden_batch if kind == "hidden_states" else capture_logits_batch
+        return fn(self.model, np.stack([np.asarray(c) for c in contexts]))
 
     def close(self) -> None:
         self.model = None
@@ -237,6 +311,7 @@ class TransformersEngine:
     name = ENGINE_NAME
     kinds: tuple[str, ...] = ("hidden_states", "logits")
     install_hint = "pip install transformers"
+    options: Mapping[str, OptionSpec] = OPTIONS
 
     def available(self) -> bool:
         try:
@@ -251,8 +326,21 @@ class TransformersEngine:
     def load(self, model: Path, n_ctx: int, kind: str, options: EngineOptions) -> TransformersLoaded:
         import torch
 
-        m = load_model(model, device=options.device, dtype=options.dtype, trust_remote_code=options.trust_remote_code)
-        return TransformersLoaded(m, str(torch.device(options.device)))
+        opts = validate_options(ENGINE_NAME, OPTIONS, options.engine_options)
+        m = load_model(model, device=options.device, dtype=options.dtype, trust_remote_code=options.trust_remote_code,
+                       options=opts)
+        device = str(torch.device(options.device)) if "device_map" not in opts else _placement(m)
+        return TransformersLoaded(m, device, opts)
+
+
+def _placement(model: torch.nn.Module) -> str:
+    """The devices a ``device_map``-placed model runs on, e.g. ``cuda:0+cuda:1+cpu`` (first use order)."""
+    seen: list[str] = []
+    for p in model.parameters():
+        d = str(p.device)
+        if d not in seen:
+            seen.append(d)
+    return "+".join(seen)
 
 
 #: The registered engine (see harness.engines.base).

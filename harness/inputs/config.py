@@ -25,6 +25,8 @@ Example::
     engine = "transformers"
     model = "fixtures/candidates/int8"  # or: store = "path/to/capture", or model = "hf://org/repo@revision"
     tags = ["rtn"]
+    [candidates.options]                # optional, per engine (harness/engines/options.py)
+    batch_size = 4
 
 Instead of ``[suite]`` and ``[reference]``, a reference dataset (``fidelity dataset build``) may supply
 all three inputs: ``[dataset] path = "dataset"`` takes the suite from ``dataset/suite``, the reference
@@ -79,6 +81,9 @@ class CandidateConfig:
     head: Path | None
     size_bytes: int | None
     tags: tuple[str, ...]
+    #: Engine options (``[candidates.options]``), validated against the engine's option table; passed to its
+    #: ``load`` and recorded in the capture's engine identity. Empty: the engine's defaults.
+    options: dict[str, Any] = field(default_factory=dict, hash=False)
 
 
 @dataclass(frozen=True)
@@ -160,7 +165,7 @@ _DATASET_KEYS = {"path", "head"}
 _SUITE_KEYS = {"path"}
 _REF_KEYS = {"name", "model", "store", "head"}
 _SETTINGS_KEYS = {"cache_dir", "baselines", "n_boot"}
-_CAND_KEYS = {"name", "engine", "model", "store", "head", "size_bytes", "tags"}
+_CAND_KEYS = {"name", "engine", "model", "store", "head", "size_bytes", "tags", "options"}
 _PAIR_KEYS = {"a", "b", "margin", "expect"}
 
 
@@ -316,6 +321,16 @@ def _candidate(path: Path, raw: Any, i: int) -> CandidateConfig:
         if not TAG_RE.match(t) or t in _K_OPERATORS:
             raise ConfigError(f"{path}: candidates[{i}].tags of {name!r}: expected words pytest -k can select "
                               f"(letters, digits, _ . + -; not and/or/not), found {t!r}")
+    raw_options = r.table.get("options")
+    if raw_options is not None and store is not None:
+        raise ConfigError(f"{path}: candidates[{i}].options of {name!r}: options configure an engine running a live model; "
+                          "a stored capture was taken with the options recorded in its header")
+    from harness.engines.options import validate_options
+
+    try:
+        options = validate_options(engine, getattr(get_engine(engine), "options", {}), raw_options)
+    except FidelityError as e:
+        raise ConfigError(f"{path}: candidates[{i}].options of {name!r}: {e}") from None
     return CandidateConfig(
         name=name,
         engine=engine,
@@ -324,6 +339,7 @@ def _candidate(path: Path, raw: Any, i: int) -> CandidateConfig:
         head=r.path_("head", required=False),
         size_bytes=r.integer("size_bytes", None, minimum=1),
         tags=tuple(tags),
+        options=options,
     )
 
 

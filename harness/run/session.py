@@ -217,7 +217,10 @@ class FidelitySession:
 
         assert cand.model is not None
         ident = get_engine(cand.engine, str(self.config.path)).model_identity(cand.model)
-        key = identity_key({"model": ident, "engine": cand.engine, "device": self.device})
+        keyed: dict[str, Any] = {"model": ident, "engine": cand.engine, "device": self.device}
+        if cand.options:  # captures taken with other engine options never share a cache folder
+            keyed["options"] = cand.options
+        key = identity_key(keyed)
         return self.config.cache_dir / "captures" / f"{cand.name}-{key[:16]}"
 
     def _capture_live(self, cand: CandidateConfig, shard: int) -> Any:
@@ -240,7 +243,8 @@ class FidelitySession:
         shards = sorted(self._planned.get(cand.name, set()) | {shard})
         from harness.capture.loop import capture
 
-        return capture(cand.engine, cand.model, self.suite, out, shards=shards, options=EngineOptions(device=self.device),
+        opts = EngineOptions(device=self.device, engine_options=cand.options)
+        return capture(cand.engine, cand.model, self.suite, out, shards=shards, options=opts,
                        progress=self.progress)
 
     # ------------------------------------------------------------------ scoring

@@ -195,7 +195,7 @@ def _through_head(hidden: Any, weight: Any) -> tuple[Any, str]:
     cpu = torch.device("cpu")
     path = gemm_path(cpu, hidden, weight)
     with torch.inference_mode(), gemm_mode(path):
-        w = gemm_operand(weight, cpu)
+        w = gemm_operand(weight, cpu, path)
         out = logits_gemm(hidden, w, torch.empty(hidden.shape[0], w.shape[0], dtype=torch.float32))
     return out, path
 

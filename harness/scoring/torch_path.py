@@ -8,8 +8,10 @@ under both, and both argmaxes (ties to the lowest token id).
 How it is computed
 ------------------
 * **One GEMM per hidden state.** Rows are processed in tiles of ``tile_rows``: the reference
-  and candidate logits of a tile are computed once each (``tile @ head.T``) and every metric
-  is derived from those two tiles while they are in memory.
+  and candidate logits of a tile are computed once each (:func:`logits_tiles`: both sides
+  stacked into one ``[2 x tile, hidden] @ head.T`` when they share the head, so the head is
+  streamed once per tile) and every metric is derived from those two tiles while they are in
+  memory (:func:`_metrics_chunk`, which only reads them).
 * **fp32 logits from bf16 operands.** The operands keep their values (bf16 hidden states and
   head); products accumulate in fp32 and the logits stay fp32 (:func:`logits_gemm`). On CUDA
   that is ``torch.mm(..., out_dtype=float32)`` where torch has it; elsewhere the operands are
@@ -57,7 +59,8 @@ import numpy as np
 import torch
 
 from harness.metrics.scores import PositionScores
-from harness.scoring.gemm import choose_gemm, gemm_mode
+from harness.scoring import cblas_bf16
+from harness.scoring.gemm import BF16_OPERAND_PATHS, choose_gemm, gemm_mode
 
 __all__ = [
     "PositionScores",
@@ -68,11 +71,15 @@ __all__ = [
     "bare_gemms",
     "default_tile_rows",
     "gemm_path",
+    "logits_tiles",
+    "balanced_tile_rows",
     "MEMORY_BUDGET_BYTES",
 ]
 
-#: Memory budget for the two logits tiles of one GEMM tile (the dominant buffers).
-MEMORY_BUDGET_BYTES = 256 * 1024 * 1024
+#: Memory budget for the two logits tiles of one GEMM tile (the dominant buffers). 1 GiB gives
+#: 2 x 512 rows at a 248,320-token vocabulary: enough rows per head pass that the GEMM is not
+#: bound by streaming the head (docs/performance.md); nothing grows with the number of positions.
+MEMORY_BUDGET_BYTES = 1024 * 1024 * 1024
 #: Budget for the six fp32 metric buffers on a CPU (about an L2/L3 slice).
 CPU_CHUNK_BYTES = 6 * 1024 * 1024
 _LN2 = math.log(2.0)
@@ -292,22 +299,31 @@ def gemm_path(dev: torch.device, *operands: torch.Tensor | None) -> str:
     return choose_gemm(dev, dtypes, dev.type != "cpu" and _mm_out_dtype_works(dev))
 
 
-def gemm_operand(head: torch.Tensor, dev: torch.device) -> torch.Tensor:
-    """The head as the GEMM will use it on ``dev``: kept in bf16/fp16 where the device returns fp32
-    results from them (CUDA ``out_dtype``), else widened once to fp32 (exact)."""
+def gemm_operand(head: torch.Tensor, dev: torch.device, path: str | None = None) -> torch.Tensor:
+    """The head as the GEMM will use it on ``dev``: kept in bf16/fp16 on the paths that take bf16
+    operands as they are (:data:`harness.scoring.gemm.BF16_OPERAND_PATHS`: CUDA ``out_dtype``,
+    MKL's bf16 GEMM), else widened once to fp32 (exact). ``path`` defaults to :func:`gemm_path`
+    for the head alone."""
     w = head.to(dev)
-    if w.dtype in (torch.bfloat16, torch.float16) and _mm_out_dtype_works(dev):
+    chosen = path if path is not None else gemm_path(dev, w)
+    if w.dtype in (torch.bfloat16, torch.float16) and chosen in BF16_OPERAND_PATHS:
         return w
     return w.float()
 
 
 def logits_gemm(hidden: torch.Tensor, w: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-    """fp32 logits ``hidden @ w.T`` into ``out`` (fp32): products of the operands' exact values,
-    accumulated in fp32, never rounded to bf16 (see the module docstring)."""
-    h = hidden.to(out.device, w.dtype)
+    """fp32 logits ``hidden @ w.T`` into ``out`` (fp32; may be a column slice of a wider buffer on a
+    CPU): products of the operands' exact values, accumulated in fp32, never rounded to bf16 (see
+    the module docstring). A bf16 ``w`` on a CPU goes through MKL's bf16 GEMM
+    (:mod:`harness.scoring.cblas_bf16`) when ``hidden`` is bf16 too, else both are widened."""
+    h = hidden.to(out.device)
     if w.dtype == torch.float32:
-        return torch.mm(h, w.t(), out=out)
-    out.copy_(torch.mm(h, w.t(), out_dtype=torch.float32))
+        return torch.mm(h.to(w.dtype), w.t(), out=out)
+    if out.device.type == "cpu":
+        if w.dtype == torch.bfloat16 and h.dtype == torch.bfloat16 and cblas_bf16.available():
+            return cblas_bf16.gemm_bf16_f32(h if h.stride(-1) == 1 else h.contiguous(), w, out)
+        return torch.mm(h.float(), w.float().t(), out=out)
+    out.copy_(torch.mm(h.to(w.dtype), w.t(), out_dtype=torch.float32))
     return out
 
 
@@ -371,23 +387,62 @@ def score_hidden_tiled(
         return out
     path = gemm_path(dev, ref_hidden, cand_hidden, head, cand_head)
     with _threads(threads), torch.inference_mode(), gemm_mode(path):
-        w = gemm_operand(head, dev)
-        w_c = gemm_operand(cand_head, dev) if cand_head is not None else w
-        tile = int(tile_rows or default_tile_rows(vocab, 4))
-        chunk = int(chunk_rows or _default_chunk_rows(vocab, dev, tile))
-        tile = min(tile, n)
-        chunk = min(chunk, tile)
-        buf_a = torch.empty(tile, vocab, dtype=torch.float32, device=dev)
-        buf_b = torch.empty(tile, vocab, dtype=torch.float32, device=dev)
+        tile = balanced_tile_rows(n, int(tile_rows or default_tile_rows(vocab, 4)), exact=tile_rows is not None)
+        chunk = min(int(chunk_rows or _default_chunk_rows(vocab, dev, tile)), tile)
         t_dev = t_all.to(dev)
         with _MetricRunner(chunk, vocab, dev) as runner:
-            for r0 in range(0, n, tile):
-                r1 = min(n, r0 + tile)
-                m = r1 - r0
-                la = logits_gemm(ref_hidden[r0:r1], w, buf_a[:m])
-                lb = logits_gemm(cand_hidden[r0:r1], w_c, buf_b[:m])
-                runner.run(la, lb, t_dev[r0:r1], out, r0)
+            for r0, la, lb in logits_tiles(ref_hidden, cand_hidden, head, cand_head, tile, dev, path):
+                runner.run(la, lb, t_dev[r0 : r0 + la.shape[0]], out, r0)
     return out
+
+
+def balanced_tile_rows(n: int, tile_max: int, exact: bool = False) -> int:
+    """Rows per tile for ``n`` rows: at most ``tile_max``, as even as possible (2,047 rows at 540
+    give 4 tiles of 512, not 3 of 540 and one of 427). ``exact`` keeps ``tile_max`` (a caller's choice)."""
+    tile_max = max(1, min(tile_max, n))
+    if exact:
+        return tile_max
+    k = -(-n // tile_max)
+    return -(-n // k)
+
+
+def logits_tiles(
+    ref_hidden: torch.Tensor,
+    cand_hidden: torch.Tensor,
+    head: torch.Tensor,
+    cand_head: torch.Tensor | None,
+    tile: int,
+    dev: torch.device,
+    path: str,
+) -> Iterator[tuple[int, torch.Tensor, torch.Tensor]]:
+    """Yield ``(first row, reference logits, candidate logits)`` per tile of ``tile`` rows: fp32
+    ``[m, vocab]`` views into two buffers reused across tiles (valid until the next tile).
+
+    With one shared head the reference and candidate rows of a tile are stacked into one
+    ``[2m, hidden]`` operand and multiplied in **one** GEMM, so the head -- 2.5 GB at 27B widths,
+    far larger than any cache -- is streamed once per tile instead of twice; at hidden 5,120 the
+    GEMM is bound by that stream unless a tile has several hundred rows
+    (docs/performance.md). A candidate's own head takes two GEMMs. This function is the only
+    place the logits are produced; the metric pass (:func:`_metrics_chunk`) only reads them.
+    """
+    n = ref_hidden.shape[0]
+    vocab = head.shape[0]
+    w = gemm_operand(head, dev, path)
+    logits = torch.empty(2 * tile, vocab, dtype=torch.float32, device=dev)
+    stack = cand_head is None and ref_hidden.dtype == cand_hidden.dtype
+    w_c = w if cand_head is None else gemm_operand(cand_head, dev, path)
+    both = torch.empty(2 * tile, ref_hidden.shape[1], dtype=ref_hidden.dtype, device=dev) if stack else None
+    for r0 in range(0, n, tile):
+        r1 = min(n, r0 + tile)
+        m = r1 - r0
+        if both is not None:
+            both[:m].copy_(ref_hidden[r0:r1])
+            both[m : 2 * m].copy_(cand_hidden[r0:r1])
+            logits_gemm(both[: 2 * m], w, logits[: 2 * m])
+        else:
+            logits_gemm(ref_hidden[r0:r1], w, logits[:m])
+            logits_gemm(cand_hidden[r0:r1], w_c, logits[m : 2 * m])
+        yield r0, logits[:m], logits[m : 2 * m]
 
 
 def score_logits(
@@ -443,8 +498,9 @@ def score_two_pass(
     vocab = head.shape[0]
     tile = int(tile_rows or default_tile_rows(vocab, 4))
     kld = np.zeros(n, dtype=np.float64)
-    with _threads(threads), torch.inference_mode(), gemm_mode(gemm_path(head.device, ref_hidden, cand_hidden, head)):
-        w_all = gemm_operand(head, head.device)  # same fp32-logits GEMM as the scorer
+    path = gemm_path(head.device, ref_hidden, cand_hidden, head)
+    with _threads(threads), torch.inference_mode(), gemm_mode(path):
+        w_all = gemm_operand(head, head.device, path)  # same fp32-logits GEMM as the scorer
         for r0 in range(0, n, tile):
             a = ref_hidden[r0 : r0 + tile]
             b = cand_hidden[r0 : r0 + tile]
@@ -489,22 +545,27 @@ def bare_gemms(
     n = ref_hidden.shape[0]
     vocab = head.shape[0]
     dev = head.device
-    tile = min(n, int(tile_rows or default_tile_rows(vocab, 4)))
+    tile = balanced_tile_rows(n, int(tile_rows or default_tile_rows(vocab, 4)), exact=tile_rows is not None)
     path = (gemm or gemm_path(dev, ref_hidden, cand_hidden, head)) if fp32_logits else "fp32"
     with _threads(threads), torch.inference_mode(), gemm_mode(path):
-        w = gemm_operand(head, dev) if fp32_logits else head
-        dtype = torch.float32 if fp32_logits else head.dtype
-        buf_a = torch.empty(tile, vocab, dtype=dtype, device=dev)
-        buf_b = torch.empty(tile, vocab, dtype=dtype, device=dev)
+        if fp32_logits:  # exactly the scorer's GEMMs and tiling (logits_tiles)
+            _sync(dev)
+            t0 = time.perf_counter()
+            for _ in logits_tiles(ref_hidden, cand_hidden, head, None, tile, dev, path):
+                pass
+            _sync(dev)
+            return time.perf_counter() - t0
+        buf_a = torch.empty(tile, vocab, dtype=head.dtype, device=dev)
+        buf_b = torch.empty(tile, vocab, dtype=head.dtype, device=dev)
         t0 = time.perf_counter()
         for r0 in range(0, n, tile):
             m = min(n, r0 + tile) - r0
-            if fp32_logits:
-                logits_gemm(ref_hidden[r0 : r0 + m], w, buf_a[:m])
-                logits_gemm(cand_hidden[r0 : r0 + m], w, buf_b[:m])
-            else:
-                torch.mm(ref_hidden[r0 : r0 + m].to(dev, head.dtype), head.t(), out=buf_a[:m])
-                torch.mm(cand_hidden[r0 : r0 + m].to(dev, head.dtype), head.t(), out=buf_b[:m])
-        if dev.type == "cuda":
-            torch.cuda.synchronize(dev)
+            torch.mm(ref_hidden[r0 : r0 + m].to(dev, head.dtype), head.t(), out=buf_a[:m])
+            torch.mm(cand_hidden[r0 : r0 + m].to(dev, head.dtype), head.t(), out=buf_b[:m])
+        _sync(dev)
         return time.perf_counter() - t0
+
+
+def _sync(dev: torch.device) -> None:
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
