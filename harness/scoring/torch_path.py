@@ -396,6 +396,10 @@ def score_hidden_tiled(
     return out
 
 
+#: GEMM paths on which both sides of a tile go through one stacked GEMM (see :func:`logits_tiles`).
+_STACKED_PATHS = ("mkl-bf16-f32", "onednn-bf16")
+
+
 def balanced_tile_rows(n: int, tile_max: int, exact: bool = False) -> int:
     """Rows per tile for ``n`` rows: at most ``tile_max``, as even as possible (2,047 rows at 540
     give 4 tiles of 512, not 3 of 540 and one of 427). ``exact`` keeps ``tile_max`` (a caller's choice)."""
@@ -418,18 +422,19 @@ def logits_tiles(
     """Yield ``(first row, reference logits, candidate logits)`` per tile of ``tile`` rows: fp32
     ``[m, vocab]`` views into two buffers reused across tiles (valid until the next tile).
 
-    With one shared head the reference and candidate rows of a tile are stacked into one
-    ``[2m, hidden]`` operand and multiplied in **one** GEMM, so the head -- 2.5 GB at 27B widths,
-    far larger than any cache -- is streamed once per tile instead of twice; at hidden 5,120 the
-    GEMM is bound by that stream unless a tile has several hundred rows
-    (docs/performance.md). A candidate's own head takes two GEMMs. This function is the only
+    On the CPU's bf16 paths (:data:`_STACKED_PATHS`), with one shared head, the reference and
+    candidate rows of a tile are stacked into one ``[2m, hidden]`` operand and multiplied in
+    **one** GEMM, so the head -- 2.5 GB at 27B widths, far larger than any cache -- is streamed
+    once per tile instead of twice; at hidden 5,120 the GEMM is bound by that stream unless a tile
+    has several hundred rows (docs/performance.md). A candidate's own head, and the other paths,
+    take two GEMMs (one per side, whose rows then do not depend on the other side's). This function is the only
     place the logits are produced; the metric pass (:func:`_metrics_chunk`) only reads them.
     """
     n = ref_hidden.shape[0]
     vocab = head.shape[0]
     w = gemm_operand(head, dev, path)
     logits = torch.empty(2 * tile, vocab, dtype=torch.float32, device=dev)
-    stack = cand_head is None and ref_hidden.dtype == cand_hidden.dtype
+    stack = cand_head is None and ref_hidden.dtype == cand_hidden.dtype and path in _STACKED_PATHS
     w_c = w if cand_head is None else gemm_operand(cand_head, dev, path)
     both = torch.empty(2 * tile, ref_hidden.shape[1], dtype=ref_hidden.dtype, device=dev) if stack else None
     for r0 in range(0, n, tile):
