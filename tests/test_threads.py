@@ -5,9 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
+from harness.scoring import threads as threads_mod
 from harness.scoring.threads import (
+    apply_default_threads,
     apply_worker_threads,
     available_cores,
+    free_cores,
     threads_per_worker,
 )
 
@@ -17,7 +20,7 @@ def test_split() -> None:
     assert threads_per_worker(2, 2) == 1
     assert threads_per_worker(3, 2) == 1
     assert threads_per_worker(4, 16) == 4
-    assert threads_per_worker(1) == available_cores()
+    assert 1 <= threads_per_worker(1) <= available_cores()
     with pytest.raises(ValueError, match="workers"):
         threads_per_worker(0, 2)
 
@@ -28,6 +31,8 @@ def test_apply_and_override(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.delenv("FIDELITY_THREADS", raising=False)
         monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
         assert apply_worker_threads(available_cores()) == 1 == torch.get_num_threads()
+        monkeypatch.setattr(threads_mod, "free_cores", lambda: 16)  # an idle 16-core machine
+        assert apply_worker_threads(4) == 4 == torch.get_num_threads()
         monkeypatch.setenv("FIDELITY_THREADS", "3")
         assert apply_worker_threads(8) == 3 == torch.get_num_threads()
         monkeypatch.setenv("FIDELITY_THREADS", "zero")
@@ -35,3 +40,46 @@ def test_apply_and_override(monkeypatch: pytest.MonkeyPatch) -> None:
             apply_worker_threads(1)
     finally:
         torch.set_num_threads(before)
+
+
+def test_free_cores_subtract_the_load() -> None:
+    assert free_cores(2, 0.2) == 2  # idle: every core, as torch's own default
+    assert free_cores(2, 0.6) == 1
+    assert free_cores(2, 14.0) == 1  # overloaded: one thread, never zero
+    assert free_cores(16, 3.6) == 12
+    assert free_cores(4, 0.0) == 4
+    assert 1 <= free_cores() <= available_cores()
+
+
+def test_default_threads_follow_the_load_and_the_override(monkeypatch: pytest.MonkeyPatch) -> None:
+    before = torch.get_num_threads()
+    try:
+        monkeypatch.delenv("FIDELITY_THREADS", raising=False)
+        monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+        monkeypatch.setattr(threads_mod.os, "getloadavg", lambda: (9.0, 9.0, 9.0))
+        monkeypatch.setattr(threads_mod, "available_cores", lambda: 4)
+        assert apply_default_threads() == 1 == torch.get_num_threads()  # busy 4-core machine
+        monkeypatch.setattr(threads_mod.os, "getloadavg", lambda: (1.2, 1.0, 1.0))
+        assert apply_default_threads() == 3 == torch.get_num_threads()
+        monkeypatch.setenv("FIDELITY_THREADS", "2")
+        assert apply_default_threads() == 2 == torch.get_num_threads()
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_cli_sets_threads_before_torch_starts() -> None:
+    """The fidelity command hands the count to a torch it has not imported (OMP_NUM_THREADS): a command
+    that never computes does not pay torch's import."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    code = ("import os, sys\nfrom harness.cli.main import main\n"
+            f"rc = main(['suite', 'show', {str(root / 'fixtures' / 'suite')!r}])\n"
+            "print(rc, os.environ.get('OMP_NUM_THREADS'), 'torch' in sys.modules)")
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+    env["FIDELITY_THREADS"] = "1"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True, cwd=root)
+    assert out.stdout.split()[-3:] == ["0", "1", "False"], out.stdout + out.stderr

@@ -39,6 +39,13 @@ def build_parser() -> argparse.ArgumentParser:
             "  fidelity capture --model ref/ --suite suite/ --out stores/ref\n"
             "  fidelity store verify stores/ref --suite suite/"
         ),
+        epilog=(
+            "environment:\n"
+            "  FIDELITY_THREADS=N   torch CPU threads (default: the free cores, i.e. the cores minus the\n"
+            "                       one-minute load average, at least 1; all cores on an idle machine).\n"
+            "                       A command's --threads wins; so does an explicit OMP_NUM_THREADS.\n"
+            "  FIDELITY_GEMM=auto|mkl-bf16-f32|onednn-bf16|fp32   the scorer's logits GEMM on a CPU"
+        ),
     )
     parser.add_argument("--version", action="version", version=f"fidelity {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -73,6 +80,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
+        from harness.scoring.threads import apply_default_threads
+
+        apply_default_threads()  # FIDELITY_THREADS, else the free cores (harness/scoring/threads.py)
         from harness.io.atomic import refuse_overwriting_inputs, removed_on_failure
 
         outputs, inputs = _output_and_input_paths(args)

@@ -80,7 +80,12 @@ def _names(value: str) -> str:
 
 # ---------------------------------------------------------------- options and markers
 def pytest_addoption(parser: pytest.Parser) -> None:
-    group = parser.getgroup("fidelity", "fidelity harness (KL divergence of quantized models)")
+    group = parser.getgroup(
+        "fidelity",
+        "fidelity harness (KL divergence of quantized models). Environment: FIDELITY_THREADS=N sets the torch CPU "
+        "threads (default: the free cores = cores minus the one-minute load average, at least 1; under -n W each "
+        "worker gets free cores // W)",
+    )
     group.addoption("--fidelity-config", dest="fidelity_config", metavar="PATH", default=None,
                     help="fidelity.toml to use; its cases are collected wherever pytest runs "
                          "(default: a .toml file given as an argument, else <rootdir>/fidelity.toml)")

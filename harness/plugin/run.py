@@ -477,8 +477,12 @@ class FidelityRun:
             self.worker_index = int(xdist.get_xdist_worker_id(session).removeprefix("gw"))
             from harness.scoring.threads import apply_worker_threads
 
-            # -n W: each worker gets cores // W torch threads (harness/scoring/threads.py)
+            # -n W: each worker gets free cores // W torch threads (harness/scoring/threads.py)
             apply_worker_threads(int(session.config.workerinput.get("workercount", 1)))  # type: ignore[attr-defined]
+        else:  # the single process or the controller: the free cores, or FIDELITY_THREADS
+            from harness.scoring.threads import apply_default_threads
+
+            apply_default_threads()
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_configure_node(self, node: Any) -> None:
