@@ -11,8 +11,9 @@ with 248,320 ids; a corpus of random words cut into ``--contexts`` contexts of 2
 Then, each stage in its own child process (its peak resident memory is that process's ``ru_maxrss``):
 
 * ``capture``  -- both models through engine ``transformers`` into capture stores (the shared
-  capture loop: forward, bf16 rows, safetensors write, sha256); the forward time is measured
-  inside the engine, the rest of the loop is "store write + hash";
+  capture loop: the model's identity by content -- its weight files hashed --, load, forward,
+  bf16 rows, safetensors write, sha256); identity, load and forward are timed inside the
+  engine, the rest of the loop is "store write + hash";
 * ``verify``   -- both stores opened and verified (every file re-hashed);
 * ``score``    -- the shard's positions through the shared head (``shard_positions``: the exact scorer);
 * ``report``   -- statistics (10,000-replicate bootstrap) and the shard report written (JSON + Markdown).
@@ -124,6 +125,17 @@ def stage_capture(work: Path, which: str, engine: str = "transformers", device: 
         load_s[0] += time.perf_counter() - t
         return out
 
+    ident_s = [0.0]
+    orig_ident = engine_cls.model_identity
+
+    def timed_ident(self: Any, *args: Any) -> Any:  # the model's identity by content: every weight file hashed
+        t = time.perf_counter()
+        out = orig_ident(self, *args)
+        ident_s[0] += time.perf_counter() - t
+        return out
+
+    engine_cls.model_identity = timed_ident  # type: ignore[method-assign]
+
     loaded_cls.forward = timed  # type: ignore[method-assign]
     engine_cls.load = timed_load  # type: ignore[method-assign]
     t0 = time.perf_counter()
@@ -131,7 +143,7 @@ def stage_capture(work: Path, which: str, engine: str = "transformers", device: 
     store = capture(engine, work / which, work / "suite", out, progress=False, options=EngineOptions(device=device))
     total = time.perf_counter() - t0
     n = len(store.indices)
-    return {"seconds": total, "load_s": load_s[0], "forward_s": forward_s[0], "contexts": n,
+    return {"seconds": total, "load_s": load_s[0], "forward_s": forward_s[0], "model_hash_s": ident_s[0], "contexts": n,
             "store_bytes": _dir_bytes(out), "engine": engine, "device": device}
 
 
@@ -241,7 +253,9 @@ def main(argv: list[str] | None = None) -> int:
     per = {
         "capture_forward_s": sum(fig[f"capture_{w}"]["forward_s"] for w in ("reference", "candidate")) / (2 * n),
         "store_write_hash_s": sum(fig[f"capture_{w}"]["seconds"] - fig[f"capture_{w}"]["forward_s"]
-                                  - fig[f"capture_{w}"]["load_s"] for w in ("reference", "candidate")) / (2 * n),
+                                  - fig[f"capture_{w}"]["load_s"] - fig[f"capture_{w}"].get("model_hash_s", 0.0)
+                                  for w in ("reference", "candidate")) / (2 * n),
+        "model_hash_s_per_model": sum(fig[f"capture_{w}"].get("model_hash_s", 0.0) for w in ("reference", "candidate")) / 2,
         "model_load_s_per_model": sum(fig[f"capture_{w}"]["load_s"] for w in ("reference", "candidate")) / 2,
         "verify_s": fig["verify"]["seconds"] / (2 * n),
         "score_s": fig["score"]["score_s"] / n,
