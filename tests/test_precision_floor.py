@@ -25,8 +25,10 @@ pytestmark = pytest.mark.slow  # a float64 forward of one shard (~10-20 s on 2 s
 def out_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """``fidelity precision-floor`` on shard 5 of the embedded configuration (one float64 forward)."""
     out = tmp_path_factory.mktemp("floor")
+    threads = torch.get_num_threads()
     rc = main(["precision-floor", "--config", str(ROOT / "fidelity.toml"), "--shards", "5", "--n-boot", "500",
-               "--out", str(out)])
+               "--threads", "1", "--out", str(out)])
+    torch.set_num_threads(threads)  # --threads sets the process's torch threads
     assert rc == 0
     return out
 
