@@ -14,7 +14,8 @@ Then, each stage in its own child process (its peak resident memory is that proc
   capture loop: the model's identity by content -- its weight files hashed --, load, forward,
   bf16 rows, safetensors write, sha256); identity, load and forward are timed inside the
   engine, the rest of the loop is "store write + hash";
-* ``verify``   -- both stores opened and verified (every file re-hashed);
+* ``verify``   -- both stores opened and every context loaded (each file re-hashed and checked),
+  and the reference model's identity by content (its weight files hashed) timed on its own;
 * ``score``    -- the shard's positions through the shared head (``shard_positions``: the exact scorer);
 * ``report``   -- statistics (10,000-replicate bootstrap) and the shard report written (JSON + Markdown).
 
@@ -154,8 +155,14 @@ def stage_verify(work: Path) -> dict[str, Any]:
     suite = load_suite(work / "suite")
     t0 = time.perf_counter()
     for which in ("reference", "candidate"):
-        CaptureStore.open(work / f"store-{which}", suite, verify=True)
-    return {"seconds": time.perf_counter() - t0}
+        store = CaptureStore.open(work / f"store-{which}", suite, verify=True)
+        for i in store.indices:  # content checks happen on load: every file re-hashed and checked
+            store.load(i)
+    t1 = time.perf_counter()
+    from harness.engines.identity import model_identity
+
+    model_identity(work / "reference")  # the model's identity by content: every weight file hashed
+    return {"seconds": t1 - t0, "model_hash_s": time.perf_counter() - t1}
 
 
 def stage_score_report(work: Path, device: str = "cpu") -> dict[str, Any]:
