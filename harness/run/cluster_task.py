@@ -18,7 +18,8 @@ A result is a dict of plain values (no object of this package crosses the wire):
 key             meaning
 =============== ===============================================================================
 ``schema``      ``fidelity.cluster-result/1``
-``report``      the shard report as JSON text (``ShardReport.to_json_dict``, sorted keys)
+``report``      the shard report as JSON text (``ShardReport.to_json_dict``, sorted keys); its ``timing``
+                adds ``task_s`` (the task's wall time, capture included) and ``node`` (host name)
 ``positions``   the scored positions as ``.npz`` bytes (:func:`harness.run.positions_wire.positions_to_bytes`)
 ``sha256``      sha256 of the report's UTF-8 bytes followed by the positions' bytes
 ``node``        host name and process id that ran the task
@@ -32,6 +33,7 @@ import hashlib
 import json
 import os
 import socket
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -170,6 +172,7 @@ def run_case(spec: TaskSpec, name: str, shard: int, ready: dict[str, Any] | None
 
     if ready is not None and "error" in ready:
         return {"schema": RESULT_SCHEMA, "error": str(ready["error"]), "node": str(ready.get("node"))}
+    t0 = time.perf_counter()
     try:
         session = _session(spec)
         _check_candidate(session.config, name)
@@ -181,6 +184,9 @@ def run_case(spec: TaskSpec, name: str, shard: int, ready: dict[str, Any] | None
     except FidelityError as exc:
         return {"schema": RESULT_SCHEMA, "error": str(exc), "node": _node()}
     session.forget(name, shard)  # the driver keeps the positions; a worker holds none between tasks
+    # facts of this run (never compared): the whole task's wall time (capture included) and where it ran
+    scored.report.timing["task_s"] = time.perf_counter() - t0
+    scored.report.timing["node"] = socket.gethostname()
     report_text = json.dumps(scored.report.to_json_dict(), sort_keys=True)
     data = positions_to_bytes(positions)
     return {"schema": RESULT_SCHEMA, "report": report_text, "positions": data,
