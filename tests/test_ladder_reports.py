@@ -221,3 +221,20 @@ def test_detectable_reversal_matches_a_normal_power_calculation() -> None:
     expected = brentq(lambda r: power(r) - 0.8, 1e-6, 10.0)
     print(f"smallest reversal: {got}, normal theory {expected}")
     assert got is not None and abs(got - expected) <= 0.05 * expected, (got, expected)
+
+
+def test_a_failing_tails_case_is_one_readable_message(project: pytest.Pytester) -> None:
+    """A tails case over its baseline's max_p99 fails with its message and the update command: no traceback,
+    no repr of the case object."""
+    project.runpytest("-m", "fidelity", "--fidelity-candidates", "good", "--fidelity-update-baselines").assert_outcomes(passed=4)
+    path = project.path / "baselines" / "good.json"
+    doc = _load(path)
+    for entry in doc["shards"].values():
+        entry["max_p99"] = 1e-12
+    path.write_text(json.dumps(doc))
+    r = project.runpytest("-m", "fidelity_tails", "--fidelity-candidates", "good")
+    r.assert_outcomes(failed=1)
+    r.stdout.fnmatch_lines(["*good: p99 >= * > max 1e-12 (max_p99 of its baseline)*",
+                            "*if this p99 change is intended, update the baseline with: "
+                            "pytest fidelity.toml --fidelity-candidates good --fidelity-update-baselines*"])
+    assert "TailCase(" not in r.stdout.str() and "Traceback" not in r.stdout.str()
