@@ -156,3 +156,52 @@ def test_shard_report_records_the_candidates_options(fidelity_project: Path, tmp
     assert "options" not in engine["reference"]
     assert session.live_store_path(cand) != FidelitySession(load_config(fidelity_project / "fidelity.toml")).live_store_path(
         load_config(fidelity_project / "fidelity.toml").candidate("good"))  # other options: another cache folder
+
+
+def test_llamacpp_options_reach_llama_cpp_and_the_store(tmp_path: Path) -> None:
+    """flash attention, batch sizes and threads through llama.cpp: the store records them, and the
+    logits stay within a small distance of the defaults' (flash attention reorders the sums)."""
+    from harness.engines.llamacpp import INSTALL_HINT, available
+
+    if not available():
+        pytest.skip(f"llama-cpp-python is not installed (install: {INSTALL_HINT})")
+    from harness.capture.loop import capture
+
+    gguf, suite = ROOT / "fixtures" / "gguf" / "fixture-q8_0.gguf", ROOT / "fixtures" / "suite"
+    if not gguf.is_file():
+        pytest.skip(f"{gguf} missing (make it with fixtures/make_gguf.py)")
+    base = capture("llamacpp", gguf, suite, tmp_path / "base", shards=[0], progress=False, options=EngineOptions(threads=1))
+    opts = {"flash_attn": True, "n_batch": 128, "n_ubatch": 64, "threads": 1, "n_gpu_layers": 0}
+    other = capture("llamacpp", gguf, suite, tmp_path / "opts", shards=[0], progress=False,
+                    options=EngineOptions(engine_options=opts))
+    ident = other.manifest["engine"]
+    assert json.loads(ident["options"]) == opts
+    assert ident["flash_attn"] == "on" and ident["batch"] == "n_batch 128, n_ubatch 64"
+    assert base.manifest["engine"]["flash_attn"] == "off" and "options" not in base.manifest["engine"]
+    for i in base.indices[:4]:
+        a, b = base.load(i).double().numpy(), other.load(i).double().numpy()
+        assert np.max(np.abs(a - b)) < 0.05 * np.max(np.abs(a))  # same weights, other kernels and batches
+    with pytest.raises(FidelityError, match="n_ubatch .* may not exceed n_batch"):
+        capture("llamacpp", gguf, suite, tmp_path / "bad", shards=[0], progress=False,
+                options=EngineOptions(engine_options={"n_batch": 32, "n_ubatch": 64}))
+
+
+@pytest.mark.slow
+def test_vllm_batched_capture_with_options_records_them(tmp_path: Path) -> None:
+    """Several contexts per vLLM encode call, with explicit options: recorded, rows equal to one at a
+    time within a bf16 rounding step (measured on this CPU: identical)."""
+    from harness.engines.vllm import INSTALL_HINT, available
+
+    if not available():
+        pytest.skip(f"vllm is not installed (install: {INSTALL_HINT})")
+    from harness.capture.loop import capture
+
+    model, suite = ROOT / "fixtures" / "model", ROOT / "fixtures" / "suite"
+    one = capture("vllm", model, suite, tmp_path / "one", shards=[0], progress=False)
+    opts = {"batch_size": 8, "enforce_eager": True, "kv_cache_dtype": "auto", "max_num_batched_tokens": 4096}
+    many = capture("vllm", model, suite, tmp_path / "many", shards=[0], progress=False,
+                   options=EngineOptions(engine_options=opts))
+    assert json.loads(many.manifest["engine"]["options"]) == opts and "options" not in one.manifest["engine"]
+    for i in one.indices:
+        a, b = one.load(i).double().numpy(), many.load(i).double().numpy()
+        assert np.max(np.abs(a - b)) <= 2.0**-8 * np.max(np.abs(a)), i
