@@ -530,3 +530,103 @@ def test_a_write_failure_at_the_end_is_one_named_error(pytester: pytest.Pytester
     result.stdout.fnmatch_lines(["*the session's reports were not written*", "error: *ladder.json: cannot write: *"])
     assert not (rep / "ladder.md").exists() and (rep / "ladder.json" / "keep.txt").read_text() == "mine"
     assert (rep / "good" / "shard-00.json").exists()  # the shard report itself was written as it arrived
+
+
+# ----------------------------------------------------------------------------- 3. a cache that never blocks a run
+
+
+def test_capture_cache_is_keyed_by_the_runtime(tmp_path: Path, fidelity_project: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another environment sharing the cache (another transformers or numpy version) gets a store of its
+    own; a cached store that cannot be used is named with what to do in pytest (remove the cache folder),
+    never with the command line's ``--out``."""
+    from harness.engines import identity
+    from harness.inputs.config import load_config
+    from harness.run.session import FidelitySession
+
+    shutil.copytree(fidelity_project, tmp_path / "p", symlinks=True)
+    session = FidelitySession(config=load_config(tmp_path / "p" / "fidelity.toml"))
+    good = session.config.candidate("good")
+    here = session.live_store_path(good)
+    real = identity.runtime_identity
+    monkeypatch.setattr(identity, "runtime_identity", lambda: {**real(), "transformers": "0.0.other"})
+    other = session.live_store_path(good)
+    monkeypatch.setattr(identity, "runtime_identity", lambda: {**real(), "numpy": "0.0.other"})
+    assert len({here, other, session.live_store_path(good)}) == 3 and other.parent == here.parent
+    monkeypatch.setattr(identity, "runtime_identity", real)
+    shutil.copytree(tmp_path / "p" / "reference", here)  # a store of another model where good's cache belongs
+    with pytest.raises(VerificationError, match=r"capture\.json: model \(the cached capture's model identity\): .*the capture cache of "
+                                                r"candidate 'good' cannot be used: remove the folder .* and run pytest again") as e:
+        session.candidate_store(good, 0)
+    assert "--out" not in str(e.value)
+
+
+# ----------------------------------------------------------------------------- 7. identity in the gate
+
+
+def _scored(identity: dict[str, Any], mean: float = 0.001) -> Any:
+    from types import SimpleNamespace
+
+    from harness.gate.baselines import Headline
+
+    return SimpleNamespace(candidate="good", shard=0, headline=Headline(mean, mean / 2, mean * 2, mean * 5, 0.99),
+                           report=SimpleNamespace(comparability={"candidate": {"name": "good", "identity": identity}}))
+
+
+MODEL_A = {"name": "good", "config_sha256": "a" * 64, "weights": {"model.safetensors": "b" * 64}}
+MODEL_B = {"name": "good", "config_sha256": "a" * 64, "weights": {"model.safetensors": "c" * 64}}
+
+
+def test_baseline_records_the_identity_and_the_gate_checks_it(tmp_path: Path) -> None:
+    """The baseline records the sha256 of the candidate's content identity (the folder name left out); a
+    case of another model under the same name fails naming the file, the expected and the found identity,
+    even when its numbers pass; the same model in another folder passes."""
+    from harness.gate.baselines import Baseline, Headline, identity_sha256, write_baseline
+    from harness.gate.gate import Gate
+
+    head = Headline(0.001, 0.0005, 0.002, 0.005, 0.99)
+    path = write_baseline(tmp_path, "good", {0: head}, MODEL_A)
+    doc = json.loads(path.read_text())
+    independent = __import__("hashlib").sha256(json.dumps(
+        {"config_sha256": "a" * 64, "weights": {"model.safetensors": "b" * 64}}, sort_keys=True,
+        separators=(",", ":")).encode()).hexdigest()
+    assert doc["identity"] == {"sha256": independent, "model": "good"} == {"sha256": identity_sha256(MODEL_A), "model": "good"}
+    gate = Gate(baselines=tmp_path, update=False, config_path=tmp_path / "fidelity.toml")
+    assert gate.failure(_scored(MODEL_A)) is None
+    assert gate.failure(_scored({**MODEL_A, "name": "moved-elsewhere"})) is None
+    msg = gate.failure(_scored(MODEL_B))
+    assert msg is not None and f"good.json: identity: expected {independent[:12]} (good), found " \
+        f"{identity_sha256(MODEL_B)[:12]} (good): the candidate is another model" in msg
+    assert "--fidelity-update-baselines" in msg
+    # an update on purpose records the new identity and drops the other model's entries
+    write_baseline(tmp_path, "good", {1: head}, MODEL_B)
+    b = Baseline.load(path, "good")
+    assert b.identity is not None and b.identity["sha256"] == identity_sha256(MODEL_B) and list(b.shards) == ["01"]
+
+
+def test_baseline_without_identity_fails_until_updated(tmp_path: Path) -> None:
+    from harness.gate.gate import Gate
+
+    (tmp_path / "good.json").write_text(json.dumps({"schema": "fidelity.baseline/1", "candidate": "good",
+                                                    "default": {"max_mean_kld": 1.0}}))
+    msg = Gate(baselines=tmp_path, update=False, config_path=tmp_path / "f.toml").failure(_scored(MODEL_A))
+    assert msg is not None and "good.json: identity: expected the identity of the model the baseline was measured on, " \
+        "found none" in msg
+    (tmp_path / "good.json").write_text(json.dumps({"schema": "fidelity.baseline/1", "candidate": "good",
+                                                    "identity": {"sha256": "xyz"}, "default": {}}))
+    from harness.gate.baselines import Baseline, BaselineError
+
+    with pytest.raises(BaselineError, match=r"good\.json: identity: expected \{sha256: 64 hex digits"):
+        Baseline.load(tmp_path / "good.json", "good")
+
+
+def test_two_candidates_of_one_identity_are_reported() -> None:
+    """Two candidates that are one model by content through one engine are named; the same model through
+    two engines is two measurements and is not."""
+    from harness.plugin.ladder import same_identity_groups
+
+    hf, vllm = {"name": "transformers"}, {"name": "vllm"}
+    groups = same_identity_groups({
+        "a": {"model": MODEL_A, "engine": hf}, "a_copy": {"model": {**MODEL_A, "name": "copy"}, "engine": hf},
+        "a.vllm": {"model": MODEL_A, "engine": vllm}, "b": {"model": MODEL_B, "engine": hf}})
+    assert groups == [["a", "a_copy"]]

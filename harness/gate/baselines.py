@@ -18,6 +18,12 @@ Fields (each optional; a case passes when every present field holds):
 * ``max_p99`` — 99th percentile of per-position KLD must be <= the value;
 * ``min_top1`` — top-1 agreement (fraction) must be >= the value.
 
+A baseline also records what it was measured on (``"identity"``): the sha256 of the candidate's content
+identity (:func:`identity_sha256`: the model's config and weight files by sha256, or the store's recorded
+model identity; the folder name is left out) and, for people, the model's name. A case whose candidate
+has another identity fails, saying so, until the baseline is updated on purpose; a baseline that records
+none (written before identities were recorded) fails the same way.
+
 Baselines change only on purpose: ``--fidelity-update-baselines`` writes the measured
 values with the margin below. Margin (documented, applied on update):
 ``max_*`` = measured x (1 + ``REL_MARGIN``) + ``ABS_MARGIN_KLD``; ``min_top1`` =
@@ -134,14 +140,47 @@ def _validate_entry(path: Path, where: str, entry: Any) -> dict[str, float]:
     return out
 
 
+def identity_sha256(identity: Mapping[str, Any]) -> str:
+    """sha256 of a model's content identity (canonical JSON, the informative ``name`` left out)."""
+    import hashlib
+    import json
+
+    content = {k: v for k, v in identity.items() if k != "name"}
+    return hashlib.sha256(json.dumps(content, sort_keys=True, separators=(",", ":")).encode("utf-8")).hexdigest()
+
+
+def _validate_identity(path: Path, raw: Any) -> dict[str, str] | None:
+    if raw is None:
+        return None
+    if not (isinstance(raw, dict) and set(raw) <= {"sha256", "model"} and isinstance(raw.get("sha256"), str)
+            and len(raw["sha256"]) == 64 and all(c in "0123456789abcdef" for c in raw["sha256"])
+            and isinstance(raw.get("model", ""), str)):
+        raise BaselineError(path, "identity", "{sha256: 64 hex digits, model: the model's name}", repr(raw))
+    return dict(raw)
+
+
 @dataclass
 class Baseline:
-    """Thresholds of one candidate: a default entry and per-shard entries."""
+    """Thresholds of one candidate: a default entry and per-shard entries, and the identity of what they
+    were measured on (None in a file written before identities were recorded)."""
 
     path: Path
     candidate: str
     default: dict[str, float]
     shards: dict[str, dict[str, float]]
+    identity: dict[str, str] | None = None
+
+    def identity_problem(self, identity: Mapping[str, Any]) -> str | None:
+        """Why these thresholds do not apply to a candidate of ``identity``, or None when they do."""
+        found = identity_sha256(identity)
+        if self.identity is None:
+            return (f"{self.path}: identity: expected the identity of the model the baseline was measured on, "
+                    f"found none (written before identities were recorded; the candidate is {found[:12]})")
+        if self.identity["sha256"] != found:
+            return (f"{self.path}: identity: expected {self.identity['sha256'][:12]} "
+                    f"({self.identity.get('model', '?')}), found {found[:12]} ({identity.get('name', '?')}): "
+                    "the candidate is another model than the one the baseline was measured on")
+        return None
 
     @classmethod
     def load(cls, path: Path, candidate: str) -> Baseline:
@@ -159,7 +198,7 @@ class Baseline:
         """Validate a parsed baseline document (``path`` names it in errors)."""
         if not isinstance(raw, dict):
             raise BaselineError(path, "top level", "an object", type(raw).__name__)
-        allowed = {"schema", "candidate", "default", "shards", "margin"}
+        allowed = {"schema", "candidate", "default", "shards", "margin", "identity"}
         for key in raw:
             if key not in allowed:
                 close = difflib.get_close_matches(key, sorted(allowed), n=1)
@@ -178,11 +217,15 @@ class Baseline:
             if not _valid_shard_key(key):
                 raise BaselineError(path, "shard key", "a shard number of at least two digits, like '03' or '100'", repr(key))
             shards[key] = _validate_entry(path, f"shards.{key}", entry)
-        return cls(path=path, candidate=candidate, default=default, shards=shards)
+        return cls(path=path, candidate=candidate, default=default, shards=shards,
+                   identity=_validate_identity(path, raw.get("identity")))
 
     def to_json(self) -> dict[str, Any]:
         """The validated thresholds as a baseline document (recorded in published sets)."""
-        return {"schema": SCHEMA, "candidate": self.candidate, "default": dict(self.default), "shards": dict(sorted(self.shards.items()))}
+        doc = {"schema": SCHEMA, "candidate": self.candidate, "default": dict(self.default), "shards": dict(sorted(self.shards.items()))}
+        if self.identity is not None:
+            doc["identity"] = dict(self.identity)
+        return doc
 
     def thresholds(self, shard: int) -> dict[str, float]:
         """The thresholds that apply to ``shard``: its own entry over the default."""
@@ -219,23 +262,30 @@ def thresholds_from(headline: Headline) -> dict[str, float]:
     return out
 
 
-def write_baseline(directory: Path, candidate: str, measured: dict[int, Headline]) -> Path:
-    """Write (or merge into) the candidate's baseline file with per-shard entries; atomic."""
+def write_baseline(directory: Path, candidate: str, measured: dict[int, Headline],
+                   identity: Mapping[str, Any] | None = None) -> Path:
+    """Write (or merge into) the candidate's baseline file with per-shard entries; atomic. ``identity``: the
+    content identity of the candidate measured (recorded; the entries of an earlier baseline of another
+    identity are not kept: they were measured on another model)."""
     path = baseline_path(directory, candidate)
     shards: dict[str, dict[str, float]] = {}
     default: dict[str, float] = {}
+    ident = None if identity is None else {"sha256": identity_sha256(identity), "model": str(identity.get("name", ""))}
     if path.exists():
         old = Baseline.load(path, candidate)
-        shards, default = dict(old.shards), dict(old.default)
+        if ident is None or (old.identity is not None and old.identity["sha256"] == ident["sha256"]):
+            shards, default = dict(old.shards), dict(old.default)
     for shard, head in measured.items():
         shards[shard_key(shard)] = thresholds_from(head)
-    doc = {
+    doc: dict[str, Any] = {
         "schema": SCHEMA,
         "candidate": candidate,
         "margin": {"relative": REL_MARGIN, "absolute_kld": ABS_MARGIN_KLD, "top1": TOP1_MARGIN},
         "default": default,
         "shards": dict(sorted(shards.items())),
     }
+    if ident is not None:
+        doc["identity"] = ident
     atomic_write_text(path, dumps_json(doc))
     return path
 

@@ -47,6 +47,10 @@ class Gate:
             baseline = Baseline.load(path, name)
         except BaselineError as exc:
             return str(exc)
+        identity = scored.report.comparability.get("candidate", {}).get("identity")
+        problem = baseline.identity_problem(identity if isinstance(identity, dict) else {})
+        if problem:
+            return f"{problem}\nif the candidate changed on purpose, update with: {update_command(name, self.selector)}"
         if not baseline.thresholds(shard):
             return (
                 f"{path}: no thresholds for shard {shard:02d} and no default entry; "

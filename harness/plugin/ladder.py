@@ -26,6 +26,8 @@ class LadderCollector:
     ladder_rows: list[dict[str, Any]] = field(default_factory=list)
     #: The shard report files written (the report folder's ledger lists them).
     written: list[Path] = field(default_factory=list)
+    #: Candidates of this run that are one model by content (reported, never silently gated twice).
+    same_identity: list[list[str]] = field(default_factory=list)
 
     def add(self, payload: dict[str, Any], *, passed: bool, no_baseline: bool = False) -> None:
         """Record one case's report and write ``<report-dir>/<candidate>/shard-<NN>.json`` and ``.md``."""
@@ -60,12 +62,19 @@ class LadderCollector:
         missing = [{"candidate": c.name, "status": why[c.name].split(":", 1)[0], "reason": why[c.name].split(":", 1)[1].strip()}
                    for c in config.candidates if c.name not in scored and c.name in why]
         write_ladder(self.report_dir, self.ladder_rows, _precision_floor(self.report_dir, self.ladder_rows), missing)
+        identities = {r.candidate: r.comparability.get("candidate", {}).get("identity") for r in reports}
+        # one model through two engines is two measurements; one model twice through one engine is reported
+        engines = {r.candidate: r.comparability.get("engine", {}).get("candidate") for r in reports}
+        self.same_identity = same_identity_groups({n: {"model": i, "engine": engines.get(n)}
+                                                   for n, i in identities.items() if isinstance(i, dict)})
         if update_baselines:
             by_cand: dict[str, dict[int, Any]] = {}
             for r in reports:
                 by_cand.setdefault(r.candidate, {})[report_shard(r)] = headline_of(r.metrics)
             for name, measured in sorted(by_cand.items()):
-                self.written_baselines.append(write_baseline(config.baselines, name, measured))
+                ident = identities.get(name)
+                self.written_baselines.append(write_baseline(config.baselines, name, measured,
+                                                             ident if isinstance(ident, dict) else None))
         self.unused_baselines = unused_baselines(config.baselines, [c.name for c in config.candidates])
 
     def summary_lines(self) -> list[str]:
@@ -78,6 +87,9 @@ class LadderCollector:
             lines.append(f"baseline written: {p}")
         for p in self.unused_baselines:
             lines.append(f"unused baseline (no such candidate in the config): {p}")
+        for group in self.same_identity:
+            lines.append(f"same identity: {', '.join(group)} are one model by content (config and weight files "
+                         "by sha256) through one engine: measured twice")
         return lines
 
 
@@ -98,3 +110,15 @@ def _precision_floor(report_dir: Path, rows: list[dict[str, Any]]) -> dict[str, 
     if floor["reference"]["identity"] != comp.get("reference", {}).get("identity"):
         return None
     return floor
+
+
+def same_identity_groups(identities: dict[str, dict[str, Any]]) -> list[list[str]]:
+    """Candidates (names, sorted) that share one identity (``{"model": content identity, "engine": ...}``):
+    groups of two or more."""
+    from harness.gate.baselines import identity_sha256
+
+    by: dict[str, list[str]] = {}
+    for name, ident in sorted(identities.items()):
+        key = identity_sha256({"model": {k: v for k, v in ident["model"].items() if k != "name"}, "engine": ident.get("engine")})
+        by.setdefault(key, []).append(name)
+    return sorted(g for g in by.values() if len(g) > 1)

@@ -36,6 +36,23 @@ def resolve_device(spec: str, worker_index: int | None = None) -> str:
     return "cpu"
 
 
+#: Distributions whose version changes what an engine computes (recorded in a store's engine identity).
+_ENGINE_PACKAGES = ("llama_cpp_python", "vllm", "compressed-tensors", "safetensors")
+
+
+def _engine_packages() -> dict[str, str]:
+    """The installed versions of :data:`_ENGINE_PACKAGES` (read from their metadata, nothing imported)."""
+    from importlib import metadata
+
+    out = {}
+    for dist in _ENGINE_PACKAGES:
+        try:
+            out[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            out[dist] = "absent"
+    return out
+
+
 def candidate_size_bytes(cand: CandidateConfig) -> int | None:
     """On-disk size: the configured value, else the quantized checkpoint's record, else its weight files."""
     if cand.size_bytes is not None:
@@ -87,6 +104,8 @@ class FidelitySession:
     _held: dict[str, Any] = field(default_factory=dict)
     _planned: dict[str, set[int]] = field(default_factory=dict)
     _positions: dict[tuple[str, int], ShardPositions] = field(default_factory=dict)
+    #: live candidates' model identities (by content), computed once per session
+    _live_identities: dict[str, dict[str, Any]] = field(default_factory=dict)
     #: pytest-xdist: the folder this session's workers share scored positions through
     #: (:mod:`harness.run.shared_scores`); None in a single process
     shared_scores: Handover | None = None
@@ -211,13 +230,18 @@ class FidelitySession:
             self._planned.setdefault(name, set()).add(shard)
 
     def live_store_path(self, cand: CandidateConfig) -> Path:
-        """Cache folder of a live candidate's capture, keyed by its identity (by content)."""
-        from harness.engines.identity import identity_key
+        """Cache folder of a live candidate's capture, keyed by its identity (by content) and by the runtime
+        that captures it (python, torch, transformers, numpy, the harness and the engines' packages): another
+        environment sharing the cache gets a store of its own, never a mixed one."""
+        from harness.engines.identity import identity_key, runtime_identity
         from harness.engines.registry import get_engine
 
         assert cand.model is not None
-        ident = get_engine(cand.engine, str(self.config.path)).model_identity(cand.model)
-        keyed: dict[str, Any] = {"model": ident, "engine": cand.engine, "device": self.device}
+        if cand.name not in self._live_identities:
+            self._live_identities[cand.name] = get_engine(cand.engine, str(self.config.path)).model_identity(cand.model)
+        ident = self._live_identities[cand.name]
+        keyed: dict[str, Any] = {"model": ident, "engine": cand.engine, "device": self.device,
+                                 "runtime": {**runtime_identity(), **_engine_packages()}}
         if cand.options:  # captures taken with other engine options never share a cache folder
             keyed["options"] = cand.options
         key = identity_key(keyed)
@@ -236,16 +260,25 @@ class FidelitySession:
         if held is not None and not held.missing(self.shard_indices(shard)):
             return held
         out = self.live_store_path(cand)
-        if (out / "capture.json").exists():
-            store = CaptureStore.open(out, self.suite, verify=True)
-            if not store.missing(self.shard_indices(shard)):
-                return store
-        shards = sorted(self._planned.get(cand.name, set()) | {shard})
         from harness.capture.loop import capture
+        from harness.errors import VerificationError
 
-        opts = EngineOptions(device=self.device, engine_options=cand.options)
-        return capture(cand.engine, cand.model, self.suite, out, shards=shards, options=opts,
-                       progress=self.progress)
+        try:
+            if (out / "capture.json").exists():
+                store = CaptureStore.open(out, self.suite, verify=True)
+                if store.identity != self._live_identities[cand.name]:  # a cache folder is believed for its content
+                    raise VerificationError(out / "capture.json", "model (the cached capture's model identity)",
+                                            self._live_identities[cand.name], store.identity)
+                if not store.missing(self.shard_indices(shard)):
+                    return store
+            shards = sorted(self._planned.get(cand.name, set()) | {shard})
+            opts = EngineOptions(device=self.device, engine_options=cand.options)
+            return capture(cand.engine, cand.model, self.suite, out, shards=shards, options=opts,
+                           progress=self.progress)
+        except VerificationError as e:  # said in the interface of the run: the cache folder is the harness's own
+            raise VerificationError(e.path, e.what, e.expected, e.found,
+                                    hint=f"the capture cache of candidate {cand.name!r} cannot be used: remove the folder "
+                                    f"{out} and run pytest again (the candidate is captured again)") from None
 
     # ------------------------------------------------------------------ scoring
     def positions(self, cand: CandidateConfig, shard: int) -> ShardPositions:
