@@ -98,3 +98,19 @@ def test_refused_replay_leaves_no_capture(built: tuple[Path, Path], capsys: pyte
     (tmp / "existing" / "notes.md").write_text("mine")
     assert main([*args, "--out", str(tmp / "existing")]) == 2
     assert sorted(p.name for p in (tmp / "existing").iterdir()) == ["notes.md"]
+
+
+def test_plan_says_more_than_its_cap_and_refuses_a_self_comparison(built: tuple[Path, Path], tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """``fidelity plan --eps 1e-300`` prints that more clusters than its search cap are needed (never the cap as
+    the answer) and writes ``null`` with ``more_than_clusters``; a candidate planned against itself is refused."""
+    from harness.planning.design import MAX_CLUSTERS
+
+    tmp, _ds = built
+    assert main(["plan", str(tmp / "reports"), "--candidate", "int8", "--eps", "1e-300", "--out", str(tmp_path / "p.json")]) == 0
+    out = capsys.readouterr().out
+    assert f"more than {MAX_CLUSTERS} clusters" in out and f": {MAX_CLUSTERS} clusters" not in out
+    doc = json.loads((tmp_path / "p.json").read_text())
+    assert doc["precision"] == {"eps": 1e-300, "clusters": None, "contexts": None, "more_than_clusters": MAX_CLUSTERS}
+    assert main(["plan", str(tmp / "reports"), "--candidate", "int8", "--versus", "int8", "--delta", "1e-4"]) == 2
+    assert "expected another candidate than --candidate, found 'int8' twice" in capsys.readouterr().err

@@ -604,18 +604,18 @@ def test_baseline_records_the_identity_and_the_gate_checks_it(tmp_path: Path) ->
     assert b.identity is not None and b.identity["sha256"] == identity_sha256(MODEL_B) and list(b.shards) == ["01"]
 
 
-def test_baseline_without_identity_fails_until_updated(tmp_path: Path) -> None:
+def test_baseline_without_identity_gates_and_a_malformed_identity_is_refused(tmp_path: Path) -> None:
+    """A baseline written before identities were recorded still gates on its thresholds (the run names it);
+    an identity that is not a sha256 is refused naming the file and the key."""
+    from harness.gate.baselines import Baseline, BaselineError
     from harness.gate.gate import Gate
 
     (tmp_path / "good.json").write_text(json.dumps({"schema": "fidelity.baseline/1", "candidate": "good",
-                                                    "default": {"max_mean_kld": 1.0}}))
+                                                    "default": {"max_mean_kld": 0.0005}}))
     msg = Gate(baselines=tmp_path, update=False, config_path=tmp_path / "f.toml").failure(_scored(MODEL_A))
-    assert msg is not None and "good.json: identity: expected the identity of the model the baseline was measured on, " \
-        "found none" in msg
+    assert msg is not None and "mean_kld 0.001 > max 0.0005" in msg
     (tmp_path / "good.json").write_text(json.dumps({"schema": "fidelity.baseline/1", "candidate": "good",
                                                     "identity": {"sha256": "xyz"}, "default": {}}))
-    from harness.gate.baselines import Baseline, BaselineError
-
     with pytest.raises(BaselineError, match=r"good\.json: identity: expected \{sha256: 64 hex digits"):
         Baseline.load(tmp_path / "good.json", "good")
 
@@ -630,3 +630,37 @@ def test_two_candidates_of_one_identity_are_reported() -> None:
         "a": {"model": MODEL_A, "engine": hf}, "a_copy": {"model": {**MODEL_A, "name": "copy"}, "engine": hf},
         "a.vllm": {"model": MODEL_A, "engine": vllm}, "b": {"model": MODEL_B, "engine": hf}})
     assert groups == [["a", "a_copy"]]
+
+
+# ----------------------------------------------------------------------------- 8. suite and plan honesty
+
+
+def test_suite_with_a_duplicated_window_is_refused(tmp_path: Path, tiny_suite: Path) -> None:
+    """A context that repeats another's window (same document, same start), resealed, fails verification
+    naming both contexts: it would be scored and bootstrapped twice."""
+    from harness.inputs.suite import Suite, manifest_sha256
+
+    shutil.copytree(tiny_suite, tmp_path / "s")
+    sj = tmp_path / "s" / "suite.json"
+    doc = json.loads(sj.read_text())
+    doc["contexts"][3]["document"] = doc["contexts"][2]["document"]
+    doc["contexts"][3]["start_token"] = doc["contexts"][2]["start_token"]
+    doc["manifest_sha256"] = manifest_sha256(doc)
+    sj.write_text(json.dumps(doc))
+    with pytest.raises(VerificationError, match=r"suite\.json: contexts\[3\] \(document, start_token\): expected each "
+                                                r"window of a document once, found .* already contexts\[2\]"):
+        Suite.load(tmp_path / "s")
+
+
+def test_plan_search_never_reports_its_cap_as_the_answer() -> None:
+    """A requirement beyond the search cap is None ("more than"), and one just below the cap is found exactly
+    (checked against the closed form of the normal-approximation bound with a huge pilot spread)."""
+    from harness.planning.design import MAX_CLUSTERS, ClusterPilot, _smallest, clusters_for_precision
+
+    rng = np.random.default_rng(0)
+    n = np.full(20, 100.0)
+    p = ClusterPilot(sums=rng.normal(1.0, 50.0, 20) * 100.0 + 100.0, positions=n, contexts=np.ones(20))
+    assert clusters_for_precision(p, 1e-300) is None
+    assert _smallest(lambda c: c >= MAX_CLUSTERS - 3) == MAX_CLUSTERS - 3
+    assert _smallest(lambda c: c >= MAX_CLUSTERS) == MAX_CLUSTERS
+    assert _smallest(lambda c: c >= 9_000_001) == 9_000_001  # between the last doubling (8,388,608) and the cap

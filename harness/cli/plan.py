@@ -30,7 +30,6 @@ def _positive(text: str) -> float:
 
 
 def _plan(a: argparse.Namespace) -> int:
-    import math
 
     from harness.io.atomic import atomic_write_json
     from harness.planning.design import (
@@ -58,23 +57,53 @@ def _plan(a: argparse.Namespace) -> int:
     print(f"this suite: mean KLD known within ±{100 * out['current']['eps']:.2f}% (95%)")
     if a.eps:
         c = clusters_for_precision(p, a.eps)
-        out["precision"] = {"eps": a.eps, "clusters": c, "contexts": math.ceil(c * p.contexts_per_cluster)}
-        print(f"±{100 * a.eps:g}% relative at 95%: {c} clusters ≈ {out['precision']['contexts']} contexts")
+        out["precision"] = _needed({"eps": a.eps}, c, p.contexts_per_cluster)
+        print(f"±{100 * a.eps:g}% relative at 95%: {_say(c, p.contexts_per_cluster)}")
     if a.versus:
-        d = ClusterPilot.from_rows(rows, _rows(groups, a.versus))
+        if a.versus == a.candidate:
+            raise FidelityError(f"plan --versus: expected another candidate than --candidate, found {a.versus!r} twice "
+                                "(a candidate compared with itself has no difference to resolve)")
+        try:
+            d = ClusterPilot.from_rows(rows, _rows(groups, a.versus))
+        except ValueError as e:
+            raise FidelityError(f"plan --versus {a.versus}: expected the contexts of {a.candidate}, found {e}") from None
+        if not d.sums.any():
+            raise FidelityError(f"plan --versus {a.versus}: expected a difference from {a.candidate}, found the same "
+                                "KLD sum in every source cluster (one model twice?)")
         out["versus"] = {"candidate": a.versus, "observed_difference": d.mean, "resolvable_delta": resolvable_delta(d)}
         print(f"vs {a.versus}: observed difference {d.mean:.4g}; this suite resolves δ ≥ {resolvable_delta(d):.4g} "
               f"(95% confidence, 80% power, paired)")
         if a.delta:
             c = clusters_for_difference(d, a.delta)
-            out["versus"].update({"delta": a.delta, "clusters": c, "contexts": math.ceil(c * d.contexts_per_cluster),
-                                  "power_now": power_at(d, a.delta, d.n_clusters)})
-            print(f"δ = {a.delta:g}: {c} clusters ≈ {out['versus']['contexts']} contexts for 80% power "
+            out["versus"].update(_needed({"delta": a.delta}, c, d.contexts_per_cluster))
+            out["versus"]["power_now"] = power_at(d, a.delta, d.n_clusters)
+            print(f"δ = {a.delta:g}: {_say(c, d.contexts_per_cluster)} for 80% power "
                   f"(power with this suite: {100 * out['versus']['power_now']:.1f}%)")
     if a.out:
         atomic_write_json(a.out, out)
         print(f"written: {a.out}")
     return 0
+
+
+def _needed(doc: dict[str, Any], clusters: int | None, per_cluster: float) -> dict[str, Any]:
+    """``clusters`` and ``contexts`` needed; when the search hit its cap, both ``null`` and ``more_than_clusters``."""
+    import math
+
+    from harness.planning.design import MAX_CLUSTERS
+
+    if clusters is None:
+        return {**doc, "clusters": None, "contexts": None, "more_than_clusters": MAX_CLUSTERS}
+    return {**doc, "clusters": clusters, "contexts": math.ceil(clusters * per_cluster)}
+
+
+def _say(clusters: int | None, per_cluster: float) -> str:
+    import math
+
+    from harness.planning.design import MAX_CLUSTERS
+
+    if clusters is None:
+        return f"more than {MAX_CLUSTERS} clusters (the search stops there)"
+    return f"{clusters} clusters ≈ {math.ceil(clusters * per_cluster)} contexts"
 
 
 def add_plan(sub: SubParsers) -> None:

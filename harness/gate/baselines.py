@@ -21,8 +21,9 @@ Fields (each optional; a case passes when every present field holds):
 A baseline also records what it was measured on (``"identity"``): the sha256 of the candidate's content
 identity (:func:`identity_sha256`: the model's config and weight files by sha256, or the store's recorded
 model identity; the folder name is left out) and, for people, the model's name. A case whose candidate
-has another identity fails, saying so, until the baseline is updated on purpose; a baseline that records
-none (written before identities were recorded) fails the same way.
+has another identity fails, saying so, until the baseline is updated on purpose. A baseline that records
+none (written before identities were recorded) still gates on its thresholds, and the run names it with the
+command that re-derives it.
 
 Baselines change only on purpose: ``--fidelity-update-baselines`` writes the measured
 values with the margin below. Margin (documented, applied on update):
@@ -173,9 +174,8 @@ class Baseline:
     def identity_problem(self, identity: Mapping[str, Any]) -> str | None:
         """Why these thresholds do not apply to a candidate of ``identity``, or None when they do."""
         found = identity_sha256(identity)
-        if self.identity is None:
-            return (f"{self.path}: identity: expected the identity of the model the baseline was measured on, "
-                    f"found none (written before identities were recorded; the candidate is {found[:12]})")
+        if self.identity is None:  # written before identities were recorded: named by the run, not failed
+            return None
         if self.identity["sha256"] != found:
             return (f"{self.path}: identity: expected {self.identity['sha256'][:12]} "
                     f"({self.identity.get('model', '?')}), found {found[:12]} ({identity.get('name', '?')}): "

@@ -260,7 +260,7 @@ MAX_NAME = 100
 REPORT_FOLDER_NAMES = frozenset({
     "ladder.json", "ladder.md", "tails.json", "tails.md", "tails.png", "window.json", "window.md",
     "adaptive.json", "adaptive.md", "cross_engine.json", "cross_engine.md", "paired", "attribution",
-    "fidelity-run.json",
+    "fidelity-run.json", "precision_floor.json", "precision_floor.md",
 })
 #: Names Windows reserves for devices, with or without an extension (``con``, ``nul.txt``).
 _DEVICE_NAMES = frozenset({"con", "prn", "aux", "nul", *(f"com{i}" for i in range(1, 10)), *(f"lpt{i}" for i in range(1, 10))})

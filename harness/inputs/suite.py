@@ -270,9 +270,15 @@ def _verify(suite: Suite, sj: Path, tf: Path) -> None:
     found = tokens_sha256(suite.tokens)
     if found != suite.suite_token_sha256:
         raise VerificationError(tf, "suite_token_sha256", suite.suite_token_sha256, found)
+    seen: dict[tuple[str, int], int] = {}
     for i, c in enumerate(suite.contexts):
         if c.index != i:
             raise VerificationError(sj, f"contexts[{i}].index", i, c.index)
+        window = (c.document, c.start_token)
+        if window in seen:  # one window twice would be scored, and bootstrapped, twice
+            raise VerificationError(sj, f"contexts[{i}] (document, start_token)", "each window of a document once",
+                                    f"{c.document!r} at token {c.start_token}, already contexts[{seen[window]}]")
+        seen[window] = i
     pos = 0
     for k, s in enumerate(suite.shards):
         if s.index != k or s.start != pos or s.stop <= s.start:

@@ -90,26 +90,30 @@ def _t(q: float, clusters: int) -> float:
     return float(stats.t.ppf(q, max(clusters - 1, 1)))
 
 
-def _smallest(ok: Any) -> int:
+def _smallest(ok: Any) -> int | None:
+    """The fewest clusters (>= 2) for which ``ok`` holds; None when not even :data:`MAX_CLUSTERS` suffice
+    (the search stops there: the answer is "more than MAX_CLUSTERS", never the cap itself)."""
     lo, hi = 2, 2
     while not ok(hi):
-        hi *= 2
-        if hi > MAX_CLUSTERS:
-            return MAX_CLUSTERS
+        if hi >= MAX_CLUSTERS:
+            return None
+        lo, hi = hi + 1, min(hi * 2, MAX_CLUSTERS)
     while lo < hi:
         mid = (lo + hi) // 2
         lo, hi = (lo, mid) if ok(mid) else (mid + 1, hi)
     return lo
 
 
-def clusters_for_precision(p: ClusterPilot, eps: float, level: float = LEVEL) -> int:
-    """Fewest clusters whose ``level`` interval half-width is within ``eps`` x the mean."""
+def clusters_for_precision(p: ClusterPilot, eps: float, level: float = LEVEL) -> int | None:
+    """Fewest clusters whose ``level`` interval half-width is within ``eps`` x the mean (None: more than
+    :data:`MAX_CLUSTERS`)."""
     q = 0.5 + level / 2
     return _smallest(lambda c: _t(q, c) * p.se(c) <= eps * abs(p.mean))
 
 
-def clusters_for_difference(p: ClusterPilot, delta: float, level: float = LEVEL, power: float = POWER) -> int:
-    """Fewest clusters for a two-sided test at ``level`` to detect ``delta`` with ``power`` (paired pilot)."""
+def clusters_for_difference(p: ClusterPilot, delta: float, level: float = LEVEL, power: float = POWER) -> int | None:
+    """Fewest clusters for a two-sided test at ``level`` to detect ``delta`` with ``power`` (paired pilot; None:
+    more than :data:`MAX_CLUSTERS`)."""
     q = 0.5 + level / 2
     return _smallest(lambda c: (_t(q, c) + _t(power, c)) * p.se(c) <= abs(delta))
 

@@ -28,6 +28,8 @@ class LadderCollector:
     written: list[Path] = field(default_factory=list)
     #: Candidates of this run that are one model by content (reported, never silently gated twice).
     same_identity: list[list[str]] = field(default_factory=list)
+    #: Baselines of this run's candidates that record no identity (named at the end of the run).
+    without_identity: list[Path] = field(default_factory=list)
 
     def add(self, payload: dict[str, Any], *, passed: bool, no_baseline: bool = False) -> None:
         """Record one case's report and write ``<report-dir>/<candidate>/shard-<NN>.json`` and ``.md``."""
@@ -76,6 +78,11 @@ class LadderCollector:
                 self.written_baselines.append(write_baseline(config.baselines, name, measured,
                                                              ident if isinstance(ident, dict) else None))
         self.unused_baselines = unused_baselines(config.baselines, [c.name for c in config.candidates])
+        if not update_baselines:
+            from harness.gate.baselines import load_baseline_or_none
+
+            self.without_identity = sorted(b.path for b in (load_baseline_or_none(config.baselines, n)
+                                                            for n in sorted(identities)) if b is not None and b.identity is None)
 
     def summary_lines(self) -> list[str]:
         """The ladder as terminal lines, sorted by mean KLD, plus baseline notes."""
@@ -87,6 +94,9 @@ class LadderCollector:
             lines.append(f"baseline written: {p}")
         for p in self.unused_baselines:
             lines.append(f"unused baseline (no such candidate in the config): {p}")
+        for p in self.without_identity:
+            lines.append(f"baseline without identity (measured before identities were recorded; the gate cannot tell "
+                         f"another model under this name): {p}; re-derive it on purpose with --fidelity-update-baselines")
         for group in self.same_identity:
             lines.append(f"same identity: {', '.join(group)} are one model by content (config and weight files "
                          "by sha256) through one engine: measured twice")
