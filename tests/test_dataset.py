@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -114,3 +115,27 @@ def test_plan_says_more_than_its_cap_and_refuses_a_self_comparison(built: tuple[
     assert doc["precision"] == {"eps": 1e-300, "clusters": None, "contexts": None, "more_than_clusters": MAX_CLUSTERS}
     assert main(["plan", str(tmp / "reports"), "--candidate", "int8", "--versus", "int8", "--delta", "1e-4"]) == 2
     assert "expected another candidate than --candidate, found 'int8' twice" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("edit, pattern", [
+    (lambda d: d.pop("reference"), "dataset.json: reference: expected present, found missing"),
+    (lambda d: d["reference"].update(shards=["0"]), "dataset.json: reference.shards[0]: expected an integer, found a string '0'"),
+    (lambda d: d.update(candidates={"int8": "0"}), "dataset.json: candidates.int8: expected an array of an integer, found a string '0'"),
+    (lambda d: d.update(score_from=None), "dataset.json: score_from: expected an array of an integer, found null None"),
+])
+def test_resealed_manifest_lies_are_named(built: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                          edit: Any, pattern: str) -> None:
+    """A dataset.json with a missing block or a string where a number belongs, resealed in checksums.txt, is a
+    named refusal (file, key, expected, found), never a KeyError or TypeError."""
+    from harness.reports.publish import write_checksums
+
+    _tmp, ds = built
+    copy = tmp_path / "ds"
+    shutil.copytree(ds, copy)
+    doc = json.loads((copy / "dataset.json").read_text())
+    edit(doc)
+    (copy / "dataset.json").write_text(json.dumps(doc))
+    write_checksums(copy)
+    assert main(["verify", str(copy)]) == 1
+    err = capsys.readouterr().err
+    assert pattern in err and "Traceback" not in err, err

@@ -62,6 +62,11 @@ def test_worse_candidate_with_copied_baseline_fails_with_field_value_limit(proje
     good["candidate"] = "bad"
     (project.path / "baselines" / "bad.json").write_text(json.dumps(good))
     result = project.runpytest("-m", "fidelity", "-k", "bad")
+    result.assert_outcomes(failed=4)  # the copy records good's identity: another model than bad
+    result.stdout.fnmatch_lines(["*bad.json: identity: expected * (good), found * (bad): the candidate is another model*"])
+    del good["identity"]  # a baseline written before identities were recorded: gated on its thresholds
+    (project.path / "baselines" / "bad.json").write_text(json.dumps(good))
+    result = project.runpytest("-m", "fidelity", "-k", "bad")
     result.assert_outcomes(failed=4)
     result.stdout.fnmatch_lines(
         [

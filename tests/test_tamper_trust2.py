@@ -664,3 +664,126 @@ def test_plan_search_never_reports_its_cap_as_the_answer() -> None:
     assert _smallest(lambda c: c >= MAX_CLUSTERS - 3) == MAX_CLUSTERS - 3
     assert _smallest(lambda c: c >= MAX_CLUSTERS) == MAX_CLUSTERS
     assert _smallest(lambda c: c >= 9_000_001) == 9_000_001  # between the last doubling (8,388,608) and the cap
+
+
+# ----------------------------------------------------------------------------- 6. one strict reader, one schema per file
+
+
+@pytest.mark.parametrize("doc, pattern", [
+    ({"candidates": "x"}, r"tails\.json: candidates: expected an array of an object \{candidate, ccdf, cumulative\}, found a string 'x'"),
+    ({"candidates": [{"candidate": "a", "ccdf": {"x": [1e-3], "y": ["0.5"]}, "cumulative": {}}]},
+     r"tails\.json: candidates\[0\]\.ccdf\.y\[0\]: expected a finite number, found a string '0\.5'"),
+    ({"candidates": [{"candidate": "a", "ccdf": {"x": [], "y": []}}]}, r"tails\.json: candidates\[0\]\.cumulative: expected present, found missing"),
+])
+def test_publish_refuses_a_lying_summary_by_name(tmp_path: Path, doc: Any, pattern: str) -> None:
+    from harness.reports.publish import TAILS_SCHEMA, _read_json
+
+    (tmp_path / "tails.json").write_text(json.dumps(doc))
+    with pytest.raises(VerificationError, match=pattern):
+        _read_json(tmp_path / "tails.json", TAILS_SCHEMA)
+    (tmp_path / "tails.json").write_bytes(b'{"candidates": "\xff"}')
+    with pytest.raises(VerificationError, match=r"tails\.json: encoding: expected UTF-8 JSON"):
+        _read_json(tmp_path / "tails.json", TAILS_SCHEMA)
+
+
+def test_checksums_not_utf8_is_a_named_problem(tmp_path: Path) -> None:
+    from harness.reports.publish import verify_set
+
+    (tmp_path / "checksums.txt").write_bytes(b"\xff\xfe not text")
+    assert verify_set(tmp_path) == [f"{tmp_path / 'checksums.txt'}: encoding: expected UTF-8 text, found byte 0: invalid start byte"]
+
+
+def test_shard_report_blocks_are_checked_by_schema(tmp_path: Path) -> None:
+    """A shard report missing a block consumers add up (``metrics.totals.histogram``), or with a string where
+    a count belongs, is refused naming the file and the dotted key (aggregate never meets a bare KeyError)."""
+    from harness.io.schema import Nullable, Optional, check
+
+    schema = {"totals": {"n": int, "histogram": {"counts": [int]}, "extra": Optional({"k": float})}, "ci": Nullable([float])}
+    good = {"totals": {"n": 3, "histogram": {"counts": [1, 2]}}, "ci": None}
+    check(good, schema, "r.json", "metrics")
+    for bad, pattern in [({"totals": {"n": 3}, "ci": None}, r"r\.json: metrics\.totals\.histogram: expected present, found missing"),
+                         ({"totals": {"n": True, "histogram": {"counts": []}}, "ci": None}, r"metrics\.totals\.n: expected an integer, found true/false True"),
+                         ({"totals": {"n": 3, "histogram": {"counts": [1, "2"]}}, "ci": None}, r"histogram\.counts\[1\]: expected an integer, found a string '2'"),
+                         ({**good, "totals": {**good["totals"], "extra": {"k": "nan"}}}, r"metrics\.totals\.extra\.k: expected a finite number"),
+                         ({**good, "ci": [0.1, None]}, r"metrics\.ci\[1\]: expected a finite number, found null None")]:
+        with pytest.raises(VerificationError, match=pattern):
+            check(bad, schema, "r.json", "metrics")
+
+
+_FIX = Path(__file__).resolve().parents[1] / "fixtures" / "candidates"
+
+
+def _ct_copy(tmp_path: Path, name: str) -> Path:
+    dst = tmp_path / name
+    shutil.copytree(_FIX / name, dst)
+    return dst
+
+
+def _edit_weights(root: Path, edit: Any) -> None:
+    from safetensors.torch import load_file, save_file
+
+    for f in root.glob("*.safetensors"):
+        tensors = load_file(f)
+        edit(tensors)
+        save_file(tensors, f, metadata={"format": "pt"})
+
+
+@pytest.mark.parametrize("case, pattern", [
+    ("num_bits", r"model\.safetensors: model\.layers\.0\.mlp\.down_proj\.weight_packed shape \(config\.json quantization_config"
+                 r"\.config_groups\.group_0\.weights\.num_bits 3, weight_shape \[128, 384\]\): expected \[128, 36\], found \[128, 48\]"),
+    ("weight_shape", r"q_proj\.weight_packed shape .*weight_shape \[128, 100\]\): expected \[128, 13\], found \[128, 16\]"),
+    ("packed_dtype", r"down_proj\.weight_packed dtype \(config\.json .*pack-quantized\): expected I32, found I16"),
+    ("group_size", r"down_proj\.weight_scale shape \(config\.json .*group, group_size 64\): expected \[128, 6\], found \[128, 12\]"),
+    ("string_bits", r"config\.json: quantization_config\.config_groups\.group_0\.weights\.num_bits: expected an integer, found a string '4'"),
+])
+def test_compressed_tensors_config_that_lies_is_refused(tmp_path: Path, case: str, pattern: str) -> None:
+    """compressed-tensors believes its configuration (a checkpoint saying 3 bits while packed 4 loads without a
+    word and computes garbage): the harness checks it against the stored tensors first and names the file, the
+    tensor, the expected and the found value; the untouched checkpoint loads."""
+    import torch
+
+    from harness.engines.transformers import load_model
+
+    root = _ct_copy(tmp_path, "ct_w4a16_rtn")
+    cfg = json.loads((root / "config.json").read_text())
+    weights = cfg["quantization_config"]["config_groups"]["group_0"]["weights"]
+    if case == "num_bits":
+        weights["num_bits"] = 3
+    elif case == "group_size":
+        weights["group_size"] = 64
+    elif case == "string_bits":
+        weights["num_bits"] = "4"
+    elif case == "weight_shape":
+        _edit_weights(root, lambda t: t.__setitem__("model.layers.0.self_attn.q_proj.weight_shape", torch.tensor([128, 100])))
+    elif case == "packed_dtype":
+        _edit_weights(root, lambda t: t.__setitem__("model.layers.0.mlp.down_proj.weight_packed",
+                                                    t["model.layers.0.mlp.down_proj.weight_packed"].to(torch.int16)))
+    (root / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(VerificationError, match=pattern):
+        load_model(root)
+
+
+def test_compressed_tensors_fixtures_pass_the_check() -> None:
+    """Every real compressed-tensors checkpoint of the fixtures (int4 packed, GPTQ, NVFP4, FP8) passes."""
+    from harness.engines.compressed_config import check_compressed_tensors
+
+    for name in ("ct_w4a16_rtn", "ct_w4a16_gptq", "ct_nv_fp4a16", "ct_fp8_dynamic"):
+        check_compressed_tensors(_FIX / name)
+
+
+def test_nvfp4_and_fp8_lies_are_refused(tmp_path: Path) -> None:
+    from harness.engines.compressed_config import check_compressed_tensors
+
+    root = _ct_copy(tmp_path, "ct_nv_fp4a16")
+    cfg = json.loads((root / "config.json").read_text())
+    cfg["quantization_config"]["config_groups"]["group_0"]["weights"]["group_size"] = 32
+    (root / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(VerificationError, match=r"weight_scale shape \(config\.json .*group_size 32\): expected \[\d+, \d+\], found"):
+        check_compressed_tensors(root)
+    root = _ct_copy(tmp_path, "ct_fp8_dynamic")
+    cfg = json.loads((root / "config.json").read_text())
+    cfg["quantization_config"]["config_groups"]["group_0"]["weights"]["num_bits"] = 4
+    (root / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(VerificationError, match=r"weight dtype \(config\.json .*num_bits 4, float-quantized\): "
+                                                r"expected F8_E4M3 or F8_E5M2 with num_bits 8, found F8_E4M3 with num_bits 4"):
+        check_compressed_tensors(root)

@@ -11,7 +11,6 @@ suite and shard hashes, head, reference identity, rows adding up to the report's
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +19,14 @@ import numpy as np
 from harness.errors import VerificationError
 from harness.inputs.dataset_layout import MANIFEST, SCHEMA
 from harness.io.hashing import sha256_file, tokens_sha256
+from harness.io.schema import MapOf
+
+#: What the rest of the verification and ``replay --dataset`` read from ``dataset.json`` (harness.io.schema).
+MANIFEST_SCHEMA = {
+    "schema": str, "protocol_version": int, "suite_token_sha256": str, "head_sha256": str,
+    "reference": {"name": str, "shards": [int], "model": MapOf(object), "kind": str, "width": int},
+    "score_from": [int], "candidates": MapOf([int]),
+}
 
 
 def _without_name(model: dict[str, Any]) -> dict[str, Any]:
@@ -41,13 +48,14 @@ def verify_dataset(root: Path) -> dict[str, Any]:
     problems = verify_set(root)
     if problems:
         raise VerificationError(root / "checksums.txt", "dataset files", "every file as listed", problems[0])
+    from harness.io.jsonio import read_json
+    from harness.io.schema import check
+
     mf = root / MANIFEST
-    try:
-        doc = json.loads(mf.read_text("utf-8"))
-    except (OSError, ValueError) as e:
-        raise VerificationError(mf, f"not readable JSON ({e})") from None
-    if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
-        raise VerificationError(mf, "schema", SCHEMA, doc.get("schema") if isinstance(doc, dict) else doc)
+    doc = read_json(mf)
+    if doc.get("schema") != SCHEMA:
+        raise VerificationError(mf, "schema", SCHEMA, doc.get("schema"))
+    check(doc, MANIFEST_SCHEMA, mf)
     if doc.get("protocol_version") != PROTOCOL_VERSION:
         raise VerificationError(mf, "protocol_version", PROTOCOL_VERSION, doc.get("protocol_version"))
     suite = Suite.load(root / "suite", verify=True)
@@ -58,7 +66,7 @@ def verify_dataset(root: Path) -> dict[str, Any]:
         arr = np.load(view, allow_pickle=False)
         if tokens_sha256(arr) != sh.sha256 or not np.array_equal(arr, suite.tokens[sh.start:sh.stop]):
             raise VerificationError(view, f"shard {sh.index} token rows", sh.sha256, tokens_sha256(arr))
-        meta = json.loads((root / "shards" / f"shard-{sh.index:02d}.json").read_text("utf-8"))
+        meta = read_json(root / "shards" / f"shard-{sh.index:02d}.json")
         if (meta.get("start"), meta.get("stop"), meta.get("sha256")) != (sh.start, sh.stop, sh.sha256):
             raise VerificationError(view.with_suffix(".json"), "shard view", (sh.start, sh.stop, sh.sha256),
                                     (meta.get("start"), meta.get("stop"), meta.get("sha256")))
@@ -73,7 +81,9 @@ def verify_dataset(root: Path) -> dict[str, Any]:
     head = load_head(root / "head" / "lm_head.safetensors", expected_sha256=doc.get("head_sha256"))
     if head.hidden_size != ref.width:
         raise VerificationError(head.path, "hidden_size (the reference's width)", ref.width, head.hidden_size)
-    src = json.loads((root / "head" / "lm_head.json").read_text("utf-8")).get("source_model") or {}
+    src = read_json(root / "head" / "lm_head.json").get("source_model") or {}
+    if not isinstance(src, dict):
+        raise VerificationError(root / "head" / "lm_head.json", "source_model", "an object (the model's identity)", src)
     if _without_name(src) != _without_name(ref.identity):
         raise VerificationError(root / "head" / "lm_head.json", "source_model (the reference store's model)", _without_name(ref.identity), _without_name(src))
     tok = root / "tokenizer" / "tokenizer.json"

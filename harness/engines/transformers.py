@@ -156,6 +156,9 @@ def load_model(
         model.eval()
         return model
     check_quantization_package(root)
+    from harness.engines.compressed_config import check_compressed_tensors
+
+    check_compressed_tensors(root)  # the configuration against the stored tensors, before the library believes it
     from transformers import AutoModelForCausalLM
 
     kw: dict[str, Any] = {}

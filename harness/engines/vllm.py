@@ -137,6 +137,9 @@ class VllmEngine:
 
         root = check_model_dir(model)
         opts = validate_options(ENGINE_NAME, OPTIONS, options.engine_options)
+        from harness.engines.compressed_config import check_compressed_tensors
+
+        check_compressed_tensors(root)  # the configuration against the stored tensors, before vLLM believes it
         _set_env()
         try:
             from vllm import LLM

@@ -33,6 +33,7 @@ from typing import Any
 
 from harness.errors import FidelityError, VerificationError
 from harness.io.atomic import atomic_write_text
+from harness.io.schema import MapOf, Nullable
 from harness.reports.numbers import fmt_opt
 
 SCHEMA_RESULTS = "fidelity.results/1"
@@ -88,12 +89,25 @@ def write_aggregates(out_dir: str | Path, groups: dict[str, list[Any]], aggs: di
     return atomic_write_files(files)
 
 
-def _read_json(path: Path) -> Any:
+#: What a published set reads from a run's summaries (harness.io.schema): a summary that lies is a named refusal.
+TAILS_SCHEMA = {"candidates": [{"candidate": str, "ccdf": {"x": [float], "y": [float]},
+                                "cumulative": {"percentiles": {"p50": float, "p90": float, "p99": float, "p99.9": float},
+                                               "cvar1": float, "max": float}}]}
+WINDOW_SCHEMA = {"verdict": str, "windows": MapOf({"candidates": MapOf({"mean_kld": Nullable(float),
+                                                                        "rel_change_mean_kld": Nullable(float)})})}
+PAIRED_SCHEMA = {"a": str, "b": str, "verdict_named": str, "margin": float,
+                 "kld_mean": {"diff": Nullable(float), "ci95": Nullable([float])}}
+
+
+def _read_json(path: Path, schema: Any = object) -> Any:
     from harness.io.jsonio import read_json
+    from harness.io.schema import check
 
     if not path.is_file():
         return None
-    return read_json(path)
+    doc = read_json(path)
+    check(doc, schema, path)
+    return doc
 
 
 # ------------------------------------------------------------------ the publishable set
@@ -290,7 +304,11 @@ def verify_set(root: str | Path) -> list[str]:
     if not listing.is_file():
         return [f"{listing}: missing (not a published set, or the listing was removed)"]
     problems, listed = [], set()
-    for n, line in enumerate(listing.read_text(encoding="utf-8").splitlines(), 1):
+    try:
+        text = listing.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        return [f"{listing}: encoding: expected UTF-8 text, found byte {e.start}: {e.reason}"]
+    for n, line in enumerate(text.splitlines(), 1):
         sha, sep, rel = line.partition("  ")
         if not sep or len(sha) != 64 or any(c not in "0123456789abcdef" for c in sha):
             problems.append(f"{listing}:{n}: expected '<sha256>  <path>', found {line!r}")
@@ -409,12 +427,13 @@ def publish(reports_dir: str | Path, out_dir: str | Path, *, config: Any = None,
             bp = baseline_path(Path(baselines_dir), name)
             if bp.is_file():
                 baselines[name] = Baseline.load(bp, name)
-    tails_doc = _read_json(reports_dir / "tails.json") or {}
+    tails_doc = _read_json(reports_dir / "tails.json", TAILS_SCHEMA) or {}
     extras = {
         "tails": {t["candidate"]: t for t in tails_doc.get("candidates", [])},
-        "window": _read_json(reports_dir / "window.json"),
-        "adaptive": _read_json(reports_dir / "adaptive.json"),
-        "paired": [_read_json(p) for p in sorted((reports_dir / "paired").glob("*.json"))] if (reports_dir / "paired").is_dir() else [],
+        "window": _read_json(reports_dir / "window.json", WINDOW_SCHEMA),
+        "adaptive": _read_json(reports_dir / "adaptive.json", object),
+        "paired": [_read_json(p, PAIRED_SCHEMA) for p in sorted((reports_dir / "paired").glob("*.json"))]
+        if (reports_dir / "paired").is_dir() else [],
     }
     from harness.reports.card import card_info
 

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from harness.errors import VerificationError
 from harness.io.atomic import atomic_write_files, dumps_json
+from harness.io.schema import MapOf, Nullable, Optional
 
 if TYPE_CHECKING:
     from harness.metrics.records import ShardSummary
@@ -208,8 +209,33 @@ def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
+#: The blocks of a shard report that consumers (aggregate, ladder, gate, plan) add up or read
+#: (:mod:`harness.io.schema`); ``diagnostics`` is absent in reports that predate it, whole when present.
+_HISTOGRAM = {"counts": [int], "spec": {"bins_per_decade": int, "hi": float, "kind": str, "lo": float, "n_counts": int}}
+_BINNED = {"counts": [int], "sum_kld": [float]}
+METRICS_SCHEMA = {
+    "totals": {
+        "n_positions": int, "sum_kld": float, "sum_jsd_bits": float, "sum_ear": float, "sum_nll_ref": float,
+        "sum_nll_cand": float, "max_kld": float, "top1_count": int, "exceedance": MapOf(int), "histogram": _HISTOGRAM,
+        "diagnostics": Optional({
+            "by_confidence": {**_BINNED, "edges": [float], "top1_count": [int]},
+            "by_entropy": {**_BINNED, "spec": {"bins_per_decade": int, "hi": float, "kind": str, "lo": float, "n_counts": int}},
+            "sum_entropy_ref": float, "sum_kld_rev": float, "sum_p_ref_top": float, "sum_q_ref_top": float,
+            "top10_shared": int, "top5_shared": int,
+        }),
+    },
+    "histogram": _HISTOGRAM,
+    "top1": {"agreement": float, "count": int, "ci95": Nullable([float])},
+    "contexts": [{"index": int, "cluster": str, "stratum": str, "positions": int, "sum_kld": float, "mean_kld": float,
+                  "max_kld": float, "sum_jsd_bits": float, "sum_ear": float, "sum_nll_ref": float, "sum_nll_cand": float,
+                  "top1": int, "sum_kld_rev": Optional(float), "top5_shared": Optional(int), "top10_shared": Optional(int)}],
+}
+
+
 def _check_types(d: dict[str, Any], path: str | Path) -> None:
     """Types of the fields that consumers (aggregate, ladder, gate) read, so they never crash on a bad file."""
+    from harness.io.schema import check
+
     comp, m = d["comparability"], d["metrics"]
     if not isinstance(d["candidate"], str):
         raise VerificationError(path, "candidate", "a string", type(d["candidate"]).__name__)
@@ -229,6 +255,7 @@ def _check_types(d: dict[str, Any], path: str | Path) -> None:
     rows = m["contexts"]
     if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
         raise VerificationError(path, "metrics.contexts", "a list of per-context objects", type(rows).__name__)
+    check(m, METRICS_SCHEMA, path, "metrics")
 
 
 # ---- Markdown ---------------------------------------------------------------------------------

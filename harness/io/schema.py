@@ -1,0 +1,119 @@
+"""Schemas for the JSON files the harness reads: one declaration per file, checked by :func:`check`.
+
+A schema is plain data:
+
+* ``int``, ``float``, ``str``, ``bool`` -- that JSON type (``int`` is never a bool; ``float`` is any finite
+  number);
+* ``{"key": schema, ...}`` -- an object holding every key (other keys are allowed and not checked);
+  :class:`Optional` marks a key that may be absent;
+* ``[schema]`` -- an array whose every item matches ``schema``;
+* :class:`MapOf` -- an object whose every value matches (keys are strings, any);
+* :class:`Nullable` -- ``null`` or the inner schema;
+* ``object`` -- anything.
+
+A value that does not match is a :class:`~harness.errors.VerificationError` naming the file, the dotted key
+(``metrics.totals.histogram.counts[3]``), what was expected and what was found: a lying file ends in a
+named refusal, never in a ``KeyError`` or ``TypeError`` deep inside a consumer.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from harness.errors import VerificationError
+
+
+@dataclass(frozen=True)
+class Optional:
+    """A key that may be absent (when present it must match ``schema``)."""
+
+    schema: Any
+
+
+@dataclass(frozen=True)
+class Nullable:
+    """``null`` or a value matching ``schema``."""
+
+    schema: Any
+
+
+@dataclass(frozen=True)
+class MapOf:
+    """An object of any keys whose every value matches ``schema``."""
+
+    schema: Any
+
+
+_NAMES = {int: "an integer", float: "a finite number", str: "a string", bool: "true or false"}
+
+
+def describe(schema: Any) -> str:
+    """A short description of what ``schema`` expects (for messages)."""
+    if isinstance(schema, type) and schema in _NAMES:
+        return _NAMES[schema]
+    if isinstance(schema, dict):
+        return "an object {" + ", ".join(schema) + "}"
+    if isinstance(schema, list):
+        return f"an array of {describe(schema[0])}"
+    if isinstance(schema, MapOf):
+        return f"an object of {describe(schema.schema)}"
+    if isinstance(schema, Nullable):
+        return f"null or {describe(schema.schema)}"
+    return "a value"
+
+
+def _found(value: Any) -> str:
+    from harness.io.jsonio import type_name
+
+    text = repr(value)
+    return f"{type_name(value)} {text if len(text) <= 60 else text[:57] + '...'}"
+
+
+def check(value: Any, schema: Any, path: str | Path, where: str = "") -> None:
+    """Refuse ``value`` unless it matches ``schema`` (module docstring); ``where`` is its dotted key."""
+    at = where or "top level"
+    if schema is object:
+        return
+    if isinstance(schema, Nullable):
+        if value is not None:
+            check(value, schema.schema, path, where)
+        return
+    if schema is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise VerificationError(path, at, "an integer", _found(value))
+        return
+    if schema is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(float(value)):
+            raise VerificationError(path, at, "a finite number", _found(value))
+        return
+    if schema is str or schema is bool:
+        if not isinstance(value, schema):
+            raise VerificationError(path, at, _NAMES[schema], _found(value))
+        return
+    if isinstance(schema, list):
+        if not isinstance(value, list):
+            raise VerificationError(path, at, describe(schema), _found(value))
+        for i, item in enumerate(value):
+            check(item, schema[0], path, f"{where}[{i}]")
+        return
+    if isinstance(schema, MapOf):
+        if not isinstance(value, dict):
+            raise VerificationError(path, at, describe(schema), _found(value))
+        for k, v in value.items():
+            check(v, schema.schema, path, f"{where}.{k}" if where else str(k))
+        return
+    if isinstance(schema, dict):
+        if not isinstance(value, dict):
+            raise VerificationError(path, at, describe(schema), _found(value))
+        for key, sub in schema.items():
+            inner = f"{where}.{key}" if where else key
+            if key not in value:
+                if isinstance(sub, Optional):
+                    continue
+                raise VerificationError(path, inner, "present", "missing")
+            check(value[key], sub.schema if isinstance(sub, Optional) else sub, path, inner)
+        return
+    raise TypeError(f"not a schema: {schema!r}")  # a programming error, never a file's
