@@ -115,6 +115,10 @@ def _precision_floor(report_dir: Path, rows: list[dict[str, Any]]) -> dict[str, 
     comp = rows[0]["aggregate"]["comparability"]
     if floor.get("schema") != "fidelity.precision-floor/1":
         return None
+    from harness.io.schema import check
+
+    # a report folder travels: a floor that lies is a named refusal, never a KeyError at the end of a run
+    check(floor, {"suite": {"suite_token_sha256": str}, "reference": {"identity": object}}, path)
     if floor["suite"]["suite_token_sha256"] != comp.get("suite_token_sha256"):
         return None
     if floor["reference"]["identity"] != comp.get("reference", {}).get("identity"):
