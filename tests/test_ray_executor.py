@@ -73,6 +73,18 @@ def test_without_the_extra_the_option_says_how_to_install(project: pytest.Pytest
     assert "--fidelity-executor" in help_text and "fidelity-harness[ray]" in help_text
 
 
+def test_ladder_command_without_the_extra_says_how_to_install(project: pytest.Pytester, monkeypatch: pytest.MonkeyPatch,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    import harness.run.ray_executor as rx
+    from harness.cli.main import main
+
+    monkeypatch.setattr(rx, "ray_installed", lambda: False)
+    code = main(["ladder", str(project.path / "fidelity.toml"), "--executor", "ray", "--report-dir", str(project.path / "out")])
+    assert code == 2
+    assert "install it with: pip install 'fidelity-harness[ray]'" in capsys.readouterr().err
+    assert not (project.path / "out").exists()
+
+
 def test_executor_with_xdist_is_a_usage_error(project: pytest.Pytester) -> None:
     pytest.importorskip("ray")
     result = project.runpytest("--fidelity-executor", "ray", "-n", "2", "--collect-only")
