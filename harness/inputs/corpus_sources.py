@@ -91,7 +91,7 @@ def chat_formatter(model_dir: Path) -> tuple[Callable[[Any], str], dict[str, Any
 
     cfg = model_dir / "tokenizer_config.json"
     try:
-        tok = AutoTokenizer.from_pretrained(str(model_dir), trust_remote_code=False)
+        tok = AutoTokenizer.from_pretrained(str(model_dir))  # never remote code (the default)
     except (OSError, ValueError) as exc:
         raise FidelityError(f"{model_dir}: --chat-template: expected a tokenizer folder (tokenizer.json + "
                             f"tokenizer_config.json), found an error: {exc}") from None
