@@ -51,6 +51,8 @@ def test_task_resources_per_engine() -> None:
     assert task_resources("vllm", {"tensor_parallel_size": 4}, "big", gpu=True) == TaskResources(1, 4)
     assert task_resources("vllm", {"tensor_parallel_size": 4}, "big", gpu=False) == TaskResources(1, 0)
     assert task_resources("llamacpp", {"threads": 8}, "gguf", gpu=False) == TaskResources(8, 0)
+    spread = {"device_map": "auto", "max_memory": {"0": "70GiB", "1": "70GiB", "cpu": "100GiB"}}
+    assert task_resources("transformers", spread, "big", gpu=True) == TaskResources(1, 2)
     with pytest.raises(FidelityError, match=r"candidate big: options.tensor_parallel_size: expected an integer >= 1, found 0"):
         task_resources("vllm", {"tensor_parallel_size": 0}, "big", gpu=True)
 

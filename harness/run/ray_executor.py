@@ -199,7 +199,7 @@ class RayExecutor:
         for name, shard in cases:
             cand = self.config.candidate(name)
             try:
-                res = task_resources(cand.engine if cand.model is not None else None, getattr(cand, "options", None),
+                res = task_resources(cand.engine if cand.model is not None else None, cand.options,
                                      name, gpu=gpu)
             except FidelityError as exc:
                 self._refused[(name, shard)] = str(exc)

@@ -9,15 +9,15 @@ machine has:
 candidate            GPUs on a GPU run (``cuda``, ``auto``+GPUs)   CPUs
 ==================== ============================================ =============
 replayed store       1 (the scorer)                               ``threads``
-``transformers``     1                                            ``threads``
+``transformers``     1; with ``max_memory``: its GPU entries         ``threads``
 ``quantized``        1                                            ``threads``
 ``llamacpp``         1 (the scorer)                               ``threads``
 ``vllm``             ``tensor_parallel_size`` (default 1)          ``threads``
 ==================== ============================================ =============
 
-A CPU run asks for no GPU. ``threads`` defaults to 1.
+A CPU run asks for no GPU. ``threads`` (llama.cpp's option; the other engines have none) defaults to 1.
 The per-candidate engine settings are read from the candidate's ``options`` when the configuration
-carries them (``tensor_parallel_size``, ``threads``); a candidate without them gets the defaults above.
+carries them (``tensor_parallel_size``, ``threads``, ``max_memory``); a candidate without them gets the defaults above.
 Ray gives a task of N CPUs ``OMP_NUM_THREADS=N``, so torch inside it runs N threads.
 """
 
@@ -67,6 +67,10 @@ def task_resources(engine: str | None, options: Any, name: str, *, gpu: bool) ->
     whether the run scores on GPUs (``--fidelity-device cuda``, or ``auto`` on a cluster that has them)."""
     threads = _option(options, "threads")
     cpus = _count(threads, "threads", name) if threads is not None else 1
+    if engine == "transformers" and isinstance(_option(options, "max_memory"), Mapping):
+        # device_map = "auto" over the GPUs max_memory names (integer keys; "cpu" / "disk" are not GPUs)
+        gpus = sum(1 for k in _option(options, "max_memory") if str(k).isdigit())
+        return TaskResources(num_cpus=cpus, num_gpus=max(gpus, 1) if gpu else 0)
     if engine == "vllm":
         tp = _option(options, "tensor_parallel_size")
         gpus = _count(tp, "tensor_parallel_size", name) if tp is not None else 1
