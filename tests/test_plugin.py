@@ -320,9 +320,10 @@ def test_a_candidate_that_cannot_load_is_named_under_the_ladder(project: pytest.
     import numpy as np
 
     save_file({"unrelated": np.zeros(2, dtype=np.float32)}, str(bad / "model.safetensors"))
-    result = project.runpytest("-m", "fidelity or fidelity_tails", "--fidelity-shards", "0",
+    result = project.runpytest("-m", "fidelity or fidelity_tails or fidelity_window", "--fidelity-shards", "0",
                                "--fidelity-update-baselines")
-    result.assert_outcomes(passed=2, errors=2)  # good: shard 00 + tails; bad: shard 00 + tails
+    # good: shard 00 + tails; bad: shard 00 + tails (errors); the windows pass without bad (from64: no position)
+    result.assert_outcomes(passed=4, errors=2, skipped=1)
     result.stdout.fnmatch_lines([
         "*| good *| pass *|",
         "not in the ladder: bad (no shard was scored: see its failed cases above)",
@@ -341,6 +342,8 @@ def test_a_candidate_that_cannot_load_is_named_under_the_ladder(project: pytest.
     assert "models/bad: transformers could not interpret the checkpoint fully" in entry["reason"]
     md = (project.path / "fidelity-reports" / "ladder.md").read_text()
     assert "Configured but not measured" in md and "- `bad`: failed: " in md
+    window = (project.path / "fidelity-reports" / "window.md").read_text()
+    assert "bad left out of the window comparison: it could not be scored" in window
 
 
 @pytest.mark.slow  # captures the good candidate of the tiny project

@@ -71,9 +71,16 @@ class WindowCase:
 
         base = session.score_from
         n_boot = session.config.n_boot
+        from harness.errors import FidelityError
+
         summaries, base_summaries = {}, {}
+        notes = list(notes)
         for cand in session.config.candidates:
-            pos = _positions(session, cand.name, shards)
+            try:
+                pos = _positions(session, cand.name, shards)
+            except FidelityError as e:  # a candidate that cannot be scored fails its own cases, not this one
+                notes.append(f"{cand.name} left out of the window comparison: it could not be scored ({e})")
+                continue
             summaries[cand.name] = window_summary(pos, k, n_boot=n_boot)
             base_summaries[cand.name] = summaries[cand.name] if k == base else window_summary(pos, base, n_boot=n_boot)
         n_ctx = sum(len(session.shard_indices(s)) for s in shards)

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from harness.errors import FidelityError
+from harness.errors import FidelityError, VerificationError
 from harness.gate.baselines import Headline, headline_of
 from harness.inputs.config import CandidateConfig, FidelityConfig
 from harness.run.shard import ShardPositions, score_shard, shard_positions
@@ -106,6 +106,9 @@ class FidelitySession:
     _positions: dict[tuple[str, int], ShardPositions] = field(default_factory=dict)
     #: live candidates' model identities (by content), computed once per session
     _live_identities: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: A candidate whose capture or scoring failed: its error, raised again for its other cases without
+    #: loading the model again (one broken candidate is loaded once per process).
+    _failed: dict[str, FidelityError] = field(default_factory=dict)
     #: pytest-xdist: the folder this session's workers share scored positions through
     #: (:mod:`harness.run.shared_scores`); None in a single process
     shared_scores: Handover | None = None
@@ -285,6 +288,19 @@ class FidelitySession:
         """The scored positions of a candidate x shard, scored once per session and then cached
         (windows, tails and paired comparisons re-use them; no recapture, no rescoring; under
         pytest-xdist the workers hand them over through :attr:`shared_scores`)."""
+        key = (cand.name, shard)
+        if key not in self._positions and cand.name in self._failed:
+            raise self._failed[cand.name]
+        if key not in self._positions:
+            try:
+                return self._score_positions(cand, shard)
+            except FidelityError as e:
+                if not isinstance(e, VerificationError):  # a load or capture failure of the candidate itself
+                    self._failed[cand.name] = e
+                raise
+        return self._positions[key]
+
+    def _score_positions(self, cand: CandidateConfig, shard: int) -> ShardPositions:
         key = (cand.name, shard)
         if key not in self._positions:
             self.verify_joins(cand, shard)
