@@ -59,13 +59,15 @@ def test_layout_written_as_published(pub: tuple[Path, Path]) -> None:
     assert sum(rep["kld_tail"]["counts"]) == rep["scored_positions"] == 16 * 255
 
 
-@pytest.mark.parametrize("which", ["project store", "published capture folder"])
+@pytest.mark.parametrize("which", ["project store", "published capture folder", "model folder"])
 def test_replay_equals_the_project(pub: tuple[Path, Path], which: str) -> None:
     tmp, v = pub
-    cand = tmp / "cap" / "int8" if which == "project store" else v / "captures" / "shard-0000" / "hidden-int8"
-    out = tmp / f"replayed-{which.split()[1]}"
-    assert main(["replay", "--dataset", str(v), "--candidate", str(cand), "--name", "int8", "--out", str(out)]) == 0
-    assert sorted(p.name for p in out.glob("*.json")) == ["shard-00.json"]  # the candidate covers shard 0 only
+    cand = {"project store": tmp / "cap" / "int8", "published capture folder": v / "captures" / "shard-0000" / "hidden-int8",
+            "model folder": FIX / "candidates" / "int8"}[which]
+    out = tmp / f"replayed-{which.split()[0]}"
+    shards = ["--shards", "0"] if which == "model folder" else []  # a model is captured on the shards asked for
+    assert main(["replay", "--dataset", str(v), "--candidate", str(cand), "--name", "int8", *shards, "--out", str(out)]) == 0
+    assert sorted(p.name for p in out.glob("*.json")) == ["shard-00.json"]  # the stores cover shard 0 only
     mine = json.loads((out / "shard-00.json").read_text())
     assert mine["metrics"] == _ours(tmp)["metrics"]
     custody = mine["comparability"]["custody"]
@@ -82,15 +84,21 @@ def test_pytest_scores_a_published_dataset(pub: tuple[Path, Path], tmp_path: Pat
     tmp, v = pub
     (tmp_path / "my.toml").write_text(
         f'[dataset]\npath = "{v}"\n\n[settings]\nbaselines = "baselines"\n\n'
-        f'[[candidates]]\nname = "int8"\nstore = "{tmp / "cap" / "int8"}"\n')
+        f'[[candidates]]\nname = "int8"\nstore = "{tmp / "cap" / "int8"}"\n\n'
+        f'[[candidates]]\nname = "int8_published"\nstore = "{v / "captures" / "shard-0000" / "hidden-int8"}"\n\n'
+        f'[[pairs]]\na = "int8"\nb = "int8_published"\nmargin = 0.0005\nexpect = "equivalent"\n')
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     run = subprocess.run([sys.executable, "-m", "pytest", "my.toml", "--fidelity-update-baselines", "-p", "no:cacheprovider",
-                          "--fidelity-shards", "0", "-m", "fidelity"], cwd=tmp_path, env=env, capture_output=True, text=True)
+                          "--fidelity-shards", "0", "-m", "fidelity or fidelity_paired"], cwd=tmp_path, env=env,
+                         capture_output=True, text=True)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
     assert "layout qwen38-fidelity-suite" in run.stdout
-    mine = json.loads((tmp_path / "fidelity-reports" / "int8" / "shard-00.json").read_text())
-    assert mine["metrics"] == _ours(tmp)["metrics"]
-    assert mine["comparability"]["custody"]["layout"] == "qwen38-fidelity-suite"
+    for name in ("int8", "int8_published"):  # the dataset's own capture folder is a candidate too
+        mine = json.loads((tmp_path / "fidelity-reports" / name / "shard-00.json").read_text())
+        assert mine["metrics"] == _ours(tmp)["metrics"]
+        assert mine["comparability"]["custody"]["layout"] == "qwen38-fidelity-suite"
+    pair = json.loads((tmp_path / "fidelity-reports" / "paired" / "int8-vs-int8_published.json").read_text())
+    assert pair["kld_mean"]["diff"] == 0.0
 
 
 def _rewrite_capture(folder: Path, index: int, tensor: object) -> None:
@@ -299,3 +307,18 @@ def test_results_json_ladder(pub: tuple[Path, Path], tmp_path: Path) -> None:
         assert e["mean_kld"] == pytest.approx(shard["kld"]["mean"], rel=1e-12)
         assert e["top1"] == pytest.approx(shard["top1"]["agreement"], rel=1e-12)
         assert e["n_positions"] == 16 * 255 and e["shards"] == [0] and e["name"] in e["command"]
+
+
+def test_windowed_method_report_is_a_3(pub: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """--window with the published method: a qwen38-fidelity-report/3 over the retained rows, never paired with a /2."""
+    _tmp, v = pub
+    cap = v / "captures" / "shard-0000" / "hidden-int8"
+    assert main(["replay", "--dataset", str(v), "--candidate", str(cap), "--name", "int8", "--method", "published",
+                 "--window", "128", "--out", str(tmp_path / "w.json")]) == 0
+    doc = json.loads((tmp_path / "w.json").read_text())
+    assert doc["schema"] == "qwen38-fidelity-report/3" and doc["scored_position_window"]["score_from"] == 128
+    assert doc["scored_positions"] == 16 * (255 - 128) == sum(doc["kld_tail"]["counts"])
+    capsys.readouterr()
+    assert main(["paired", str(tmp_path / "w.json"), str(v / "reports" / "fidelity" / "shard-0000" / "report-int4_g32.json"),
+                 "--out", str(tmp_path / "no")]) == 1
+    assert "scored_position_window.score_from" in capsys.readouterr().err

@@ -311,7 +311,10 @@ def _candidate(path: Path, raw: Any, i: int) -> CandidateConfig:
                           f"found no such path: {model}")
     if model is not None:
         _check_model_path(path, f"candidates[{i}].model of {name!r}", engine, model)
-    if store is not None and not (store / "capture.json").is_file():
+    from harness.inputs.published_layout import CAPTURE_MANIFEST
+
+    # a published capture folder (capture-manifest.json) is read in place when the dataset is in the published layout
+    if store is not None and not (store / "capture.json").is_file() and not (store / CAPTURE_MANIFEST).is_file():
         raise ConfigError(f"{path}: candidates[{i}].store of {name!r}: expected a capture store folder holding "
                           f"capture.json, found {'no such path' if not store.exists() else 'no capture.json'}: {store}")
     tags = r.table.get("tags", [])
