@@ -318,7 +318,8 @@ def test_windowed_method_report_is_a_3(pub: tuple[Path, Path], tmp_path: Path, c
     doc = json.loads((tmp_path / "w.json").read_text())
     assert doc["schema"] == "qwen38-fidelity-report/3" and doc["scored_position_window"]["score_from"] == 128
     assert doc["scored_positions"] == 16 * (255 - 128) == sum(doc["kld_tail"]["counts"])
+    assert main(["replay", "--dataset", str(v), "--candidate", str(cap), "--name", "int8", "--method", "published",
+                 "--out", str(tmp_path / "full.json")]) == 0
     capsys.readouterr()
-    assert main(["paired", str(tmp_path / "w.json"), str(v / "reports" / "fidelity" / "shard-0000" / "report-int4_g32.json"),
-                 "--out", str(tmp_path / "no")]) == 1
+    assert main(["paired", str(tmp_path / "w.json"), str(tmp_path / "full.json"), "--out", str(tmp_path / "no")]) == 1
     assert "scored_position_window.score_from" in capsys.readouterr().err
