@@ -91,6 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     import harness.scoring.streaming as streaming
     from harness.capture.store import CaptureStore
     from harness.run.shard import shard_positions
+    from harness.run.shard_inputs import ShardInputs
     from harness.scoring.scorer import score_hidden
 
     torch.set_num_threads(a.threads)
@@ -108,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
         head = SimpleNamespace(weight=(torch.randn(a.vocab, a.hidden, generator=g) / a.hidden**0.5 * 4).bfloat16(), sha256="x")
         ref = CaptureStore.open(tmp / "ref", suite, verify=False)
         cand = CaptureStore.open(tmp / "cand", suite, verify=False)
-        kw = dict(suite=suite, shard=0, reference=ref, candidate=cand, head=head)
+        inputs = ShardInputs(suite=suite, shard=0, reference=ref, candidate=cand, head=head)
         targets = torch.from_numpy(suite.tokens[:, 1:].astype(np.int64).reshape(-1))
 
         # 1. the scorer alone, inputs in memory
@@ -124,12 +125,12 @@ def main(argv: list[str] | None = None) -> int:
         streaming.CHUNK_BYTES = int(a.chunk_mib * 2**20)
         cold = drop_caches()
         t0 = time.perf_counter()
-        sp = shard_positions(**kw)
+        sp = shard_positions(inputs)
         t_stream_cold = time.perf_counter() - t0
         assert np.allclose(sp.scores.kld, base.kld, rtol=1e-6, atol=1e-9)
         wait_cold = sp.load_s
         t0 = time.perf_counter()
-        sp = shard_positions(**kw)
+        sp = shard_positions(inputs)
         t_stream_warm = time.perf_counter() - t0
         wait_warm = sp.load_s
 
@@ -137,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
         streaming.STREAM_MIN_BYTES = 1 << 62
         cold3 = drop_caches()
         t0 = time.perf_counter()
-        sp3 = shard_positions(**kw)
+        sp3 = shard_positions(inputs)
         t_whole = time.perf_counter() - t0
 
         cond = "page cache dropped (cold)" if cold else "page cache NOT dropped (drop_caches refused: warm)"

@@ -170,6 +170,7 @@ def stage_score_report(work: Path, device: str = "cpu") -> dict[str, Any]:
     from harness.inputs.head import load_head
     from harness.inputs.suite import load_suite
     from harness.run.shard import score_shard, shard_positions
+    from harness.run.shard_inputs import ShardInputs
 
     suite = load_suite(work / "suite")
     ref = CaptureStore.open(work / "store-reference", suite, verify=False)
@@ -177,10 +178,10 @@ def stage_score_report(work: Path, device: str = "cpu") -> dict[str, Any]:
     t_head = time.perf_counter()
     head = load_head(work / "lm_head.safetensors")
     t0 = time.perf_counter()
-    pos = shard_positions(suite=suite, shard=0, reference=ref, candidate=cand, head=head, device=device)
+    inputs = ShardInputs(suite=suite, shard=0, reference=ref, candidate=cand, head=head)
+    pos = shard_positions(inputs, device=device)
     t1 = time.perf_counter()
-    report = score_shard(suite=suite, shard=0, reference=ref, candidate=cand, head=head, reference_name="bf16",
-                         candidate_name="w8_rtn", positions=pos, device=device)
+    report = score_shard(inputs, reference_name="bf16", candidate_name="w8_rtn", positions=pos, device=device)
     paths = report.write(work / "reports")
     t2 = time.perf_counter()
     return {"head_load_s": t0 - t_head, "score_s": t1 - t0, "report_s": t2 - t1, "positions": int(pos.scores.kld.size),

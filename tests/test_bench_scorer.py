@@ -68,6 +68,7 @@ def test_bench_one_shard_end_to_end(benchmark) -> None:
     from harness.inputs.config import load_config
     from harness.run.session import FidelitySession
     from harness.run.shard import score_shard
+    from harness.run.shard_inputs import ShardInputs
 
     config = load_config(ROOT / "fidelity.toml")
     cand = next(c for c in config.candidates if c.name == "int8")
@@ -75,8 +76,8 @@ def test_bench_one_shard_end_to_end(benchmark) -> None:
     store = session.candidate_store(cand, 0)
 
     def run():  # type: ignore[no-untyped-def]
-        return score_shard(suite=session.suite, shard=0, reference=session.reference, candidate=store, head=session.head,
-                           candidate_name=cand.name, n_boot=config.n_boot)
+        return score_shard(ShardInputs(suite=session.suite, shard=0, reference=session.reference, candidate=store,
+                                       head=session.head), candidate_name=cand.name, n_boot=config.n_boot)
 
     report = benchmark.pedantic(run, rounds=3, iterations=1, warmup_rounds=1)
     assert report.timing["scorer_backend"] == "torch" and report.timing["scorer_gemm"] in ("fp32", "onednn-bf16")

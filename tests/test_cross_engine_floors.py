@@ -132,9 +132,10 @@ def _matrix(stores: dict[str, Any]) -> Any:
 def test_net_of_floor_rows(stores: dict[str, Any]) -> None:
     from harness.run.cross_engine import net_row, skipped_row
     from harness.run.shard import shard_positions
+    from harness.run.shard_inputs import ShardInputs
 
     m = _matrix(stores)
-    pos = shard_positions(suite=stores["suite"], shard=0, reference=stores["ref"], candidate=stores["bad_l"], head=stores["head"])
+    pos = shard_positions(ShardInputs(suite=stores["suite"], shard=0, reference=stores["ref"], candidate=stores["bad_l"], head=stores["head"]))
     row = net_row("bad", "good_l", "x.toml", pos.scores, m, 123)
     floor = m.floor("good_l")
     assert floor is not None and row.floor == floor.mean_kld
@@ -151,12 +152,13 @@ def test_net_of_floor_rows(stores: dict[str, Any]) -> None:
 
 def test_render_round_trip_and_write(stores: dict[str, Any], tmp_path: Path) -> None:
     from harness.errors import FidelityError
-    from harness.plugin.cases import write_extras
+    from harness.plugin.registry import write_extras
     from harness.run.cross_engine import from_json_dict, net_row, render_markdown, to_json_dict
     from harness.run.shard import shard_positions
+    from harness.run.shard_inputs import ShardInputs
 
     m = _matrix(stores)
-    pos = shard_positions(suite=stores["suite"], shard=0, reference=stores["ref"], candidate=stores["bad_h"], head=stores["head"])
+    pos = shard_positions(ShardInputs(suite=stores["suite"], shard=0, reference=stores["ref"], candidate=stores["bad_h"], head=stores["head"]))
     rows = [net_row("bad", "good_l", "x.toml", pos.scores, m, 99)]
     doc = to_json_dict(m, rows)
     json.dumps(doc, allow_nan=False)

@@ -39,6 +39,7 @@ def test_logits_candidate_against_hidden_reference(fidelity_project: Path, tmp_p
     from harness.inputs.head import load_head
     from harness.inputs.suite import Suite
     from harness.run.shard import shard_positions
+    from harness.run.shard_inputs import ShardInputs
 
     root = fidelity_project
     suite = Suite.load(root / "suite")
@@ -47,9 +48,9 @@ def test_logits_candidate_against_hidden_reference(fidelity_project: Path, tmp_p
     bad_h = capture("transformers", root / "models" / "bad", suite, tmp_path / "bad_h", shards=[0], progress=False)
     bad_l = capture("transformers", root / "models" / "bad", suite, tmp_path / "bad_l", shards=[0], progress=False, kind="logits", options=EngineOptions(dtype="float32"))
     self_l = capture("transformers", root / "models" / "reference", suite, tmp_path / "ref_l", shards=[0], progress=False, kind="logits", options=EngineOptions(dtype="float32"))
-    ph = shard_positions(suite=suite, shard=0, reference=ref, candidate=bad_h, head=head)
-    pl = shard_positions(suite=suite, shard=0, reference=ref, candidate=bad_l, head=head)
-    ps = shard_positions(suite=suite, shard=0, reference=ref, candidate=self_l, head=head)
+    ph = shard_positions(ShardInputs(suite=suite, shard=0, reference=ref, candidate=bad_h, head=head))
+    pl = shard_positions(ShardInputs(suite=suite, shard=0, reference=ref, candidate=bad_l, head=head))
+    ps = shard_positions(ShardInputs(suite=suite, shard=0, reference=ref, candidate=self_l, head=head))
     assert pl.mode == "logits (reference through head)" and pl.head_sha256 == head.sha256
     assert ph.scores.kld.mean() > 1e-4
     assert pl.scores.kld.mean() == pytest.approx(ph.scores.kld.mean(), rel=0.1)
@@ -85,6 +86,7 @@ def test_capture_bf16_gguf_matches_reference(fixture_suite: object, tmp_path: Pa
     from harness.engines.base import EngineOptions
     from harness.inputs.head import load_head
     from harness.run.shard import shard_positions
+    from harness.run.shard_inputs import ShardInputs
 
     suite = fixture_suite
     g = _gguf("bf16")
@@ -94,7 +96,7 @@ def test_capture_bf16_gguf_matches_reference(fixture_suite: object, tmp_path: Pa
     assert store.manifest["engine"]["name"] == "llamacpp"
     ref = CaptureStore.open(ROOT / "fixtures" / "reference", suite)
     head = load_head(ROOT / "fixtures" / "lm_head.safetensors")
-    pos = shard_positions(suite=suite, shard=0, reference=ref, candidate=store, head=head)
+    pos = shard_positions(ShardInputs(suite=suite, shard=0, reference=ref, candidate=store, head=head))
     assert pos.scores.kld.mean() < 1e-3
     assert pos.scores.top1.mean() > 0.97
     # resumable: a second run captures nothing new and gives identical bytes
@@ -155,6 +157,7 @@ def test_capture_hidden_states_through_shared_head(fixture_suite: object, tmp_pa
     from harness.engines.base import EngineOptions
     from harness.inputs.head import load_head
     from harness.run.shard import shard_positions
+    from harness.run.shard_inputs import ShardInputs
 
     suite = fixture_suite
     g = _gguf("bf16")
@@ -163,8 +166,8 @@ def test_capture_hidden_states_through_shared_head(fixture_suite: object, tmp_pa
     assert hs.kind == "hidden_states" and hs.width == 128 and hs.dtype == "bfloat16"
     ref = CaptureStore.open(ROOT / "fixtures" / "reference", suite)
     head = load_head(ROOT / "fixtures" / "lm_head.safetensors")
-    ph = shard_positions(suite=suite, shard=0, reference=ref, candidate=hs, head=head).scores
-    pl = shard_positions(suite=suite, shard=0, reference=ref, candidate=lg, head=head).scores
+    ph = shard_positions(ShardInputs(suite=suite, shard=0, reference=ref, candidate=hs, head=head)).scores
+    pl = shard_positions(ShardInputs(suite=suite, shard=0, reference=ref, candidate=lg, head=head)).scores
     assert ph.kld.mean() < 1e-3 and ph.top1.mean() > 0.97
     # same weights (the bf16 head is the GGUF's own token_embd): the two captures agree closely
     assert ph.kld.mean() == pytest.approx(pl.kld.mean(), rel=0.5)

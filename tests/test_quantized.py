@@ -16,11 +16,8 @@ import torch
 from safetensors.torch import load_file as load_pt
 from safetensors.torch import save_file as save_pt
 
-from harness.engines.quantized import (
-    is_quantized_checkpoint,
-    load_quantized,
-    quantization_identity,
-)
+from harness.engines.quantization import is_quantized_checkpoint, quantization_identity
+from harness.engines.quantized import load_quantized
 from harness.errors import VerificationError
 from harness.io.hashing import sha256_file
 

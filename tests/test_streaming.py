@@ -99,6 +99,7 @@ def test_streamed_scores_equal_whole_shard() -> None:
 
 def test_shard_positions_streams_large_shards(tiny_suite: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from harness.run.shard import shard_positions
+    from harness.run.shard_inputs import ShardInputs
 
     suite = Suite.load(tiny_suite)
     stores = []
@@ -112,11 +113,11 @@ def test_shard_positions_streams_large_shards(tiny_suite: Path, tmp_path: Path, 
         stores.append(CaptureStore.open(path, suite))
     vocab = max(suite.vocab_size, 1)
     head = SimpleNamespace(weight=torch.randn(vocab, HIDDEN, generator=torch.Generator().manual_seed(7)).bfloat16(), sha256="h")
-    kw = dict(suite=suite, shard=0, reference=stores[0], candidate=stores[1], head=head)
-    plain = shard_positions(**kw)
+    inputs = ShardInputs(suite=suite, shard=0, reference=stores[0], candidate=stores[1], head=head)
+    plain = shard_positions(inputs)
     monkeypatch.setattr(streaming, "STREAM_MIN_BYTES", 0)
     monkeypatch.setattr(streaming, "CHUNK_BYTES", 1)  # one context per chunk
-    streamed = shard_positions(**kw)
+    streamed = shard_positions(inputs)
     for name, arr in plain.scores.to_dict().items():
         np.testing.assert_allclose(getattr(streamed.scores, name), arr, rtol=1e-6, atol=1e-9, err_msg=name)
     np.testing.assert_array_equal(streamed.context_index, plain.context_index)

@@ -48,10 +48,14 @@ def capture(
     kind: str | None = None,
     options: EngineOptions | None = None,
     progress: bool = True,
+    identity: dict[str, Any] | None = None,
 ) -> CaptureStore:
     """Capture ``suite`` contexts (all, or the given shards) of ``model`` through ``engine`` into the
     store at ``out``; ``kind`` defaults to the engine's first kind. Resumable: contexts already in the
-    store whose files verify are skipped. Returns the opened store."""
+    store whose files verify are skipped. Returns the opened store.
+
+    ``identity``: the model's identity by content when the caller has it already (the engine's
+    ``model_identity``, computed once per run), so its weight files are not hashed again."""
     from tqdm import tqdm
 
     from harness.capture.store import CaptureStore, StoreWriter
@@ -68,7 +72,7 @@ def capture(
         suite = SuiteCls.load(suite)
     indices = suite.context_indices(shards)
     model = Path(model)
-    ident = eng.model_identity(model)
+    ident = identity if identity is not None else eng.model_identity(model)
     loaded = eng.load(model, suite.n_ctx, kind, options)
     try:
         if loaded.vocab_size < suite.vocab_size:

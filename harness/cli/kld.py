@@ -64,9 +64,11 @@ def _stats(a: argparse.Namespace) -> int:
         from harness.metrics import summarize
         from harness.metrics.scores import PositionScores
         from harness.run.shard import shard_positions
+        from harness.run.shard_inputs import ShardInputs
 
         ref = CaptureStore.open(a.reference, suite, verify=True)
-        parts = [shard_positions(suite=suite, shard=k, reference=ref, candidate=cand, head=head) for k in range(suite.n_shards)]
+        parts = [shard_positions(ShardInputs(suite=suite, shard=k, reference=ref, candidate=cand, head=head))
+                 for k in range(suite.n_shards)]
         first = kf.first
         scores = PositionScores.concat([p.scores for p in parts])
         ctx = np.concatenate([p.context_index for p in parts])

@@ -148,8 +148,7 @@ def _paired(a: argparse.Namespace) -> int:
     for side, store in (("a", a.a), ("b", a.b)):
         inputs[side] = verify_inputs(a.suite, a.reference, store, a.head, shards=a.shards, score_from=a.window)
     pos = {
-        side: [shard_positions(suite=i.suite, shard=s, reference=i.reference, candidate=i.candidate, head=i.head,
-                               device=a.device) for s in i.shards]
+        side: [shard_positions(i.shard_inputs(s, a.window), device=a.device) for s in i.shards]
         for side, i in inputs.items()
     }
     rep = paired_report(a.name_a, a.name_b, pos["a"], pos["b"], margin=margin, score_from=a.window, n_boot=a.n_boot)

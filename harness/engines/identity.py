@@ -2,8 +2,9 @@
 
 A model's identity is the sha256 of its ``config.json`` and of every weight file (sorted by
 name), plus its folder name for humans; a quantized checkpoint (``quantization.json`` present)
-also carries the quantization identity from ``harness.engines.quantized``. Two folders with the
-same bytes have the same identity wherever they live.
+also carries the quantization identity (:mod:`harness.engines.quantization`). Two folders with
+the same bytes have the same identity wherever they live. Identifying a model reads each of its
+files once; a pytest run identifies each live candidate once.
 """
 
 from __future__ import annotations
@@ -13,31 +14,18 @@ import platform
 from pathlib import Path
 from typing import Any
 
+from harness.engines.quantization import is_quantized_checkpoint, quantization_identity
 from harness.errors import FidelityError
 from harness.io.hashing import sha256_bytes, sha256_file
 
 #: Suffixes of weight files that count towards a model's identity.
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
-QUANTIZATION_JSON = "quantization.json"
 
 
 def weight_files(model_dir: str | Path) -> list[Path]:
     """Weight files directly in ``model_dir`` (any known suffix), sorted by name."""
     root = Path(model_dir)
     return sorted(p for p in root.iterdir() if p.is_file() and p.name.endswith(WEIGHT_SUFFIXES))
-
-
-def quantized_module() -> Any:
-    """Import ``harness.engines.quantized`` lazily; a clear ``FidelityError`` if it is unavailable."""
-    import importlib
-
-    try:
-        quantized = importlib.import_module("harness.engines.quantized")
-    except ImportError as e:
-        raise FidelityError(
-            f"this is a quantized checkpoint ({QUANTIZATION_JSON}) but harness.engines.quantized is not available ({e})"
-        ) from None
-    return quantized
 
 
 def model_identity(model_dir: str | Path) -> dict[str, Any]:
@@ -54,13 +42,14 @@ def model_identity(model_dir: str | Path) -> dict[str, Any]:
     cfg = root / "config.json"
     if not cfg.is_file():
         raise FidelityError(f"{cfg}: config.json missing: not a model folder")
+    hashes = {p.name: sha256_file(p) for p in [cfg, *weight_files(root)]}  # each file read once
     ident: dict[str, Any] = {
         "name": root.resolve().name,
-        "config_sha256": sha256_file(cfg),
-        "weights": {p.name: sha256_file(p) for p in weight_files(root)},
+        "config_sha256": hashes[cfg.name],
+        "weights": {p.name: hashes[p.name] for p in weight_files(root)},
     }
-    if (root / QUANTIZATION_JSON).is_file():
-        ident["quantization"] = quantized_module().quantization_identity(root)
+    if is_quantized_checkpoint(root):
+        ident["quantization"] = quantization_identity(root, hashes)
     from harness.engines.hub import hub_origin
 
     origin = hub_origin(root)

@@ -30,22 +30,8 @@ import numpy as np
 import torch
 from safetensors import safe_open
 
+from harness.engines.quantization import QUANT_FILE, WEIGHTS_FILE, read_quant
 from harness.errors import VerificationError
-from harness.io.hashing import sha256_file
-
-QUANT_FILE = "quantization.json"
-WEIGHTS_FILE = "model.safetensors"
-CONFIG_FILE = "config.json"
-REQUIRED_FILES = (CONFIG_FILE, QUANT_FILE, WEIGHTS_FILE)
-CODE_KINDS = ("int", "int_asym", "fp8_e4m3", "e2m1")
-_IDENTITY_KEYS = ("method", "bits", "group_size", "library", "simulated", "code_kind", "layers")
-#: Optional recipe fields carried into the identity when present (e.g. the seed of stochastic rounding).
-_OPTIONAL_IDENTITY_KEYS = ("seed",)
-
-
-def is_quantized_checkpoint(model_dir: Path) -> bool:
-    """True when the folder holds a ``quantization.json``."""
-    return (Path(model_dir) / QUANT_FILE).is_file()
 
 
 def fp8_e4m3_table() -> np.ndarray:
@@ -83,45 +69,6 @@ def unpack_codes(packed: np.ndarray, bits: int, count: int) -> np.ndarray:
 def packed_size(count: int, bits: int) -> int:
     """Bytes that :func:`pack_codes` produces for ``count`` codes."""
     return (count * bits + 7) // 8
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    if not path.is_file():
-        raise VerificationError(path, "missing file", "a file", "nothing")
-    from harness.io.jsonio import read_json
-
-    doc: dict[str, Any] = read_json(path)
-    return doc
-
-
-def _read_quant(model_dir: Path) -> dict[str, Any]:
-    for name in REQUIRED_FILES:
-        if not (model_dir / name).is_file():
-            raise VerificationError(model_dir / name, "missing file", "a file", "nothing")
-    q = _read_json(model_dir / QUANT_FILE)
-    for key in _IDENTITY_KEYS:
-        if key not in q:
-            raise VerificationError(model_dir / QUANT_FILE, f"missing key {key!r}", key, sorted(q))
-    if q["code_kind"] not in CODE_KINDS:
-        raise VerificationError(model_dir / QUANT_FILE, "unknown code_kind", CODE_KINDS, q["code_kind"])
-    return q
-
-
-def quantization_identity(model_dir: Path) -> dict[str, Any]:
-    """Identity of a quantized checkpoint: recipe fields plus the sha256 of every file."""
-    model_dir = Path(model_dir)
-    q = _read_quant(model_dir)
-    files = sorted(p for p in model_dir.iterdir() if p.is_file())
-    return {
-        "method": q["method"],
-        "bits": q["bits"],
-        "group_size": q["group_size"],
-        "library": q["library"],
-        "simulated": q["simulated"],
-        "source_model_sha256": q.get("source_model_sha256"),
-        **{k: q[k] for k in _OPTIONAL_IDENTITY_KEYS if k in q},
-        "files": {p.name: sha256_file(p) for p in files},
-    }
 
 
 def _read_tensors(path: Path) -> dict[str, torch.Tensor]:
@@ -211,7 +158,7 @@ def load_quantized(
     from transformers import AutoConfig, AutoModelForCausalLM
 
     model_dir = Path(model_dir)
-    q = _read_quant(model_dir)
+    q = read_quant(model_dir)
     wpath = model_dir / WEIGHTS_FILE
     tensors = _read_tensors(wpath)
     config = AutoConfig.from_pretrained(str(model_dir))

@@ -14,8 +14,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from harness.engines.base import EngineOptions
-from harness.engines.identity import QUANTIZATION_JSON, model_identity, quantized_module
+from harness.engines.identity import model_identity
 from harness.engines.options import OptionSpec, validate_options
+from harness.engines.quantization import QUANT_FILE, is_quantized_checkpoint
 from harness.errors import FidelityError
 
 if TYPE_CHECKING:
@@ -148,11 +149,13 @@ def load_model(
     opts = dict(options or {})
     if "max_memory" in opts and "device_map" not in opts:
         raise FidelityError(f"{root}: engine 'transformers' option 'max_memory' needs 'device_map' (e.g. device_map = 'auto')")
-    if (root / QUANTIZATION_JSON).is_file():
+    if is_quantized_checkpoint(root):
         if set(opts) - {"batch_size"}:
-            raise FidelityError(f"{root}: a {QUANTIZATION_JSON} checkpoint (this project's simulated format) takes only the "
+            raise FidelityError(f"{root}: a {QUANT_FILE} checkpoint (this project's simulated format) takes only the "
                                 f"option batch_size, found {', '.join(sorted(set(opts) - {'batch_size'}))}")
-        model: torch.nn.Module = quantized_module().load_quantized(root, device, tdtype)
+        from harness.engines.quantized import load_quantized  # imports torch: only when loading
+
+        model: torch.nn.Module = load_quantized(root, device, tdtype)
         model.eval()
         return model
     check_quantization_package(root)

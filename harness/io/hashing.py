@@ -7,8 +7,6 @@ from pathlib import Path
 
 import numpy as np
 
-_CHUNK = 1 << 20
-
 
 def sha256_bytes(data: bytes) -> str:
     """Hex sha256 of a byte string."""
@@ -16,12 +14,9 @@ def sha256_bytes(data: bytes) -> str:
 
 
 def sha256_file(path: str | Path) -> str:
-    """Hex sha256 of a file's content, read in 1 MiB chunks."""
-    h = hashlib.sha256()
+    """Hex sha256 of a file's content (``hashlib.file_digest``: read in chunks, never whole)."""
     with open(path, "rb") as fh:
-        while chunk := fh.read(_CHUNK):
-            h.update(chunk)
-    return h.hexdigest()
+        return hashlib.file_digest(fh, "sha256").hexdigest()
 
 
 def tokens_sha256(tokens: np.ndarray) -> str:

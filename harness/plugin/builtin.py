@@ -5,21 +5,22 @@ so a user's own folder needs nothing but the file; this repository's ladder is c
 The fixtures they use come from :mod:`harness.plugin.pytest_plugin` and do the work through
 :class:`harness.plugin.run.FidelityRun`.
 
-========================= ======================= =============================================
-function                  marker                  one case per
-========================= ======================= =============================================
-``test_fidelity``         ``fidelity``            candidate x shard (``<candidate>-shard<NN>``)
-``test_tails``            ``fidelity_tails``      candidate (``tails-<candidate>``)
-``test_window``           ``fidelity_window``     window ``k`` (``window-from<k>``)
-``test_paired``           ``fidelity_paired``     declared pair (``pair-<a>-vs-<b>``)
-========================= ======================= =============================================
+``test_fidelity`` (marker ``fidelity``) is one case per candidate x shard (``<candidate>-shard<NN>``);
+each report kind of :mod:`harness.plugin.registry` with a ``test`` adds its function here (marker, one case
+per parameter): ``test_tails`` (``tails-<candidate>``), ``test_window`` (``window-from<k>``),
+``test_paired`` (``pair-<a>-vs-<b>``).
 """
 
 from __future__ import annotations
 
+import inspect
+from collections.abc import Callable
 from typing import Any
 
 import pytest
+
+from harness.plugin.kinds import ReportKind
+from harness.plugin.registry import REPORT_KINDS
 
 
 @pytest.mark.fidelity
@@ -30,35 +31,26 @@ def test_fidelity(fidelity_scored: Any, fidelity_gate: Any) -> None:
         pytest.fail(failure, pytrace=False)
 
 
-def _check(case: Any, hint: str = "", hint_when: str = "") -> None:
-    """A report case's check as one readable failure (its message, never a traceback or the case's repr);
-    ``hint`` is appended when the message contains ``hint_when``."""
-    try:
-        case.check()
-    except AssertionError as e:
-        text = str(e)
-        pytest.fail(text + (f"\n{hint}" if hint and hint_when in text else ""), pytrace=False)
+def _case_function(kind: ReportKind) -> Callable[..., None]:
+    """``kind``'s case function: it takes the kind's case fixture and runs its check; a failed check fails the
+    case with its message only (no traceback, no repr of the case)."""
+    assert kind.test is not None and kind.fixture is not None and kind.marker is not None
+    fixture = kind.fixture
+
+    def case(**fixtures: Any) -> None:
+        try:
+            fixtures[fixture].check()
+        except AssertionError as e:
+            pytest.fail(str(e), pytrace=False)
+
+    case.__name__ = case.__qualname__ = kind.test
+    case.__doc__ = kind.test_doc
+    case.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+        [inspect.Parameter(fixture, inspect.Parameter.KEYWORD_ONLY)])
+    marked: Callable[..., None] = getattr(pytest.mark, kind.marker)(case)
+    return marked
 
 
-@pytest.mark.fidelity_tails
-def test_tails(fidelity_tails: Any, fidelity_gate: Any) -> None:
-    """Cumulative exceedances equal the shards' sum, pooled percentiles lie in their histogram brackets,
-    the pooled max is the shards' max, and the pooled p99 is not certainly above the baseline's ``max_p99``."""
-    from harness.gate.gate import update_command
-
-    name = str(fidelity_tails.payload.get("candidate", ""))
-    _check(fidelity_tails, f"if this p99 change is intended, update the baseline with: "
-                           f"{update_command(name, fidelity_gate.selector)}", hint_when="max_p99 of its baseline")
-
-
-@pytest.mark.fidelity_window
-def test_window(fidelity_window: Any) -> None:
-    """The same positions summarized from row k: n_positions follows the window arithmetic, and two
-    candidates with disjoint intervals never swap places (flips within overlapping intervals warn)."""
-    _check(fidelity_window)
-
-
-@pytest.mark.fidelity_paired
-def test_paired(fidelity_paired: Any) -> None:
-    """Common-random-number comparison of a declared pair; fails on a verdict other than its ``expect``."""
-    _check(fidelity_paired)
+for _kind in REPORT_KINDS:
+    if _kind.test is not None:
+        globals()[_kind.test] = _case_function(_kind)

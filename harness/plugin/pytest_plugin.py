@@ -11,30 +11,25 @@ fidelity case runs, so ``pytest --help`` stays fast.
 from __future__ import annotations
 
 import argparse
+import inspect
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from harness.plugin.kinds import ReportKind
+from harness.plugin.registry import REPORT_KINDS
 from harness.plugin.run import PARAMETRIZED, RUN_KEY, FidelityRun, active_run
 
 if TYPE_CHECKING:
-    from harness.inputs.config import PairConfig
-    from harness.plugin.cases import PairCase, TailCase, WindowCase
     from harness.run.session import FidelitySession, ScoredShard
 
-#: The plugin's own markers (``--strict-markers`` safe); generic names are left to each project.
+#: The plugin's own markers (``--strict-markers`` safe): the candidate x shard cases', then each report
+#: kind's (:mod:`harness.plugin.registry`); generic names are left to each project.
 MARKERS = {
     "fidelity": "a candidate x shard fidelity case",
-    "fidelity_tails": "fidelity tail reports (percentiles, CVaR, exceedances)",
-    "fidelity_window": "fidelity scoring-window controls",
-    "fidelity_paired": "fidelity paired comparisons of two candidates",
-    "fidelity_cross_engine": "fidelity cross-engine floor (same weights, two engines)",
-    "fidelity_attribute": "fidelity_attribute(candidate, by='layer,kind', shards=None, modes='restore,only', globs=()): "
-                          "attribute the candidate's drift to tensor groups (fixture fidelity_attribution)",
-    "fidelity_precision_floor": "fidelity_precision_floor(shards=None, dtype='float64'): the reference capture against a "
-                                "higher-precision forward of its own weights (fixture fidelity_precision_floor)",
+    **{kind.marker: kind.marker_doc for kind in REPORT_KINDS if kind.marker is not None},
 }
 
 
@@ -158,79 +153,37 @@ def fidelity_gate(request: pytest.FixtureRequest) -> Any:
                 config_path=run.plan.path, selector=run.plan.selector)
 
 
-@pytest.fixture
-def fidelity_tail_candidate(request: pytest.FixtureRequest) -> str:
-    """Name of the candidate of this tail case."""
-    return request.param  # type: ignore[no-any-return]
+def _param_fixture(name: str) -> Callable[..., object]:
+    """A report kind's parameter fixture: its value is the case's parameter."""
+
+    def param(request: pytest.FixtureRequest) -> object:
+        return request.param
+
+    param.__name__ = param.__qualname__ = name
+    param.__doc__ = f"The parameter of this case (``{name}``)."
+    return pytest.fixture(name=name)(param)
 
 
-@pytest.fixture
-def fidelity_tails(request: pytest.FixtureRequest, fidelity_tail_candidate: str) -> TailCase:
-    """This candidate's tail report over the selected shards (:class:`harness.plugin.cases.TailCase`)."""
-    return active_run(request.config).tails(request, fidelity_tail_candidate)
+def _case_fixture(kind: ReportKind) -> Callable[..., object]:
+    """A report kind's case fixture: :meth:`~harness.plugin.kinds.ReportKind.case` of the case's parameter."""
+    assert kind.fixture is not None
+    param_name = kind.param_fixture
+
+    def case(request: pytest.FixtureRequest, **params: object) -> object:
+        param = params[param_name] if param_name is not None else None
+        return active_run(request.config).report_case(request, kind, param)
+
+    case.__name__ = case.__qualname__ = kind.fixture
+    case.__doc__ = (inspect.getdoc(kind.case) or "") + f" (report kind ``{kind.name}``)"
+    names = ["request"] + ([param_name] if param_name is not None else [])
+    case.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+        [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD) for n in names])
+    return pytest.fixture(name=kind.fixture)(case)
 
 
-@pytest.fixture
-def fidelity_window_k(request: pytest.FixtureRequest) -> tuple[int, tuple[str, ...]]:
-    """``(score_from, notes)`` of this window case."""
-    return request.param  # type: ignore[no-any-return]
-
-
-@pytest.fixture
-def fidelity_window(request: pytest.FixtureRequest, fidelity_window_k: tuple[int, tuple[str, ...]]) -> WindowCase:
-    """Every candidate rescored from row k (:class:`harness.plugin.cases.WindowCase`)."""
-    return active_run(request.config).window(request, *fidelity_window_k)
-
-
-@pytest.fixture
-def fidelity_pair(request: pytest.FixtureRequest) -> PairConfig:
-    """The declared pair (:class:`harness.inputs.config.PairConfig`) of this paired case."""
-    return request.param  # type: ignore[no-any-return]
-
-
-@pytest.fixture
-def fidelity_paired(request: pytest.FixtureRequest, fidelity_pair: PairConfig) -> PairCase:
-    """The pair compared on the same positions (:class:`harness.plugin.cases.PairCase`)."""
-    return active_run(request.config).paired(request, fidelity_pair)
-
-
-@pytest.fixture
-def fidelity_attribution(request: pytest.FixtureRequest) -> dict[str, Any]:
-    """The ``fidelity_attribute`` marker's attribution (:func:`harness.attribution.run.attribute`) of a configured
-    candidate against the configured reference model; written to ``<report dir>/attribution/<candidate>/``."""
-    from harness.attribution.render import write_attribution
-    from harness.attribution.run import attribute, request_from
-
-    mark = request.node.get_closest_marker("fidelity_attribute")
-    if mark is None or not (mark.args or "candidate" in mark.kwargs):
-        pytest.fail("fidelity_attribution needs @pytest.mark.fidelity_attribute(candidate=NAME, ...)", pytrace=False)
-    kw = dict(mark.kwargs)
-    name = kw.pop("candidate", mark.args[0] if mark.args else "")
-    cfg = active_run(request.config).plan.config
-    cand = cfg.candidate(name)
-    if cfg.reference.model is None or cand.model is None:
-        pytest.fail(f"attribution of {name!r} needs reference.model and the candidate's model in the configuration", pytrace=False)
-    result = attribute(request_from(cfg.reference.model, cand.model, cfg.suite, progress=False, **kw))
-    from pathlib import Path
-
-    write_attribution(result, Path(request.config.getoption("fidelity_report_dir")) / "attribution" / name)
-    return result
-
-
-@pytest.fixture
-def fidelity_precision_floor(request: pytest.FixtureRequest) -> dict[str, Any]:
-    """The ``fidelity_precision_floor`` marker's measurement (:func:`harness.run.precision_floor.precision_floor`) of
-    the configured reference; written to ``<report dir>/precision_floor.json`` and ``.md``."""
-    from pathlib import Path
-
-    from harness.run.precision_floor import precision_floor, write_precision_floor
-
-    mark = request.node.get_closest_marker("fidelity_precision_floor")
-    kw = dict(mark.kwargs) if mark is not None else {}
-    cfg = active_run(request.config).plan.config
-    if cfg.reference.model is None:
-        pytest.fail("the precision floor needs reference.model in the configuration", pytrace=False)
-    result = precision_floor(suite_path=cfg.suite, model_dir=cfg.reference.model, store_path=cfg.reference.store,
-                             head_path=cfg.reference.head, n_boot=cfg.n_boot, **kw)
-    write_precision_floor(result, Path(request.config.getoption("fidelity_report_dir")))
-    return result
+# every report kind's fixtures, by name, as module attributes (where pytest finds a plugin's fixtures)
+for _kind in REPORT_KINDS:
+    if _kind.param_fixture is not None:
+        globals()[_kind.param_fixture] = _param_fixture(_kind.param_fixture)
+    if _kind.fixture is not None:
+        globals()[_kind.fixture] = _case_fixture(_kind)

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import importlib
 import json
 import os
 import re
@@ -28,15 +27,21 @@ import sys
 from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import pluggy
 import pytest
 
+from harness.plugin import builtin
+from harness.plugin.kinds import Payload, ReportKind
+from harness.plugin.registry import REPORT_KINDS, write_extras
+
 if TYPE_CHECKING:
+    from _pytest.mark.structures import ParameterSet
+
     from harness.gate.adaptive import AdaptiveMonitor
-    from harness.inputs.config import FidelityConfig, PairConfig
-    from harness.plugin.cases import PairCase, TailCase, WindowCase
+    from harness.inputs.config import FidelityConfig
     from harness.plugin.ladder import LadderCollector
     from harness.run.ray_executor import RayExecutor
     from harness.run.session import FidelitySession, ScoredShard
@@ -158,33 +163,22 @@ class FidelityPlan:
             marks.append(pytest.mark.skip(reason=reason))
         return marks
 
-    def case_params(self) -> list[Any]:
+    def case_params(self) -> list[ParameterSet]:
         """One case per candidate x selected shard, ids ``<candidate>-shard<NN>``, grouped per candidate for xdist."""
         return [pytest.param((n, s), id=f"{n}-shard{s:02d}", marks=self._marks(n))
                 for n in self.case_names for s in self.shards]
 
-    def tail_params(self) -> list[Any]:
-        return [pytest.param(n, id=f"tails-{n}", marks=self._marks(n)) for n in self.case_names]
-
-    def window_params(self) -> list[Any]:
-        from harness.reports.windows import planned_windows
-
-        run, skipped = planned_windows(self.n_ctx)
-        notes = tuple(note for _, note in skipped)
-        params = [pytest.param((k, notes), id=f"window-from{k}") for k in run]
-        params += [pytest.param((k, ()), id=f"window-from{k}", marks=pytest.mark.skip(reason=note)) for k, note in skipped]
-        return params
-
-    def pair_params(self) -> list[Any]:
-        return [pytest.param(p, id=f"pair-{p.a}-vs-{p.b}") for p in self.config.pairs]
+    def param(self, value: object, case_id: str, candidate: str) -> ParameterSet:
+        """A parameter of a case that measures ``candidate``: grouped per candidate for xdist, skipped (naming the
+        install command) when its engine is missing."""
+        return pytest.param(value, id=case_id, marks=self._marks(candidate))
 
 
-#: Fixture name -> how its cases are generated (``indirect``: the fixture receives ``request.param``).
-PARAMETRIZED = {
+#: Fixture name -> how its cases are generated: the candidate x shard cases (``indirect``: the fixture receives
+#: ``request.param``), then each report kind's parameter fixture (:mod:`harness.plugin.registry`).
+PARAMETRIZED: dict[str, Callable[[FidelityPlan], list[ParameterSet]]] = {
     "fidelity_case": FidelityPlan.case_params,
-    "fidelity_tail_candidate": FidelityPlan.tail_params,
-    "fidelity_window_k": FidelityPlan.window_params,
-    "fidelity_pair": FidelityPlan.pair_params,
+    **{kind.param_fixture: kind.params for kind in REPORT_KINDS if kind.param_fixture is not None},
 }
 
 
@@ -192,13 +186,13 @@ class ConfigCases(pytest.Module):
     """A ``fidelity.toml`` as a pytest node: its cases are the functions of :mod:`harness.plugin.builtin`,
     parametrized from the file (``fidelity.toml::test_fidelity[int8-shard00]``)."""
 
-    def _getobj(self) -> Any:
-        return importlib.import_module("harness.plugin.builtin")
+    def _getobj(self) -> ModuleType:
+        return builtin
 
     def collect(self) -> list[pytest.Item | pytest.Collector]:
         """The file's cases; a kind with nothing to run (no pair declared or selected) is left out, not skipped."""
         plan = self.config.stash[RUN_KEY].plan
-        empty = {"test_paired": not plan.config.pairs}
+        empty = {kind.test: not kind.params(plan) for kind in REPORT_KINDS if kind.test is not None}
         return [node for node in super().collect() if not empty.get(getattr(node, "originalname", ""), False)]
 
     def funcnamefilter(self, name: str) -> bool:
@@ -627,8 +621,6 @@ class FidelityRun:
                                       config=self.plan.full, not_scored=self.not_scored)
                 written += [report_dir / "ladder.md", report_dir / "ladder.json"]
             if self.extras:
-                from harness.plugin.cases import write_extras
-
                 # the tail plot colours candidates as a published set of this configuration does
                 self.extra_lines = write_extras(report_dir, self.extras, written=written,
                                                 palette_names=[c.name for c in self.plan.full.candidates])
@@ -692,7 +684,7 @@ class FidelityRun:
                               self.failures, notes))
 
     # ------------------------------------------------------------ fixture bodies
-    def send(self, request: pytest.FixtureRequest, kind: str, data: dict[str, Any]) -> None:
+    def send(self, request: pytest.FixtureRequest, kind: str, data: Payload) -> None:
         """Queue a report-case payload to travel home with this test's report."""
         request.node.stash.setdefault(_EXTRA, []).append({"kind": kind, "data": data})
 
@@ -723,36 +715,14 @@ class FidelityRun:
 
         return scored_shard(self.executor, self.session, name, shard)  # type: ignore[no-any-return]
 
-    def tails(self, request: pytest.FixtureRequest, name: str) -> TailCase:
-        """A candidate's tail report over the selected shards (those actually scored after an adaptive stop)."""
-        from harness.plugin.cases import TailCase
-
-        shards = list(self.plan.shards)
-        monitor = self.monitor
-        if monitor is not None and name in monitor.stopped:
-            shards = sorted(monitor.seen[name])
+    def compute(self, what: str, fn: Callable[[], _T]) -> _T:
+        """``fn()`` with a capture's progress reaching the terminal; a FidelityError fails the case as ``what: ...``."""
         with self.terminal():
-            case = _or_fail(f"tails of {name}", lambda: TailCase.run(self.session, name, shards))
-        self.send(request, "tails", case.payload)
-        return case
+            return _or_fail(what, fn)
 
-    def window(self, request: pytest.FixtureRequest, k: int, notes: tuple[str, ...]) -> WindowCase:
-        """Every selected candidate rescored from row ``k``."""
-        from harness.plugin.cases import WindowCase
-
-        with self.terminal():
-            case = _or_fail(f"window from row {k}", lambda: WindowCase.run(self.session, k, list(self.plan.shards), notes))
-        self.send(request, "window", case.payload)
-        return case
-
-    def paired(self, request: pytest.FixtureRequest, p: PairConfig) -> PairCase:
-        """A declared pair compared on the same positions."""
-        from harness.plugin.cases import PairCase
-
-        with self.terminal():
-            case = _or_fail(f"pair {p.a} vs {p.b}", lambda: PairCase.run(self.session, p.a, p.b, p.margin, list(self.plan.shards), p.expect))
-        self.send(request, "paired", case.payload)
-        return case
+    def report_case(self, request: pytest.FixtureRequest, kind: ReportKind, param: object) -> object:
+        """The value of ``kind``'s case fixture for this case's parameter (:meth:`ReportKind.case`)."""
+        return kind.case(self, request, param)
 
 
 class _OwnLine:

@@ -148,7 +148,8 @@ def _live_store(session: FidelitySession, cand: CandidateConfig, shard: int) -> 
                     store = None
             if store is None or store.missing(session.shard_indices(shard)):
                 store = capture(cand.engine, cand.model, session.suite, out, shards=[shard],
-                                options=EngineOptions(device=session.device, engine_options=cand.options), progress=False)
+                                options=EngineOptions(device=session.device, engine_options=cand.options), progress=False,
+                                identity=session.candidate_identity(cand))
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
     return store

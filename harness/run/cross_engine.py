@@ -181,11 +181,12 @@ def score_pair(*, suite: Suite, shard: int, reference: CaptureStore, candidate: 
     logits: a hidden-state side goes through ``head``) after the width and context joins; returns the
     cell and the per-position scores it summarizes (in the shard's context order)."""
     from harness.run.shard import shard_positions
+    from harness.run.shard_inputs import ShardInputs
     from harness.run.verify import check_contexts, check_widths
 
     check_widths(suite, reference, candidate, head)
     check_contexts([reference, candidate], suite, [shard])
-    pos = shard_positions(suite=suite, shard=shard, reference=reference, candidate=candidate, head=head)
+    pos = shard_positions(ShardInputs(suite=suite, shard=shard, reference=reference, candidate=candidate, head=head))
     return Cell.of(reference_engine, candidate_engine, pos.scores, pos.mode), pos.scores
 
 

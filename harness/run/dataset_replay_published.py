@@ -13,16 +13,19 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from harness.capture.loop import capture
+from harness.capture.store import CaptureStore
+from harness.engines.base import EngineOptions
 from harness.errors import FidelityError, VerificationError
+from harness.inputs.published_layout import CAPTURE_MANIFEST, scan_layout
+from harness.interchange.dataset import PublishedDataset, open_published
+from harness.run.replay import ReplayInputs, write_replay
+from harness.run.verify import verify_joins
 
 
-def open_candidate(dataset: object, candidate: Path, out: Path, shards: list[int], device: str, name: str) -> object:
+def open_candidate(dataset: PublishedDataset, candidate: Path, out: Path, shards: list[int], device: str,
+                   name: str) -> CaptureStore:
     """The candidate's store (module docstring): a project store, a published folder, or a captured model."""
-    from harness.capture.store import CaptureStore
-    from harness.inputs.published_layout import CAPTURE_MANIFEST
-    from harness.interchange.dataset import PublishedDataset
-
-    assert isinstance(dataset, PublishedDataset)
     if (candidate / "capture.json").is_file():
         return CaptureStore.open(candidate, dataset.suite, verify=True)
     if (candidate / CAPTURE_MANIFEST).is_file() or any(candidate.rglob(CAPTURE_MANIFEST)):
@@ -30,9 +33,6 @@ def open_candidate(dataset: object, candidate: Path, out: Path, shards: list[int
     if not (candidate / "config.json").is_file():
         raise FidelityError(f"{candidate}: expected a capture store (capture.json), a published capture folder "
                             f"({CAPTURE_MANIFEST}) or a model folder (config.json), found none of them")
-    from harness.capture.loop import capture
-    from harness.engines.base import EngineOptions
-
     store = out / "capture"
     capture("transformers", candidate, dataset.suite, store, shards=shards, options=EngineOptions(device=device), progress=False)
     return CaptureStore.open(store, dataset.suite, verify=True)
@@ -42,11 +42,6 @@ def replay_published(dataset_path: Path, candidate: Path, out: Path, *, head: Pa
                      score_from: int = 0, name: str | None = None, n_boot: int = 10_000, device: str = "cpu",
                      method: str = "exact") -> list[Path]:
     """Verify the published dataset, obtain the candidate's capture, score the reference shards; returns report paths."""
-    from harness.inputs.published_layout import scan_layout
-    from harness.interchange.dataset import open_published
-    from harness.run.replay import ReplayInputs, write_replay
-    from harness.run.verify import verify_joins
-
     ds = open_published(scan_layout(dataset_path, head))
     held = list(ds.reference_shards)
     wanted = held if shards is None else ds.suite.parse_shards(shards)
@@ -56,11 +51,11 @@ def replay_published(dataset_path: Path, candidate: Path, out: Path, *, head: Pa
     cname = name or candidate.resolve().name
     store = open_candidate(ds, candidate, out, wanted, device, cname)
     if shards is None:  # by default the reference shards the candidate holds (all of them for a model captured here)
-        wanted = [k for k in held if not store.missing(ds.suite.shard_indices(k))] or held  # type: ignore[attr-defined]
-    verify_joins(suite=ds.suite, reference=ds.reference, candidate=store, head=ds.head,  # type: ignore[arg-type]
+        wanted = [k for k in held if not store.missing(ds.suite.shard_indices(k))] or held
+    verify_joins(suite=ds.suite, reference=ds.reference, candidate=store, head=ds.head,
                  score_from=score_from, shards=wanted)
     ds.reference.verify_all()
-    store.verify_all()  # type: ignore[attr-defined]
+    store.verify_all()
     inputs = ReplayInputs(ds.suite, ds.reference, store, ds.head, None, wanted)
     return write_replay(inputs, out, name=cname, reference_name=ds.reference.identity["name"], score_from=score_from,
                         n_boot=n_boot, device=device, own_inputs=[dataset_path, candidate], custody=ds.custody,

@@ -31,21 +31,34 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from harness.capture.store import CaptureStore
 from harness.errors import FidelityError, VerificationError
+from harness.inputs.head import HeadTensor, load_head, sidecar_path
+from harness.inputs.suite import Suite
+from harness.io.atomic import atomic_write_files, dumps_json, refuse_overwriting_inputs
+from harness.reports.shard import render_markdown
+from harness.run.shard import CandidateMeta, score_shard
+from harness.run.shard_inputs import ShardInputs
+from harness.run.verify import verify_joins
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
 
 
 @dataclass(frozen=True)
 class ReplayInputs:
-    """Verified inputs of one replay."""
+    """Verified inputs of one replay: every selected shard has passed the joins."""
 
-    suite: Any
-    reference: Any
-    candidate: Any
-    head: Any
-    cand_head: Any
+    suite: Suite
+    reference: CaptureStore
+    candidate: CaptureStore
+    head: HeadTensor | None
+    cand_head: HeadTensor | None
     shards: list[int]
+
+    def shard_inputs(self, shard: int, score_from: int = 0) -> ShardInputs:
+        """The inputs of one selected shard (already verified with the others)."""
+        return ShardInputs(suite=self.suite, shard=shard, reference=self.reference, candidate=self.candidate,
+                           head=self.head, cand_head=self.cand_head, score_from=score_from)
 
 
 def _default_name(path: Path) -> str:
@@ -66,11 +79,6 @@ def verify_inputs(
 ) -> ReplayInputs:
     """Load and verify every input of a replay (module docstring, steps 1-4); the joins between
     them are checked by :func:`harness.run.verify.verify_joins`, as in a pytest run."""
-    from harness.capture.store import CaptureStore
-    from harness.inputs.head import load_head
-    from harness.inputs.suite import Suite
-    from harness.run.verify import verify_joins
-
     suite = Suite.load(suite_path, verify=True)
     shard_list = suite.parse_shards(shards)
     reference = CaptureStore.open(reference_path, suite, verify=True)
@@ -118,9 +126,6 @@ def replay(
     method: str = "exact",
 ) -> list[Path]:
     """Verify, score every selected shard, then write the reports; returns the JSON paths."""
-    from harness.inputs.head import sidecar_path
-    from harness.io.atomic import refuse_overwriting_inputs
-
     name = candidate_name or _default_name(Path(candidate_path))
     for what, value in (("--name", name), ("--reference-name", reference_name)):
         if not _NAME_RE.match(value):
@@ -146,10 +151,6 @@ def write_replay(inputs: ReplayInputs, out: str | Path, *, name: str, reference_
     comparability block. ``method="published"``: write, instead of this project's shard reports, the
     published tool's figures for the same positions (:mod:`harness.interchange.published_method`),
     each with the exact figures and the difference beside them (``report-<name>-shard-NNNN.json`` + ``.md``)."""
-    from harness.io.atomic import atomic_write_files, dumps_json, refuse_overwriting_inputs
-    from harness.reports.shard import render_markdown
-    from harness.run.shard import score_shard
-
     if method not in ("exact", "published"):
         raise FidelityError(f"--method: expected exact or published, found {method!r}")
     paths = output_paths(out, name, inputs.shards)
@@ -158,13 +159,12 @@ def write_replay(inputs: ReplayInputs, out: str | Path, *, name: str, reference_
     refuse_overwriting_inputs([q for p in paths for q in (p, p.with_suffix(".md"))], own_inputs, "replay --out")
     files: dict[Path, str] = {}
     for shard, path in zip(inputs.shards, paths):
-        report = score_shard(
-            suite=inputs.suite, shard=shard, reference=inputs.reference, candidate=inputs.candidate,
-            head=inputs.head, cand_head=inputs.cand_head, reference_name=reference_name, candidate_name=name,
-            candidate_meta={"size_bytes": None, "tags": []}, score_from=score_from, n_boot=n_boot, device=device,
-            custody=custody,
-        )
+        meta: CandidateMeta = {"size_bytes": None, "tags": []}
+        report = score_shard(inputs.shard_inputs(shard, score_from), reference_name=reference_name, candidate_name=name,
+                             candidate_meta=meta, n_boot=n_boot, device=device, custody=custody)
         if method == "published":
+            if inputs.head is None:
+                raise FidelityError("--method published scores hidden states through the shared head: pass --head")
             from harness.interchange.published_method import method_report, render_method_markdown
             from harness.interchange.suite_manifest import shard_view_digest
 

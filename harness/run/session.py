@@ -1,10 +1,11 @@
-"""A fidelity session: everything one pytest run (or one ``fidelity replay``) needs.
+"""A fidelity session: everything one pytest run needs, each piece obtained once.
 
-It loads the suite, the shared head and the reference store once, obtains each
-candidate's capture (a stored capture replayed as it is, or a live model captured
-into a cache keyed by the candidate's identity), scores one shard at a time and
-turns the result into a :class:`~harness.reports.shard.ShardReport`. It imports no pytest;
-the plugin keeps one in ``config.stash``.
+It loads the suite, the shared head and the reference store once; identifies each live candidate
+once (every weight file hashed once per run) and opens and verifies each candidate's capture once
+(a stored capture replayed as it is, or a live model captured into a cache keyed by its identity);
+builds and verifies one :class:`~harness.run.shard_inputs.ShardInputs` per candidate x shard;
+scores it once and turns the result into a :class:`~harness.reports.shard.ShardReport`. It imports
+no pytest; the plugin keeps one in ``config.stash``.
 """
 
 from __future__ import annotations
@@ -12,16 +13,28 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from harness.capture.loop import capture
+from harness.capture.store import CaptureStore
+from harness.dataset.verify import verify_dataset
+from harness.engines import identity as engine_identity
+from harness.engines.base import EngineOptions
+from harness.engines.identity import identity_key
+from harness.engines.registry import get_engine, require
 from harness.errors import FidelityError, VerificationError
 from harness.gate.baselines import Headline, headline_of
 from harness.inputs.config import CandidateConfig, FidelityConfig
-from harness.run.shard import ShardPositions, score_shard, shard_positions
-
-if TYPE_CHECKING:
-    from harness.reports.shard import ShardReport
-    from harness.run.shared_scores import Handover
+from harness.inputs.head import HeadTensor, load_head
+from harness.inputs.published_layout import LAYOUT, scan_layout
+from harness.inputs.suite import Suite
+from harness.interchange.dataset import PublishedDataset, open_published
+from harness.io.jsonio import get_int, read_json
+from harness.reports.shard import ShardReport
+from harness.run.shard import CandidateMeta, ShardPositions, score_shard, shard_positions
+from harness.run.shard_inputs import ShardInputs, verified
+from harness.run.shared_scores import Handover, binding, scored_once
+from harness.run.verify import check_reference_identity
 
 
 def resolve_device(spec: str, worker_index: int | None = None) -> str:
@@ -63,8 +76,6 @@ def candidate_size_bytes(cand: CandidateConfig) -> int | None:
         return cand.model.stat().st_size
     qfile = cand.model / "quantization.json"
     if qfile.is_file():
-        from harness.io.jsonio import get_int, read_json
-
         value = get_int(read_json(qfile), "on_disk_bytes", qfile, minimum=0, default=None)
         if isinstance(value, int):
             return value
@@ -89,42 +100,40 @@ class ScoredShard:
 
 @dataclass
 class FidelitySession:
-    """Lazily loaded inputs shared by every case of a run."""
+    """The inputs shared by every case of a run, each loaded, identified or verified once, on first use."""
 
     config: FidelityConfig
     device: str = "cpu"
     score_from: int = 0
     progress: bool = False
-    _suite: Any = None
-    _published: Any = None
-    _head: Any = None
-    _reference: Any = None
-    _cand_heads: dict[str, Any] = field(default_factory=dict)
-    _stores: dict[str, Any] = field(default_factory=dict)
-    _held: dict[str, Any] = field(default_factory=dict)
-    _planned: dict[str, set[int]] = field(default_factory=dict)
-    _positions: dict[tuple[str, int], ShardPositions] = field(default_factory=dict)
-    #: live candidates' model identities (by content), computed once per session
-    _live_identities: dict[str, dict[str, Any]] = field(default_factory=dict)
     #: A candidate whose capture or scoring failed: its error, raised again for its other cases without
     #: loading the model again (one broken candidate is loaded once per process).
     _failed: dict[str, FidelityError] = field(default_factory=dict)
     #: pytest-xdist: the folder this session's workers share scored positions through
     #: (:mod:`harness.run.shared_scores`); None in a single process
     shared_scores: Handover | None = None
+    _suite: Suite | None = None
+    _published: PublishedDataset | None = None
+    _head: HeadTensor | None = None
+    _reference: CaptureStore | None = None
+    _cand_heads: dict[str, HeadTensor] = field(default_factory=dict)
+    #: each live candidate's identity by content (its weight files hashed once per run)
+    _identities: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: each candidate's capture store, opened and verified once per run
+    _stores: dict[str, CaptureStore] = field(default_factory=dict)
+    #: live candidates' stores opened and verified by a cluster task (:meth:`hold_store`)
+    _held: dict[str, CaptureStore] = field(default_factory=dict)
+    _inputs: dict[tuple[str, int], ShardInputs] = field(default_factory=dict)
+    _planned: dict[str, set[int]] = field(default_factory=dict)
+    _positions: dict[tuple[str, int], ShardPositions] = field(default_factory=dict)
 
     # ------------------------------------------------------------------ inputs
     @property
-    def published(self) -> Any:
+    def published(self) -> PublishedDataset | None:
         """The dataset in the published layout (:mod:`harness.interchange`), opened and verified once; None otherwise."""
-        from harness.inputs.published_layout import LAYOUT
-
         if self.config.dataset_layout != LAYOUT or self.config.dataset is None:
             return None
         if self._published is None:
-            from harness.inputs.published_layout import scan_layout
-            from harness.interchange.dataset import open_published
-
             self._published = open_published(scan_layout(self.config.dataset, self.config.reference.head))
         return self._published
 
@@ -134,57 +143,46 @@ class FidelitySession:
         return None if self.published is None else dict(self.published.custody)
 
     @property
-    def suite(self) -> Any:
+    def suite(self) -> Suite:
+        """The verified suite (a published dataset's own, when the run reads one)."""
         if self._suite is None:
-            if self.published is not None:
-                self._suite = self.published.suite
-                return self._suite
-            from harness.inputs.suite import Suite
-
-            self._suite = Suite.load(self.config.suite, verify=True)
+            published = self.published
+            self._suite = published.suite if published is not None else Suite.load(self.config.suite, verify=True)
         return self._suite
 
     @property
-    def head(self) -> Any:
+    def head(self) -> HeadTensor:
+        """The shared BF16 LM head, verified against its sidecar and the suite's vocabulary."""
         if self._head is None and self.published is not None:
             self._head = self.published.head
         if self._head is None:
-            from harness.inputs.head import load_head
-
             self._head = load_head(self.config.reference.head)
             self._check_head_vocab(self._head, self.config.reference.head)
         return self._head
 
-    def _check_head_vocab(self, head: Any, path: Path) -> None:
+    def _check_head_vocab(self, head: HeadTensor, path: Path) -> None:
         vocab = int(head.weight.shape[0])
         if vocab < self.suite.vocab_size:
-            from harness.errors import VerificationError
-
             raise VerificationError(path, "head vocab smaller than the suite's tokenizer vocab", self.suite.vocab_size, vocab)
 
-    def candidate_head(self, cand: CandidateConfig) -> Any:
+    def candidate_head(self, cand: CandidateConfig) -> HeadTensor | None:
+        """The candidate's own head (head attribution), loaded once; None when it has none."""
         if cand.head is None:
             return None
         if cand.name not in self._cand_heads:
-            from harness.inputs.head import load_head
-
             head = load_head(cand.head)
             self._check_head_vocab(head, cand.head)
             self._cand_heads[cand.name] = head
         return self._cand_heads[cand.name]
 
     @property
-    def reference(self) -> Any:
+    def reference(self) -> CaptureStore:
         """The verified reference store; captured from the reference model when missing."""
         if self._reference is None and self.published is not None:
             self._reference = self.published.reference
         if self._reference is None:
-            from harness.capture.store import CaptureStore
-
             ref = self.config.reference
             if self.config.dataset is not None:  # a dataset is trusted only whole (fidelity verify DATASET)
-                from harness.dataset.verify import verify_dataset
-
                 verify_dataset(self.config.dataset)
             if not (ref.store / "capture.json").exists():
                 if ref.model is None:
@@ -192,14 +190,9 @@ class FidelitySession:
                         f"{ref.store}: reference capture store is missing and no reference.model is "
                         f"configured in {self.config.path} to capture it from"
                     )
-                from harness.capture.loop import capture
-                from harness.engines.base import EngineOptions
-
                 capture("transformers", ref.model, self.suite, ref.store, options=EngineOptions(device=self.device),
                         progress=self.progress)
             store = CaptureStore.open(ref.store, self.suite, verify=True)
-            from harness.run.verify import check_reference_identity
-
             # the configured reference model and the head's source model must be the store's model
             check_reference_identity(store, reference_model=ref.model, head=self.head)
             self._reference = store
@@ -208,16 +201,19 @@ class FidelitySession:
     def shard_indices(self, shard: int) -> list[int]:
         return list(self.suite.shard_indices(shard))
 
-    def candidate_store(self, cand: CandidateConfig, shard: int) -> Any:
-        """The candidate's capture covering ``shard``: replayed, or captured live into the cache."""
-        from harness.capture.store import CaptureStore
-
+    def candidate_store(self, cand: CandidateConfig, shard: int) -> CaptureStore:
+        """The candidate's capture covering ``shard``: replayed, or captured live into the cache.
+        Opened and verified once per run; a live candidate is captured again only for shards its
+        store lacks."""
+        store = self._stores.get(cand.name)
         if cand.store is not None:
-            if cand.name not in self._stores and self.published is not None and not (cand.store / "capture.json").is_file():
-                self._stores[cand.name] = self.published.capture_store(cand.store, cand.name)  # a published capture folder
-            if cand.name not in self._stores:
-                self._stores[cand.name] = CaptureStore.open(cand.store, self.suite, verify=True)
-            store = self._stores[cand.name]
+            if store is None:
+                published = self.published
+                if published is not None and not (cand.store / "capture.json").is_file():
+                    store = published.capture_store(cand.store, cand.name)  # a published capture folder
+                else:
+                    store = CaptureStore.open(cand.store, self.suite, verify=True)
+                self._stores[cand.name] = store
             missing = set(self.shard_indices(shard)) - set(store.indices)
             if missing:
                 raise FidelityError(
@@ -225,63 +221,67 @@ class FidelitySession:
                     f"(first missing: {min(missing)})"
                 )
             return store
-        return self._capture_live(cand, shard)
+        if store is None or store.missing(self.shard_indices(shard)):
+            store = self._capture_live(cand, shard)
+            self._stores[cand.name] = store
+        return store
 
     def plan(self, cases: list[tuple[str, int]]) -> None:
         """Declare the cases this process will run, so a live model captures all of its shards at once."""
         for name, shard in cases:
             self._planned.setdefault(name, set()).add(shard)
 
+    def candidate_identity(self, cand: CandidateConfig) -> dict[str, Any]:
+        """A live candidate's identity by content, from its engine, computed once per run."""
+        if cand.name not in self._identities:
+            assert cand.model is not None
+            self._identities[cand.name] = get_engine(cand.engine, str(self.config.path)).model_identity(cand.model)
+        return self._identities[cand.name]
+
     def live_store_path(self, cand: CandidateConfig) -> Path:
         """Cache folder of a live candidate's capture, keyed by its identity (by content) and by the runtime
         that captures it (python, torch, transformers, numpy, the harness and the engines' packages): another
         environment sharing the cache gets a store of its own, never a mixed one."""
-        from harness.engines.identity import identity_key, runtime_identity
-        from harness.engines.registry import get_engine
-
-        assert cand.model is not None
-        if cand.name not in self._live_identities:
-            self._live_identities[cand.name] = get_engine(cand.engine, str(self.config.path)).model_identity(cand.model)
-        ident = self._live_identities[cand.name]
-        keyed: dict[str, Any] = {"model": ident, "engine": cand.engine, "device": self.device,
-                                 "runtime": {**runtime_identity(), **_engine_packages()}}
+        keyed: dict[str, Any] = {"model": self.candidate_identity(cand), "engine": cand.engine, "device": self.device,
+                                 "runtime": {**engine_identity.runtime_identity(), **_engine_packages()}}
         if cand.options:  # captures taken with other engine options never share a cache folder
             keyed["options"] = cand.options
         key = identity_key(keyed)
         return self.config.cache_dir / "captures" / f"{cand.name}-{key[:16]}"
 
-    def _capture_live(self, cand: CandidateConfig, shard: int) -> Any:
+    def _capture_live(self, cand: CandidateConfig, shard: int) -> CaptureStore:
         """Capture a live candidate into its cache store; the model is loaded once for all planned shards."""
-        from harness.capture.store import CaptureStore
-
         assert cand.model is not None
-        from harness.engines.base import EngineOptions
-        from harness.engines.registry import get_engine, require
-
         require(get_engine(cand.engine, str(self.config.path)))
         held = self._held.get(cand.name)
         if held is not None and not held.missing(self.shard_indices(shard)):
             return held
         out = self.live_store_path(cand)
-        from harness.capture.loop import capture
-        from harness.errors import VerificationError
-
         try:
             if (out / "capture.json").exists():
                 store = CaptureStore.open(out, self.suite, verify=True)
-                if store.identity != self._live_identities[cand.name]:  # a cache folder is believed for its content
+                if store.identity != self.candidate_identity(cand):  # a cache folder is believed for its content
                     raise VerificationError(out / "capture.json", "model (the cached capture's model identity)",
-                                            self._live_identities[cand.name], store.identity)
+                                            self.candidate_identity(cand), store.identity)
                 if not store.missing(self.shard_indices(shard)):
                     return store
             shards = sorted(self._planned.get(cand.name, set()) | {shard})
             opts = EngineOptions(device=self.device, engine_options=cand.options)
             return capture(cand.engine, cand.model, self.suite, out, shards=shards, options=opts,
-                           progress=self.progress)
+                           progress=self.progress, identity=self.candidate_identity(cand))
         except VerificationError as e:  # said in the interface of the run: the cache folder is the harness's own
             raise VerificationError(e.path, e.what, e.expected, e.found,
                                     hint=f"the capture cache of candidate {cand.name!r} cannot be used: remove the folder "
                                     f"{out} and run pytest again (the candidate is captured again)") from None
+
+    def shard_inputs(self, cand: CandidateConfig, shard: int) -> ShardInputs:
+        """The inputs of ``cand`` x ``shard``, built and verified (every join) once per run."""
+        key = (cand.name, shard)
+        if key not in self._inputs:
+            self._inputs[key] = verified(ShardInputs(
+                suite=self.suite, shard=shard, reference=self.reference, candidate=self.candidate_store(cand, shard),
+                head=self.head, cand_head=self.candidate_head(cand), score_from=self.score_from))
+        return self._inputs[key]
 
     # ------------------------------------------------------------------ scoring
     def positions(self, cand: CandidateConfig, shard: int) -> ShardPositions:
@@ -303,26 +303,21 @@ class FidelitySession:
     def _score_positions(self, cand: CandidateConfig, shard: int) -> ShardPositions:
         key = (cand.name, shard)
         if key not in self._positions:
-            self.verify_joins(cand, shard)
+            inputs = self.shard_inputs(cand, shard)
 
             def score() -> ShardPositions:
-                return shard_positions(
-                    suite=self.suite, shard=shard, reference=self.reference, candidate=self.candidate_store(cand, shard),
-                    head=self.head, cand_head=self.candidate_head(cand), device=self.device,
-                )
+                return shard_positions(inputs, device=self.device)
 
             if self.shared_scores is None:
                 self._positions[key] = score()
             else:  # another worker of this session may have scored it already
-                from harness.run.shared_scores import binding, scored_once
-
-                bound = binding(session=self.shared_scores.session, candidate=cand.name, suite=self.suite, shard=shard,
-                                reference=self.reference, cand_store=self.candidate_store(cand, shard), head=self.head,
-                                cand_head=self.candidate_head(cand), window=self.score_from, device=self.device)
+                bound = binding(session=self.shared_scores.session, candidate=cand.name, suite=inputs.suite, shard=shard,
+                                reference=inputs.reference, cand_store=inputs.candidate, head=inputs.head,
+                                cand_head=inputs.cand_head, window=inputs.score_from, device=self.device)
                 self._positions[key] = scored_once(self.shared_scores, cand.name, shard, bound, score)
         return self._positions[key]
 
-    def hold_store(self, name: str, store: Any) -> None:
+    def hold_store(self, name: str, store: CaptureStore) -> None:
         """A live candidate's capture store, opened and verified by the caller (a cluster task, under the
         store's task lock): this session scores from it instead of opening the store again."""
         self._held[name] = store
@@ -337,34 +332,24 @@ class FidelitySession:
         self._positions.pop((name, shard), None)
 
     def verify_joins(self, cand: CandidateConfig, shard: int) -> None:
-        """The identity checks ``fidelity replay`` runs (:func:`harness.run.verify.verify_joins`),
-        before any position of ``cand`` x ``shard`` is scored."""
-        from harness.run.verify import verify_joins
-
-        verify_joins(suite=self.suite, reference=self.reference, candidate=self.candidate_store(cand, shard),
-                     head=self.head,
-                     cand_head=self.candidate_head(cand), score_from=self.score_from, shards=[shard])
+        """The identity checks ``fidelity replay`` runs (:func:`harness.run.verify.verify_joins`), before any
+        position of ``cand`` x ``shard`` is scored: building its :class:`ShardInputs` (once per run)."""
+        self.shard_inputs(cand, shard)
 
     def score(self, cand: CandidateConfig, shard: int, *, n_boot: int | None = None) -> ScoredShard:
         """Score one candidate x shard and build its report."""
         t0 = time.perf_counter()
-        ref_store = self.reference
-        cand_store = self.candidate_store(cand, shard)
+        size = candidate_size_bytes(cand)
+        meta: CandidateMeta = {"size_bytes": size, "tags": list(cand.tags)}
         report = score_shard(
+            self.shard_inputs(cand, shard),
             positions=self.positions(cand, shard),
-            suite=self.suite,
-            shard=shard,
-            reference=ref_store,
-            candidate=cand_store,
-            head=self.head,
-            cand_head=self.candidate_head(cand),
             reference_name=self.config.reference.name,
             candidate_name=cand.name,
-            candidate_meta={"size_bytes": candidate_size_bytes(cand), "tags": list(cand.tags)},
-            score_from=self.score_from,
+            candidate_meta=meta,
             n_boot=n_boot or self.config.n_boot,
             device=self.device,
             custody=self.custody,
         )
         report.timing["total_s"] = time.perf_counter() - t0
-        return ScoredShard(cand.name, shard, report, headline_of(report.metrics), candidate_size_bytes(cand))
+        return ScoredShard(cand.name, shard, report, headline_of(report.metrics), size)

@@ -1,64 +1,62 @@
 """One shard, scored: load both captures, score every position, summarize into a shard report.
 
-:func:`shard_positions` produces the per-position scores of a candidate x shard (no window, no
-statistics); :func:`score_shard` turns them into a :class:`~harness.reports.shard.ShardReport`.
-The pytest session and ``fidelity replay`` both go through here.
+Both functions read one :class:`~harness.run.shard_inputs.ShardInputs` (suite, shard, stores,
+heads, window). :func:`shard_positions` produces the per-position scores of a candidate x shard
+(no window, no statistics); :func:`score_shard` turns them into a
+:class:`~harness.reports.shard.ShardReport`. The pytest session and ``fidelity replay`` both go
+through here.
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypedDict
 
 import numpy as np
 
 from harness.errors import FidelityError
+from harness.metrics import ContextLabel, summarize
+from harness.metrics.scores import PositionScores
+from harness.planning.design import single_run_resolvable_delta
+from harness.reports.shard import ShardReport, make_comparability
+from harness.run.shard_inputs import ShardInputs
+from harness.run.verify import check_scores_finite
 
 if TYPE_CHECKING:
-    from harness.metrics.positions import ContextLabel
-    from harness.metrics.scores import PositionScores
+    import torch
+
+    from harness.inputs.head import HeadTensor
 
 
 def score_shard(
+    inputs: ShardInputs,
     *,
-    suite: Any,
-    shard: int,
-    reference: Any,
-    candidate: Any,
-    head: Any,
-    cand_head: Any = None,
     reference_name: str = "reference",
     candidate_name: str,
-    candidate_meta: dict[str, Any] | None = None,
-    score_from: int = 0,
+    candidate_meta: CandidateMeta | None = None,
     n_boot: int = 10_000,
     device: str = "cpu",
     positions: ShardPositions | None = None,
-    custody: dict[str, Any] | None = None,
-) -> Any:
-    """Score one shard of verified inputs and build its :class:`~harness.reports.shard.ShardReport`.
+    custody: dict[str, object] | None = None,
+) -> ShardReport:
+    """Score one shard of verified ``inputs`` and build its :class:`~harness.reports.shard.ShardReport`
+    (window: ``inputs.score_from``).
 
     ``custody``: the published digests of a dataset read in another layout (comparability ``custody``).
 
     ``positions`` (from :func:`shard_positions`) reuses already scored positions: the same
     capture summarized under another window needs no rescoring.
 
-    ``reference`` and ``candidate`` are opened :class:`~harness.capture.store.CaptureStore` objects of
-    the same kind: hidden-state stores go through ``head`` (and ``cand_head`` for the
-    candidate when given); logits stores are scored in logits mode (no head).
+    Hidden-state stores go through ``inputs.head`` (and ``inputs.cand_head`` for the candidate
+    when given); logits stores are scored in logits mode (no head).
     """
-    from harness.metrics import summarize
-    from harness.reports.shard import ShardReport, make_comparability
-
-    pos = positions if positions is not None else shard_positions(
-        suite=suite, shard=shard, reference=reference, candidate=candidate, head=head, cand_head=cand_head, device=device
-    )
+    suite, shard, reference, candidate = inputs.suite, inputs.shard, inputs.reference, inputs.candidate
+    score_from = inputs.score_from
+    pos = positions if positions is not None else shard_positions(inputs, device=device)
     mode, head_sha, cand_head_sha = pos.mode, pos.head_sha256, pos.cand_head_sha256
     t2 = time.perf_counter()
     metrics = summarize(pos.scores, pos.context_index, pos.row, pos.labels, score_from=score_from, n_boot=n_boot)
-    from harness.planning.design import single_run_resolvable_delta
-
     # the smallest difference in mean KLD this run resolves (95% confidence, 80% power; see harness.planning)
     metrics["resolvable_delta"] = single_run_resolvable_delta(metrics["contexts"])
     t3 = time.perf_counter()
@@ -108,15 +106,15 @@ class ShardPositions:
     scorer_run: dict[str, str] = field(default_factory=dict)
 
 
-def shard_positions(
-    *, suite: Any, shard: int, reference: Any, candidate: Any, head: Any, cand_head: Any = None, device: str = "cpu"
-) -> ShardPositions:
+def shard_positions(inputs: ShardInputs, *, device: str = "cpu") -> ShardPositions:
     """Load one shard of both captures and score every position (no window, no statistics)."""
     import torch
 
-    from harness.metrics import ContextLabel
-    from harness.run.verify import check_scores_finite
     from harness.scoring.scorer import score_hidden, score_logits, scorer_run
+    from harness.scoring.streaming import STREAM_MIN_BYTES, score_hidden_streaming
+
+    suite, shard, reference, candidate = inputs.suite, inputs.shard, inputs.reference, inputs.candidate
+    head, cand_head = inputs.head, inputs.cand_head
 
     # one side logits (llama.cpp), the other hidden states (transformers, vLLM), in either role: the
     # hidden-state side's logits are formed through its head (the shared head; a candidate's own head
@@ -125,14 +123,15 @@ def shard_positions(
         if store.kind not in ("hidden_states", "logits"):
             raise FidelityError(f"{store.root}: store kind {store.kind!r} cannot be scored (hidden_states or logits)")
     mixed = reference.kind != candidate.kind
+    head_sha: str | None
+    cand_head_sha: str | None
     t0 = time.perf_counter()
     indices = list(suite.shard_indices(shard))
     rows_per = suite.n_ctx - 1
     targets = torch.from_numpy(suite.tokens[indices, 1:].astype(np.int64).reshape(-1))
-    from harness.scoring.streaming import STREAM_MIN_BYTES, score_hidden_streaming
-
     if reference.kind != "logits" and not mixed and 2 * len(indices) * rows_per * reference.width * 2 > STREAM_MIN_BYTES:
         # large shard: prefetch the next contexts while the current ones are scored (bounded memory)
+        head = _shared_head(inputs)
         probe = torch.empty(0, reference.width, dtype=getattr(torch, reference.dtype))
         cprobe = torch.empty(0, candidate.width, dtype=getattr(torch, candidate.dtype))
         ran = scorer_run(probe, cprobe, head.weight, None if cand_head is None else cand_head.weight, device=device).as_dict()
@@ -153,13 +152,15 @@ def shard_positions(
     t1 = time.perf_counter()
     if mixed:
         if reference.kind == "hidden_states":
+            head = _shared_head(inputs)
             ref, path = _through_head(ref, head.weight)
             mode, head_sha, cand_head_sha = "logits (reference through head)", head.sha256, None
         else:
+            through = cand_head if cand_head is not None else _shared_head(inputs)
+            cnd, path = _through_head(cnd, through.weight)
             own = cand_head is not None
-            cnd, path = _through_head(cnd, (cand_head if own else head).weight)
             mode = "logits (candidate through its own head)" if own else "logits (candidate through head)"
-            head_sha, cand_head_sha = (None, cand_head.sha256) if own else (head.sha256, None)
+            head_sha, cand_head_sha = (None, through.sha256) if own else (through.sha256, None)
         scores = score_logits(ref, cnd, targets)
         ran = {"backend": "torch (logits mode)", "gemm": path}
     elif reference.kind == "logits":
@@ -167,6 +168,7 @@ def shard_positions(
         mode, head_sha, cand_head_sha = "logits", None, None
         ran = {"backend": "torch (logits mode)", "gemm": "none"}
     else:
+        head = _shared_head(inputs)
         ran = scorer_run(ref, cnd, head.weight, None if cand_head is None else cand_head.weight, device=device).as_dict()
         scores = score_hidden(
             ref, cnd, head.weight, targets,
@@ -184,7 +186,15 @@ def shard_positions(
     return ShardPositions(scores, context_index, row, labels, mode, head_sha, cand_head_sha, t1 - t0, t2 - t1, ran)
 
 
-def _through_head(hidden: Any, weight: Any) -> tuple[Any, str]:
+def _shared_head(inputs: ShardInputs) -> HeadTensor:
+    """The shared head, which a hidden-state store needs (the joins have checked it is given)."""
+    if inputs.head is None:
+        raise FidelityError(f"{inputs.reference.root}: a hidden-state store is scored through the shared head: "
+                            "expected a head, found none")
+    return inputs.head
+
+
+def _through_head(hidden: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor, str]:
     """fp32 logits ``hidden @ weight.T`` of a hidden-state side scored in logits mode, with the GEMM
     path the scorer uses on the CPU (returned with the logits, for the report's timing block)."""
     import torch
@@ -198,6 +208,15 @@ def _through_head(hidden: Any, weight: Any) -> tuple[Any, str]:
         w = gemm_operand(weight, cpu, path)
         out = logits_gemm(hidden, w, torch.empty(hidden.shape[0], w.shape[0], dtype=torch.float32))
     return out, path
+
+
+class CandidateMeta(TypedDict):
+    """What a shard report says about its candidate beyond its identity."""
+
+    #: On-disk size in bytes (None when unknown).
+    size_bytes: int | None
+    #: The candidate's tags from ``fidelity.toml``.
+    tags: list[str]
 
 
 #: Scorer settings that decide the numbers (tiling does not, so it is not recorded here).

@@ -1,0 +1,50 @@
+"""Report kind ``adaptive``: the record of each shard scored under ``--fidelity-adaptive`` (sent by the
+candidate x shard case; no marker or case of its own).
+
+Artifacts: ``adaptive.json``, ``adaptive.md`` (:mod:`harness.gate.adaptive`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from harness.plugin.kinds import CasePlan, CaseRun, Payload, Written
+
+if TYPE_CHECKING:
+    import pytest
+    from _pytest.mark.structures import ParameterSet
+
+
+
+class Adaptive:
+    """Where each candidate's adaptive ladder stopped."""
+
+    name = "adaptive"
+    marker = None
+    marker_doc = ""
+    param_fixture = None
+    fixture = None
+    test = None
+    test_doc = ""
+
+    def params(self, plan: CasePlan) -> list[ParameterSet]:
+        return []
+
+    def case(self, run: CaseRun, request: pytest.FixtureRequest, param: Any) -> None:
+        raise NotImplementedError("adaptive records are sent by the candidate x shard cases")
+
+    def write(self, out: Path, payloads: Sequence[Payload], palette_names: Sequence[str] | None) -> Written:
+        from harness.gate.adaptive import write_adaptive
+
+        write_adaptive(out, payloads)
+        written = Written([out / "adaptive.json", out / "adaptive.md"])
+        for r in (r for r in payloads if r["side"] and r["look"] < r["looks"]):
+            written.lines.append(f"adaptive: {r['candidate']} stopped after shard {r['shard']:02d} (look {r['look']}/"
+                                 f"{r['looks']}, {'below' if r['side'] == 'below' else 'above'} max_mean_kld)")
+        written.lines.append(f"adaptive: {out / 'adaptive.md'}")
+        return written
+
+
+KIND = Adaptive()

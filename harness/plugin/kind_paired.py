@@ -1,0 +1,91 @@
+"""Report kind ``paired``: one case per declared pair (``pair-<a>-vs-<b>``), the two candidates compared on
+the same positions (common random numbers).
+
+Artifacts: ``paired/<a>-vs-<b>.json`` and ``.md`` (:mod:`harness.reports.paired`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from harness.plugin.kinds import CasePlan, CaseRun, Payload, Written
+
+if TYPE_CHECKING:
+    import pytest
+    from _pytest.mark.structures import ParameterSet
+
+    from harness.inputs.config import PairConfig
+    from harness.run.session import FidelitySession
+
+
+@dataclass
+class PairCase:
+    """A declared pair compared on the same positions (common random numbers)."""
+
+    payload: Payload
+    expect: str | None = None
+
+    @classmethod
+    def run(cls, session: FidelitySession, a: str, b: str, margin: float, shards: Sequence[int],
+            expect: str | None = None) -> PairCase:
+        from harness.reports.paired import paired_report
+
+        ca, cb = session.config.candidate(a), session.config.candidate(b)
+        rep = paired_report(a, b, [session.positions(ca, s) for s in shards], [session.positions(cb, s) for s in shards],
+                            margin=margin, score_from=session.score_from, n_boot=session.config.n_boot)
+        return cls(rep, expect)
+
+    def check(self) -> None:
+        """Internally consistent; equals the declared ``expect`` verdict when the pair declares one."""
+        __tracebackhide__ = True
+        from harness.reports.paired import check_paired
+
+        problems = check_paired(self.payload, self.expect)
+        if problems:
+            raise AssertionError("\n".join(problems))
+
+
+class Paired:
+    """Common-random-number comparison of a declared pair; fails on a verdict other than its ``expect``."""
+
+    name = "paired"
+    marker = "fidelity_paired"
+    marker_doc = "fidelity paired comparisons of two candidates"
+    param_fixture = "fidelity_pair"
+    fixture = "fidelity_paired"
+    test = "test_paired"
+    test_doc = __doc__ or ""
+
+    def params(self, plan: CasePlan) -> list[ParameterSet]:
+        import pytest
+
+        return [pytest.param(p, id=f"pair-{p.a}-vs-{p.b}") for p in plan.config.pairs]
+
+    def case(self, run: CaseRun, request: pytest.FixtureRequest, param: Any) -> PairCase:
+        """A declared pair compared on the same positions."""
+        p: PairConfig = param
+        case = run.compute(f"pair {p.a} vs {p.b}",
+                           lambda: PairCase.run(run.session, p.a, p.b, p.margin, list(run.plan.shards), p.expect))
+        run.send(request, self.name, case.payload)
+        return case
+
+    def write(self, out: Path, payloads: Sequence[Payload], palette_names: Sequence[str] | None) -> Written:
+        from harness.reports.paired import write_paired
+
+        written = Written()
+        for rep in payloads:
+            path, md_path = write_paired(out, rep)
+            written.files += [path, md_path]
+            ci = rep["kld_mean"]["ci95"]
+            iv = "not estimable" if ci is None else f"95% [{ci[0]:.4g}, {ci[1]:.4g}]"
+            cm = rep.get("certifiable_margin")
+            head = f"paired {rep['a']} vs {rep['b']}: {rep['verdict_named']} (diff {rep['kld_mean']['diff']:.4g}, {iv}, "
+            written.lines.append(head + (f"margin ±{rep['margin']:g}, certifiable ±{cm:.2g}) {path}" if cm is not None
+                                         else f"margin ±{rep['margin']:g}) {path}"))
+        return written
+
+
+KIND = Paired()

@@ -1,0 +1,59 @@
+"""Report kind ``precision_floor``: a test marked ``@pytest.mark.fidelity_precision_floor(shards=None,
+dtype='float64')`` that asks for the ``fidelity_precision_floor`` fixture gets the configured reference
+capture measured against a higher-precision forward of its own weights
+(:func:`harness.run.precision_floor.precision_floor`).
+
+Artifacts: ``precision_floor.json`` and ``.md`` in the report folder, written by the fixture itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from harness.plugin.kinds import CasePlan, CaseRun, Payload, Written
+
+if TYPE_CHECKING:
+    import pytest
+    from _pytest.mark.structures import ParameterSet
+
+
+class PrecisionFloor:
+    """The reference capture against a higher-precision forward of the same weights."""
+
+    name = "precision_floor"
+    marker = "fidelity_precision_floor"
+    marker_doc = ("fidelity_precision_floor(shards=None, dtype='float64'): the reference capture against a "
+                  "higher-precision forward of its own weights (fixture fidelity_precision_floor)")
+    param_fixture = None
+    fixture = "fidelity_precision_floor"
+    test = None
+    test_doc = ""
+
+    def params(self, plan: CasePlan) -> list[ParameterSet]:
+        return []
+
+    def case(self, run: CaseRun, request: pytest.FixtureRequest, param: Any) -> dict[str, Any]:
+        """The marker's measurement of the configured reference; written to ``<report dir>/precision_floor.json``
+        and ``.md``."""
+        import pytest
+
+        from harness.run.precision_floor import precision_floor, write_precision_floor
+
+        mark = request.node.get_closest_marker(self.marker)
+        kw = dict(mark.kwargs) if mark is not None else {}
+        cfg = run.plan.config
+        if cfg.reference.model is None:
+            pytest.fail("the precision floor needs reference.model in the configuration", pytrace=False)
+        result = precision_floor(suite_path=cfg.suite, model_dir=cfg.reference.model, store_path=cfg.reference.store,
+                                 head_path=cfg.reference.head, n_boot=cfg.n_boot, **kw)
+        write_precision_floor(result, Path(request.config.getoption("fidelity_report_dir")))
+        out: dict[str, Any] = result
+        return out
+
+    def write(self, out: Path, payloads: Sequence[Payload], palette_names: Sequence[str] | None) -> Written:
+        return Written()
+
+
+KIND = PrecisionFloor()

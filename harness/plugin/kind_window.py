@@ -1,0 +1,114 @@
+"""Report kind ``window``: one case per planned window ``k`` (``window-from<k>``), every candidate rescored
+from row ``k`` and compared with the base window.
+
+Artifacts: ``window.json``, ``window.md`` (:mod:`harness.reports.windows`).
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from harness.errors import FidelityError
+from harness.plugin.kinds import CasePlan, CaseRun, Payload, Written
+
+if TYPE_CHECKING:
+    import pytest
+    from _pytest.mark.structures import ParameterSet
+
+    from harness.run.session import FidelitySession
+
+
+@dataclass
+class WindowCase:
+    """All candidates summarized from row ``k`` and at the base window, compared."""
+
+    payload: Payload
+    expected_positions: int
+
+    @classmethod
+    def run(cls, session: FidelitySession, k: int, shards: Sequence[int], notes: Sequence[str] = ()) -> WindowCase:
+        from harness.reports.windows import expected_positions, window_summary
+
+        base = session.score_from
+        n_boot = session.config.n_boot
+        summaries, base_summaries = {}, {}
+        said = list(notes)
+        for cand in session.config.candidates:
+            try:
+                pos = [session.positions(cand, s) for s in shards]
+            except FidelityError as e:  # a candidate that cannot be scored fails its own cases, not this one
+                said.append(f"{cand.name} left out of the window comparison: it could not be scored ({e})")
+                continue
+            summaries[cand.name] = window_summary(pos, k, n_boot=n_boot)
+            base_summaries[cand.name] = summaries[cand.name] if k == base else window_summary(pos, base, n_boot=n_boot)
+        n_ctx = sum(len(session.shard_indices(s)) for s in shards)
+        payload = {"base": base, "k": k, "summaries": summaries, "base_summaries": base_summaries, "notes": said}
+        return cls(payload, expected_positions(n_ctx, session.suite.n_ctx, k))
+
+    def comparison(self) -> dict[str, Any]:
+        from harness.reports.windows import compare_windows
+
+        p = self.payload
+        by_window = {p["base"]: p["base_summaries"], p["k"]: p["summaries"]}
+        return compare_windows(p["base"], by_window)
+
+    def check(self) -> None:
+        """n_positions follows the window arithmetic; a flip real at both windows (paired difference interval) fails, others warn."""
+        __tracebackhide__ = True
+        from harness.reports.windows import flip_message
+
+        p = self.payload
+        bad = {c: s["n_positions"] for c, s in p["summaries"].items() if s["n_positions"] != self.expected_positions}
+        if bad:
+            raise AssertionError(f"score_from={p['k']}: n_positions {bad}, expected {self.expected_positions} "
+                                 "(contexts x (n_ctx - 1 - k))")
+        w = self.comparison()["windows"][str(p["k"])]
+        if w["flips"]["warnings"]:
+            warnings.warn(f"score_from={p['k']}: ranking flips within overlapping intervals (noise): "
+                          + ", ".join(f"{a}/{b}" for a, b in w["flips"]["warnings"]), UserWarning, stacklevel=2)
+        if w["flips"]["failures"]:
+            raise AssertionError(flip_message(p["k"], p["base"], w["flips"]["failures"]))
+
+
+class Window:
+    """The same positions summarized from row k: n_positions follows the window arithmetic, and two
+    candidates with disjoint intervals never swap places (flips within overlapping intervals warn)."""
+
+    name = "window"
+    marker = "fidelity_window"
+    marker_doc = "fidelity scoring-window controls"
+    param_fixture = "fidelity_window_k"
+    fixture = "fidelity_window"
+    test = "test_window"
+    test_doc = __doc__ or ""
+
+    def params(self, plan: CasePlan) -> list[ParameterSet]:
+        import pytest
+
+        from harness.reports.windows import planned_windows
+
+        run, skipped = planned_windows(plan.n_ctx)
+        notes = tuple(note for _, note in skipped)
+        params = [pytest.param((k, notes), id=f"window-from{k}") for k in run]
+        params += [pytest.param((k, ()), id=f"window-from{k}", marks=pytest.mark.skip(reason=note)) for k, note in skipped]
+        return params
+
+    def case(self, run: CaseRun, request: pytest.FixtureRequest, param: Any) -> WindowCase:
+        """Every selected candidate rescored from row ``k``."""
+        k, notes = param
+        case = run.compute(f"window from row {k}", lambda: WindowCase.run(run.session, k, list(run.plan.shards), notes))
+        run.send(request, self.name, case.payload)
+        return case
+
+    def write(self, out: Path, payloads: Sequence[Payload], palette_names: Sequence[str] | None) -> Written:
+        from harness.reports.windows import write_window
+
+        cmp = write_window(out, payloads)
+        return Written([out / "window.json", out / "window.md"], [f"window: {cmp['verdict']} ({out / 'window.md'})"])
+
+
+KIND = Window()

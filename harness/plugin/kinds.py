@@ -1,0 +1,170 @@
+"""What a report kind is: one class behind :class:`ReportKind`, listed once in :mod:`harness.plugin.registry`.
+
+A *report kind* is a report beside the candidate x shard cases (tails, scoring windows, paired
+comparisons, adaptive records, cross-engine floors, attribution). Everything the plugin does with
+one comes from its class, and the plugin loops over the registry for each step:
+
+=============== ============================================================================
+step            member of the kind
+=============== ============================================================================
+markers         ``marker`` and ``marker_doc`` (registered by ``pytest_configure``)
+parametrization ``param_fixture`` and ``params(plan)`` (one case per parameter)
+fixtures        ``fixture`` (its value: ``case(run, request, param)``)
+collection      ``test`` and ``test_doc`` (a case function collected from a ``fidelity.toml``)
+check           the case's ``check()`` (raises ``AssertionError`` with a readable message)
+writer          ``write(out, payloads, palette_names)``: the run's artifacts and its terminal lines
+=============== ============================================================================
+
+A member that does not apply is ``None`` (adaptive records have no marker and no case of their own;
+the cross-engine floor is sent by ``fidelity_tests/test_cross_engine.py``). Adding a report kind is
+one module defining its class and one line in the registry.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+
+if TYPE_CHECKING:
+    import pytest
+    from _pytest.mark.structures import ParameterSet
+
+    from harness.gate.adaptive import AdaptiveMonitor
+    from harness.inputs.config import FidelityConfig
+    from harness.run.session import FidelitySession
+
+#: A report-case payload: a JSON-ready dict that travels home with the test report.
+Payload = dict[str, Any]
+
+_T = TypeVar("_T")
+
+
+class CasePlan(Protocol):
+    """What a kind reads of the run's plan (:class:`harness.plugin.run.FidelityPlan`)."""
+
+    @property
+    def config(self) -> FidelityConfig:
+        """The configuration with only the selected candidates (and pairs of them)."""
+        ...
+
+    @property
+    def shards(self) -> tuple[int, ...]:
+        """The selected shards."""
+        ...
+
+    @property
+    def case_names(self) -> tuple[str, ...]:
+        """Every selected candidate name, in file order."""
+        ...
+
+    @property
+    def selector(self) -> tuple[str, ...]:
+        """Command-line words that select this configuration (in an update or reproduce command)."""
+        ...
+
+    @property
+    def n_ctx(self) -> int:
+        """Tokens per context of the suite."""
+        ...
+
+    def param(self, value: object, case_id: str, candidate: str) -> ParameterSet:
+        """A parameter of a case that measures ``candidate`` (its xdist group; skipped when its engine is missing)."""
+        ...
+
+
+class CaseRun(Protocol):
+    """What a kind's case uses of the run (:class:`harness.plugin.run.FidelityRun`)."""
+
+    @property
+    def plan(self) -> CasePlan:
+        """The run's plan."""
+        ...
+
+    @property
+    def session(self) -> FidelitySession:
+        """The run's session: suite, head, reference, each candidate's scored positions."""
+        ...
+
+    @property
+    def monitor(self) -> AdaptiveMonitor | None:
+        """The adaptive monitor (``--fidelity-adaptive``), or None."""
+        ...
+
+    def compute(self, what: str, fn: Callable[[], _T]) -> _T:
+        """``fn()``; a FidelityError fails the case with one line ``what: message``."""
+        ...
+
+    def send(self, request: pytest.FixtureRequest, kind: str, data: Payload) -> None:
+        """Queue a payload of ``kind`` to travel home with this test's report."""
+        ...
+
+
+class ReportCase(Protocol):
+    """The value of a kind's case fixture: its payload and its check."""
+
+    payload: Payload
+
+    def check(self) -> None:
+        """Raise ``AssertionError`` with a readable message when the report fails its rule."""
+        ...
+
+
+@dataclass
+class Written:
+    """What a kind's writer wrote: the files, and the lines shown under "fidelity reports"."""
+
+    files: list[Path] = field(default_factory=list)
+    lines: list[str] = field(default_factory=list)
+
+
+class ReportKind(Protocol):
+    """One report kind (module docstring)."""
+
+    @property
+    def name(self) -> str:
+        """The payload kind: the key its payloads are gathered under, and its name in messages."""
+        ...
+
+    @property
+    def marker(self) -> str | None:
+        """Its pytest marker (``-m NAME``), or None."""
+        ...
+
+    @property
+    def marker_doc(self) -> str:
+        """The marker's description (``pytest --markers``)."""
+        ...
+
+    @property
+    def param_fixture(self) -> str | None:
+        """The fixture parametrized with ``params(plan)`` (its value is the parameter), or None."""
+        ...
+
+    @property
+    def fixture(self) -> str | None:
+        """The fixture whose value is the case (:meth:`case`), or None."""
+        ...
+
+    @property
+    def test(self) -> str | None:
+        """The case function collected from a ``fidelity.toml`` (``fidelity.toml::test_<kind>[...]``), or None."""
+        ...
+
+    @property
+    def test_doc(self) -> str:
+        """The case function's docstring (what the case asserts)."""
+        ...
+
+    def params(self, plan: CasePlan) -> list[ParameterSet]:
+        """One pytest parameter per case of this run (empty: the kind is not collected)."""
+        ...
+
+    def case(self, run: CaseRun, request: pytest.FixtureRequest, param: Any) -> Any:
+        """The case fixture's value for ``param`` (computed from the session; queues its payload home)."""
+        ...
+
+    def write(self, out: Path, payloads: Sequence[Payload], palette_names: Sequence[str] | None) -> Written:
+        """Controller side: write the run's artifacts of this kind from every case's payload."""
+        ...
