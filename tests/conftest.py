@@ -12,6 +12,11 @@ from typing import Any
 
 import pytest
 
+# pytester's in-process runs (runpytest) snapshot sys.modules and drop what a run imported; torch (and the
+# native libraries it loads) cannot be imported a second time in one process (SystemError / segfault). Imported
+# here, before any in-process run, it is part of every snapshot whatever the test order.
+import torch
+
 TINY_VOCAB = 300
 TINY_HIDDEN = 32
 _WORDS = (
@@ -57,7 +62,6 @@ def make_tokenizer(path: Path, corpus: Path, vocab_size: int = TINY_VOCAB) -> Pa
 
 def make_tiny_model(path: Path, vocab_size: int = TINY_VOCAB, hidden: int = TINY_HIDDEN, seed: int = 0, **overrides: Any) -> Path:
     """Save a tiny random ``Qwen3ForCausalLM`` (2 layers, tied embeddings, bf16 safetensors) at ``path``."""
-    import torch
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     cfg = dict(
@@ -117,7 +121,6 @@ def perturb_model(src: Path, dst: Path, noise: float, seed: int) -> Path:
     a stand-in candidate whose drift grows with ``noise``."""
     import shutil
 
-    import torch
     from safetensors.torch import load_file, save_file
 
     shutil.copytree(src, dst)
