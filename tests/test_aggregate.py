@@ -110,6 +110,10 @@ def _hist_spec(docs: list[dict[str, Any]]) -> None:
     docs[1]["metrics"]["histogram"]["spec"]["bins_per_decade"] = 20
 
 
+def _no_bootstrap(docs: list[dict[str, Any]]) -> None:
+    del docs[1]["metrics"]["bootstrap"]
+
+
 def _schema(docs: list[dict[str, Any]]) -> None:
     docs[1]["comparability"]["protocol_version"] = 99
 
@@ -126,9 +130,10 @@ def _schema(docs: list[dict[str, Any]]) -> None:
         (_rows_disagree, "metrics.totals.sum_kld: expected"),
         (_rows_positions, "against the per-context rows"),
         (_hist_spec, "histogram spec"),
+        (_no_bootstrap, "required key 'metrics.bootstrap': expected present, found missing"),
     ],
     ids=["window", "head", "identity", "protocol", "duplicate-shard", "overlapping-contexts", "rows-kld",
-         "rows-positions", "histogram-spec"],
+         "rows-positions", "histogram-spec", "no-bootstrap"],
 )
 def test_fail_closed(shard_reports: dict[str, list[dict[str, Any]]], edit: Any, message: str) -> None:
     with pytest.raises(VerificationError, match=message.replace("(", r"\(").replace(".", r"\.")):

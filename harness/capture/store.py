@@ -220,9 +220,6 @@ class CaptureStore:
             raise VerificationError(root / extra[0], "context file not listed in capture.json", "no unlisted ctx files", extra)
         return cls(root, suite, doc, files, hashes, verify)
 
-    def has(self, index: int) -> bool:
-        return index in self.files
-
     def _path(self, index: int) -> Path:
         if index not in self.files:
             raise VerificationError(self.root / context_filename(index), f"context {index} not in store", hint="capture it with `fidelity capture --shards ...`")

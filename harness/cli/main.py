@@ -1,7 +1,8 @@
 """The ``fidelity`` command: the top-level parser and the entry point.
 
-Subcommands live in :mod:`harness.cli.inputs`, :mod:`harness.cli.reports`, :mod:`harness.cli.bench`
-and :mod:`harness.cli.kld`; each lists its parser builders in ``COMMANDS``. Heavy imports (torch,
+Subcommands live in :mod:`harness.cli.inputs`, :mod:`harness.cli.reports`, :mod:`harness.cli.bench`,
+:mod:`harness.cli.kld`, :mod:`harness.cli.attribute`, :mod:`harness.cli.dataset`, :mod:`harness.cli.plan`
+and :mod:`harness.cli.diagnose`; each lists its parser builders in ``COMMANDS``. Heavy imports (torch,
 transformers) happen inside handlers, so ``fidelity --help`` is instant.
 
 Exit codes: 0 success; 1 a verification failure (``VerificationError``); 2 a usage error or any
@@ -12,6 +13,7 @@ other ``FidelityError`` (and argparse's own usage errors). Expected errors print
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -97,17 +99,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     except FidelityError as e:
         print(f"fidelity: error: {e}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # e.g. `fidelity suite show S | head` (an OSError: caught before the next clause)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except OSError as e:  # disk full, read-only folder, permission denied: named, never a traceback
         print(f"fidelity: error: {e.filename or '<output>'}: cannot read or write: {type(e).__name__}: {e.strerror or e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("fidelity: interrupted", file=sys.stderr)
         return 130
-    except BrokenPipeError:  # e.g. `fidelity suite show S | head`
-        import os
-
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 0
 
 
 if __name__ == "__main__":  # pragma: no cover

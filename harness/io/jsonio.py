@@ -9,8 +9,7 @@ there is one) when it
 * contains ``NaN``, ``Infinity``, ``-Infinity`` or a number that overflows a float (``1e999``);
 * has a top level of another type than asked for (``expect``).
 
-The typed accessors (:func:`get_str`, :func:`get_int`, :func:`get_number`, :func:`get_dict`,
-:func:`get_list`) refuse a field of the wrong type with the file and the key.
+The typed accessors (:func:`get_str`, :func:`get_int`, :func:`get_list`) refuse a field of the wrong type with the file and the key.
 """
 
 from __future__ import annotations
@@ -124,30 +123,6 @@ def get_int(doc: dict[str, Any], key: str, path: str | Path, *, where: str = "",
         raise VerificationError(path, f"{where}{key}", "an integer", f"{type_name(v)} {v!r}")
     if minimum is not None and v < minimum:
         raise VerificationError(path, f"{where}{key}", f"an integer >= {minimum}", v)
-    return v
-
-
-def get_number(doc: dict[str, Any], key: str, path: str | Path, *, where: str = "", default: Any = _MISSING) -> Any:
-    """``doc[key]`` as a finite number (int or float, not a bool), returned as float."""
-    v = _get(doc, key, path, where, default)
-    if v is default:
-        return v
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        raise VerificationError(path, f"{where}{key}", "a number", f"{type_name(v)} {v!r}")
-    try:
-        f = float(v)
-    except OverflowError:
-        f = math.inf
-    if not math.isfinite(f):
-        raise VerificationError(path, f"{where}{key}", "a finite number", v)
-    return f
-
-
-def get_dict(doc: dict[str, Any], key: str, path: str | Path, *, where: str = "", default: Any = _MISSING) -> Any:
-    """``doc[key]`` as an object."""
-    v = _get(doc, key, path, where, default)
-    if v is not default and not isinstance(v, dict):
-        raise VerificationError(path, f"{where}{key}", "an object", type_name(v))
     return v
 
 

@@ -119,12 +119,6 @@ def decode_rows(rows: np.ndarray, n_vocab: int) -> np.ndarray:
     return ((scale[:, None] * q).astype(np.float32) + mlp[:, None]).astype(np.float32)
 
 
-def row_scale(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``(scale, min_log_prob)`` float32 arrays of stored rows."""
-    head = np.ascontiguousarray(rows[:, :4], dtype=np.uint16).view(np.float32)
-    return head[:, 0].copy(), head[:, 1].copy()
-
-
 @dataclass
 class KldFile:
     """An opened ``.kld`` file (fully size-checked; rows memory-mapped)."""

@@ -91,8 +91,8 @@ class Totals(TypedDict):
     diagnostics: NotRequired[DiagnosticTotals]
 
 
-class Headline(TypedDict):
-    """Means recomputed from :class:`Totals`."""
+class TotalsMeans(TypedDict):
+    """Means recomputed from :class:`Totals` (the gate's headline is :class:`harness.gate.baselines.Headline`)."""
 
     kld_mean: float
     top1: float
@@ -284,7 +284,7 @@ __all__ = [
     "SameTop",
     "ContextRow",
     "DeltaP",
-    "Headline",
+    "TotalsMeans",
     "HistogramJSON",
     "HistogramSpec",
     "KldStats",

@@ -61,7 +61,7 @@ from harness.metrics.bootstrap import (
 from harness.metrics.diagnostics import diagnostic_totals, diagnostics_from_totals, merge_diagnostic_totals
 from harness.metrics.histogram import LogHistogram, exceedance_counts
 from harness.metrics.positions import ContextLabel, Layout, layout
-from harness.metrics.records import ContextRow, Headline, ShardSummary, StratumRow, Totals
+from harness.metrics.records import ContextRow, ShardSummary, StratumRow, Totals, TotalsMeans
 from harness.metrics.scores import PositionScores
 from harness.metrics.tails import cvar, quantile
 
@@ -136,7 +136,7 @@ def merge_totals(parts: Sequence[Totals]) -> Totals:
     return out
 
 
-def headline_from_totals(t: Totals) -> Headline:
+def headline_from_totals(t: Totals) -> TotalsMeans:
     """Means recomputed from totals (e.g. of merged shards)."""
     n = t["n_positions"]
     return {

@@ -60,10 +60,6 @@ _PAYLOAD = pytest.StashKey[dict[str, Any]]()
 #: Item stash: report-case payloads (``{"kind": ..., "data": ...}``) of a case.
 _EXTRA = pytest.StashKey[list[dict[str, Any]]]()
 
-#: How the cases are selected in a command that reproduces a case (``-k`` matches substrings,
-#: so ``-k int4_g32`` would also select ``int4_g32_b``; this option matches names exactly).
-CANDIDATES_OPTION = "--fidelity-candidates"
-
 
 def config_path(config: pytest.Config) -> tuple[Path | None, str]:
     """The ``fidelity.toml`` of this run and how it was named: ``option``, ``argument`` or ``default``.
@@ -146,13 +142,6 @@ class FidelityPlan:
         selector = (shown_path(path, config),)
         return cls(path, full, selected, tuple(shards), suite.n_ctx, suite.suite_token_sha256, selector,
                    case_names, unavailable)
-
-    def reproduce(self, candidate: str | None = None, *extra: str) -> str:
-        """A pytest command that selects this configuration (and one candidate), with ``extra`` options."""
-        words = ["pytest", *self.selector]
-        if candidate is not None:
-            words += [CANDIDATES_OPTION, candidate]
-        return " ".join([*words, *extra])
 
     # ------------------------------------------------------------ parametrization
     def _marks(self, name: str) -> list[Any]:

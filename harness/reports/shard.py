@@ -50,7 +50,8 @@ COMPARABILITY_KEYS = (
 )
 #: Keys that must be equal across the shards of one aggregate (the shard itself differs).
 AGGREGATE_KEYS = tuple(k for k in COMPARABILITY_KEYS if k != "shard")
-REQUIRED_METRICS = ("n_positions", "n_contexts", "n_clusters", "score_from", "kld", "top1", "ear", "contexts", "totals")
+REQUIRED_METRICS = ("n_positions", "n_contexts", "n_clusters", "score_from", "bootstrap", "kld", "top1", "ear", "contexts",
+                    "totals")
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
 
 
