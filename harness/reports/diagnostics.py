@@ -4,21 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from harness.reports.numbers import fmt_interval as _iv
+from harness.reports.numbers import fmt_value as _g
+
 __all__ = ["diagnostics_lines"]
-
-
-def _g(x: Any, digits: int = 4) -> str:
-    if x is None:
-        return "—"
-    if isinstance(x, float):
-        if x == 0.0:
-            return "0"
-        return f"{x:.{digits}g}" if (abs(x) >= 1e-3 and abs(x) < 1e5) else f"{x:.{digits - 1}e}"
-    return str(x)
-
-
-def _iv(ci: Any) -> str:
-    return f"[{_g(ci[0])}, {_g(ci[1])}]" if ci else "not estimable"
 
 
 def diagnostics_lines(d: Any) -> list[str]:

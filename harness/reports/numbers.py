@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 
 def fmt_g(x: float) -> str:
     """A KLD-like number for a table: ``0`` exactly, 4 significant digits in [1e-3, 1e5), else 3-digit scientific."""
@@ -11,3 +14,20 @@ def fmt_g(x: float) -> str:
 def fmt_opt(x: float | None) -> str:
     """:func:`fmt_g`, with an em dash for a missing value."""
     return "—" if x is None else fmt_g(float(x))
+
+
+def fmt_value(x: Any, digits: int = 4) -> str:
+    """Any report value: an em dash for ``None``; a float as :func:`fmt_g` with ``digits`` significant digits;
+    anything else (counts, names) as ``str``."""
+    if x is None:
+        return "—"
+    if isinstance(x, float):
+        if x == 0.0:
+            return "0"
+        return f"{x:.{digits}g}" if (abs(x) >= 1e-3 and abs(x) < 1e5) else f"{x:.{digits - 1}e}"
+    return str(x)
+
+
+def fmt_interval(ci: Sequence[Any] | None) -> str:
+    """``[lo, hi]``; a ``null`` interval (fewer source clusters than the bootstrap's minimum) is not estimable."""
+    return f"[{fmt_value(ci[0])}, {fmt_value(ci[1])}]" if ci else "not estimable"

@@ -29,6 +29,8 @@ from typing import TYPE_CHECKING, Any, cast
 from harness.errors import VerificationError
 from harness.io.atomic import atomic_write_files, dumps_json
 from harness.io.schema import MapOf, Nullable, Optional
+from harness.reports.numbers import fmt_interval as _interval
+from harness.reports.numbers import fmt_value as _g
 
 if TYPE_CHECKING:
     from harness.metrics.records import ShardSummary
@@ -260,21 +262,6 @@ def _check_types(d: dict[str, Any], path: str | Path) -> None:
 
 
 # ---- Markdown ---------------------------------------------------------------------------------
-
-
-def _g(x: Any, digits: int = 4) -> str:
-    if x is None:
-        return "—"
-    if isinstance(x, float):
-        if x == 0.0:
-            return "0"
-        return f"{x:.{digits}g}" if (abs(x) >= 1e-3 and abs(x) < 1e5) else f"{x:.{digits - 1}e}"
-    return str(x)
-
-
-def _interval(ci: Any) -> str:
-    """``[lo, hi]``; a ``null`` interval (fewer source clusters than the bootstrap's minimum) is not estimable."""
-    return f"[{_g(ci[0])}, {_g(ci[1])}]" if ci else "not estimable"
 
 
 def render_markdown(r: ShardReport) -> str:
