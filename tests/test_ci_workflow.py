@@ -101,6 +101,7 @@ def test_failing_cases_reach_the_job_summary_and_xunit1_has_per_case_numbers(pro
     root = project
     good = json.loads((root / "baselines" / "good.json").read_text())
     good["candidate"] = "bad"
+    del good["identity"]  # held to good's thresholds, not to good's model (an identity mismatch fails first)
     (root / "baselines" / "bad.json").write_text(json.dumps(good))  # bad now held to good's thresholds
     summary = tmp_path / "summary.md"
     out = _sh("python -m pytest fidelity.toml -p no:cacheprovider -m fidelity --fidelity-report-dir r -W error "

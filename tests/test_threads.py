@@ -3,12 +3,8 @@
 from __future__ import annotations
 
 import pytest
-import torch
 
-from harness.scoring import threads as threads_mod
 from harness.scoring.threads import (
-    apply_default_threads,
-    apply_worker_threads,
     available_cores,
     free_cores,
     threads_per_worker,
@@ -25,21 +21,37 @@ def test_split() -> None:
         threads_per_worker(0, 2)
 
 
-def test_apply_and_override(monkeypatch: pytest.MonkeyPatch) -> None:
-    before = torch.get_num_threads()
-    try:
-        monkeypatch.delenv("FIDELITY_THREADS", raising=False)
-        monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+def _in_fresh_process(body: str) -> None:
+    """Run ``body`` in a new interpreter: a process's torch thread count is process-wide state that earlier
+    tests (and the libraries they load) change, so the counts are checked where nothing else ran first."""
+    import os
+    import subprocess
+    import sys
+    import textwrap
+
+    env = {k: v for k, v in os.environ.items() if k not in ("FIDELITY_THREADS", "OMP_NUM_THREADS")}
+    code = "import os, torch\nfrom harness.scoring import threads as threads_mod\n" + textwrap.dedent(body) + "\nprint('ok')\n"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stdout + out.stderr
+
+
+def test_apply_and_override() -> None:
+    _in_fresh_process("""
+        from harness.scoring.threads import apply_worker_threads, available_cores
+        threads_mod.free_cores = lambda: 1  # a machine with one free core
         assert apply_worker_threads(available_cores()) == 1 == torch.get_num_threads()
-        monkeypatch.setattr(threads_mod, "free_cores", lambda: 16)  # an idle 16-core machine
+        threads_mod.free_cores = lambda: 16  # an idle 16-core machine
         assert apply_worker_threads(4) == 4 == torch.get_num_threads()
-        monkeypatch.setenv("FIDELITY_THREADS", "3")
+        os.environ["FIDELITY_THREADS"] = "3"
         assert apply_worker_threads(8) == 3 == torch.get_num_threads()
-        monkeypatch.setenv("FIDELITY_THREADS", "zero")
-        with pytest.raises(ValueError, match="FIDELITY_THREADS"):
+        os.environ["FIDELITY_THREADS"] = "zero"
+        try:
             apply_worker_threads(1)
-    finally:
-        torch.set_num_threads(before)
+        except ValueError as exc:
+            assert "FIDELITY_THREADS" in str(exc)
+        else:
+            raise AssertionError("FIDELITY_THREADS=zero was accepted")
+    """)
 
 
 def test_free_cores_subtract_the_load() -> None:
@@ -51,20 +63,17 @@ def test_free_cores_subtract_the_load() -> None:
     assert 1 <= free_cores() <= available_cores()
 
 
-def test_default_threads_follow_the_load_and_the_override(monkeypatch: pytest.MonkeyPatch) -> None:
-    before = torch.get_num_threads()
-    try:
-        monkeypatch.delenv("FIDELITY_THREADS", raising=False)
-        monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
-        monkeypatch.setattr(threads_mod.os, "getloadavg", lambda: (9.0, 9.0, 9.0))
-        monkeypatch.setattr(threads_mod, "available_cores", lambda: 4)
+def test_default_threads_follow_the_load_and_the_override() -> None:
+    _in_fresh_process("""
+        from harness.scoring.threads import apply_default_threads
+        threads_mod.os.getloadavg = lambda: (9.0, 9.0, 9.0)
+        threads_mod.available_cores = lambda: 4
         assert apply_default_threads() == 1 == torch.get_num_threads()  # busy 4-core machine
-        monkeypatch.setattr(threads_mod.os, "getloadavg", lambda: (1.2, 1.0, 1.0))
+        threads_mod.os.getloadavg = lambda: (1.2, 1.0, 1.0)
         assert apply_default_threads() == 3 == torch.get_num_threads()
-        monkeypatch.setenv("FIDELITY_THREADS", "2")
+        os.environ["FIDELITY_THREADS"] = "2"
         assert apply_default_threads() == 2 == torch.get_num_threads()
-    finally:
-        torch.set_num_threads(before)
+    """)
 
 
 def test_cli_sets_threads_before_torch_starts() -> None:
