@@ -7,17 +7,7 @@ import sys
 from pathlib import Path
 
 from harness.cli.registry import Builder, SubParsers, formatter, nonneg_int
-
-
-def _executor(text: str) -> str:
-    from harness.errors import FidelityError
-    from harness.run.ray_executor import parse_executor
-
-    try:
-        parse_executor(text)
-    except FidelityError as exc:
-        raise argparse.ArgumentTypeError(str(exc).removeprefix("executor: ")) from None
-    return text
+from harness.run.ray_executor import executor_argument
 
 
 def _device(text: str) -> str:
@@ -42,7 +32,7 @@ def add_ladder(sub: SubParsers) -> None:
         ),
     )
     p.add_argument("config", type=Path, help="the fidelity.toml")
-    p.add_argument("--executor", type=_executor, default="serial", metavar="WHERE",
+    p.add_argument("--executor", type=executor_argument, default="serial", metavar="WHERE",
                    help="serial (default), ray, ray:auto, ray:HOST:PORT or ray://HOST:PORT (needs the ray extra: "
                         "pip install 'fidelity-harness[ray]')")
     p.add_argument("--candidates", default=None, metavar="NAMES", help="candidates, exact names, e.g. int8,int4_g32 (default: all)")

@@ -21,6 +21,7 @@ import pytest
 from harness.plugin.kinds import ReportKind
 from harness.plugin.registry import REPORT_KINDS
 from harness.plugin.run import PARAMETRIZED, RUN_KEY, FidelityRun, active_run
+from harness.run.ray_executor import executor_argument
 
 if TYPE_CHECKING:
     from harness.run.session import FidelitySession, ScoredShard
@@ -56,17 +57,6 @@ def _window(value: str) -> int:
     return n
 
 
-def _executor(value: str) -> str:
-    from harness.errors import FidelityError
-    from harness.run.ray_executor import parse_executor
-
-    try:
-        parse_executor(value)
-    except FidelityError as exc:
-        raise argparse.ArgumentTypeError(str(exc).removeprefix("executor: ")) from None
-    return value
-
-
 def _names(value: str) -> str:
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.+]*(,[A-Za-z0-9][A-Za-z0-9_.+]*)*", value):
         raise argparse.ArgumentTypeError(f"expected candidate names like 'int8,int4_g32', found {value!r}")
@@ -96,7 +86,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="score_from: drop the first N rows of every context (a different measurement)")
     group.addoption("--fidelity-update-baselines", dest="fidelity_update_baselines", action="store_true",
                     help="write measured values (plus the documented margin) to the baseline files")
-    group.addoption("--fidelity-executor", dest="fidelity_executor", metavar="WHERE", type=_executor, default="serial",
+    group.addoption("--fidelity-executor", dest="fidelity_executor", metavar="WHERE", type=executor_argument, default="serial",
                     help="where the candidate x shard cases run: serial (this process, default), ray (a local Ray "
                          "cluster started for the run), ray:auto (the cluster this machine joined with ray start), "
                          "ray:HOST:PORT (a cluster's head), ray://HOST:PORT (Ray Client); needs the ray extra: "

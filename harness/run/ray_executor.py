@@ -25,6 +25,7 @@ this machine belongs to (``ray start``); ``ray:HOST:PORT`` joins the cluster who
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import importlib.util
 import json
@@ -75,6 +76,16 @@ def parse_executor(value: str) -> ExecutorSpec:
         raise FidelityError(f"executor: expected serial, ray, ray:auto, ray:HOST:PORT or ray://HOST:PORT, found {value!r}")
     address = m.group("auto") or m.group("gcs") or (f"ray{m.group('client')}" if m.group("client") else None)
     return ExecutorSpec("ray", address)
+
+
+def executor_argument(value: str) -> str:
+    """:func:`parse_executor` as an argparse type, shared by ``fidelity ladder --executor`` and pytest's
+    ``--fidelity-executor``: the value itself when it parses, else a usage error with the expected forms."""
+    try:
+        parse_executor(value)
+    except FidelityError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("executor: ")) from None
+    return value
 
 
 def ray_installed() -> bool:
