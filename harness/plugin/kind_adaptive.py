@@ -10,27 +10,18 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from harness.plugin.kinds import CasePlan, CaseRun, Payload, Written
+from harness.plugin.kinds import CaseRun, Payload, Uncollected, Written
 
 if TYPE_CHECKING:
     import pytest
-    from _pytest.mark.structures import ParameterSet
 
 
-
-class Adaptive:
+class Adaptive(Uncollected):
     """Where each candidate's adaptive ladder stopped."""
 
     name = "adaptive"
     marker = None
     marker_doc = ""
-    param_fixture = None
-    fixture = None
-    test = None
-    test_doc = ""
-
-    def params(self, plan: CasePlan) -> list[ParameterSet]:
-        return []
 
     def case(self, run: CaseRun, request: pytest.FixtureRequest, param: Any) -> None:
         raise NotImplementedError("adaptive records are sent by the candidate x shard cases")

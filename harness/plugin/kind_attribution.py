@@ -12,28 +12,20 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from harness.plugin.kinds import CasePlan, CaseRun, Payload, Written
+from harness.plugin.kinds import CaseRun, Payload, Uncollected, Written
 
 if TYPE_CHECKING:
     import pytest
-    from _pytest.mark.structures import ParameterSet
 
 
-
-class Attribution:
+class Attribution(Uncollected):
     """The candidate's drift attributed to tensor groups (restore / only one group at a time)."""
 
     name = "attribution"
     marker = "fidelity_attribute"
     marker_doc = ("fidelity_attribute(candidate, by='layer,kind', shards=None, modes='restore,only', globs=()): "
                   "attribute the candidate's drift to tensor groups (fixture fidelity_attribution)")
-    param_fixture = None
     fixture = "fidelity_attribution"
-    test = None
-    test_doc = ""
-
-    def params(self, plan: CasePlan) -> list[ParameterSet]:
-        return []
 
     def case(self, run: CaseRun, request: pytest.FixtureRequest, param: Any) -> dict[str, Any]:
         """The marker's attribution of a configured candidate against the configured reference model; written to

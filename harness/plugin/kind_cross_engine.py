@@ -10,27 +10,18 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from harness.plugin.kinds import CasePlan, CaseRun, Payload, Written
+from harness.plugin.kinds import CaseRun, Payload, Uncollected, Written
 
 if TYPE_CHECKING:
     import pytest
-    from _pytest.mark.structures import ParameterSet
 
 
-
-class CrossEngine:
+class CrossEngine(Uncollected):
     """The same bf16 weights through every engine: each engine's floor, and each candidate net of it."""
 
     name = "cross_engine"
     marker = "fidelity_cross_engine"
     marker_doc = "fidelity cross-engine floor (same weights, two engines)"
-    param_fixture = None
-    fixture = None
-    test = None
-    test_doc = ""
-
-    def params(self, plan: CasePlan) -> list[ParameterSet]:
-        return []
 
     def case(self, run: CaseRun, request: pytest.FixtureRequest, param: Any) -> None:
         raise NotImplementedError("the cross-engine floor is sent by fidelity_tests/test_cross_engine.py")

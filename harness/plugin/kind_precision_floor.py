@@ -12,27 +12,20 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from harness.plugin.kinds import CasePlan, CaseRun, Payload, Written
+from harness.plugin.kinds import CaseRun, Payload, Uncollected, Written
 
 if TYPE_CHECKING:
     import pytest
-    from _pytest.mark.structures import ParameterSet
 
 
-class PrecisionFloor:
+class PrecisionFloor(Uncollected):
     """The reference capture against a higher-precision forward of the same weights."""
 
     name = "precision_floor"
     marker = "fidelity_precision_floor"
     marker_doc = ("fidelity_precision_floor(shards=None, dtype='float64'): the reference capture against a "
                   "higher-precision forward of its own weights (fixture fidelity_precision_floor)")
-    param_fixture = None
     fixture = "fidelity_precision_floor"
-    test = None
-    test_doc = ""
-
-    def params(self, plan: CasePlan) -> list[ParameterSet]:
-        return []
 
     def case(self, run: CaseRun, request: pytest.FixtureRequest, param: Any) -> dict[str, Any]:
         """The marker's measurement of the configured reference; written to ``<report dir>/precision_floor.json``

@@ -111,6 +111,20 @@ class ReportCase(Protocol):
         ...
 
 
+class Uncollected:
+    """Defaults for a kind with no case function of its own (its payloads are sent by other cases, or its
+    fixture serves a user's test): no parameters, no parametrized fixture, nothing collected from the
+    configuration file. A subclass sets ``name``, ``marker``, ``marker_doc``, ``fixture`` and its writer."""
+
+    param_fixture: str | None = None
+    fixture: str | None = None
+    test: str | None = None
+    test_doc = ""
+
+    def params(self, plan: CasePlan) -> list[ParameterSet]:
+        return []
+
+
 @dataclass
 class Written:
     """What a kind's writer wrote: the files, and the lines shown under "fidelity reports"."""
