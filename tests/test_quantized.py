@@ -59,16 +59,18 @@ def expected_weight(name: str, w: np.ndarray, stored: dict[str, np.ndarray], pre
         step = bs * gs
         return (rne(g / np.where(step == 0, 1, step), 1, 0, 6.0) * step).reshape(w.shape)
     if name.startswith("int4_g32_sr"):
-        # stochastic rounding: the absmax scale as for RTN; each code is the floor or the ceiling
-        # of w / scale (the random draw picks which), so check that bracket and return its value.
+        # stochastic rounding: the absmax scale as for RTN, recomputed here; the codes are read from the
+        # file's packed bytes by hand (two 4-bit codes per byte, high nibble first) and must each be the
+        # floor or the ceiling of w / scale; the weight is (code - 8) * scale. Whether the floor/ceiling
+        # choice is an unbiased random draw is checked over every weight by test_stochastic_rounding_is_unbiased.
         g = w.reshape(out_f, in_f // 32, 32)
         s = rne(np.abs(g).max(-1, keepdims=True) / 7, 7)
+        assert np.array_equal(stored[prefix + ".scales"], s[..., 0]), f"{prefix}: scale is not bf16(absmax / 7)"
+        q = nibbles(stored[prefix + ".qweight"]).reshape(g.shape) - 8.0
         x = g / np.where(s == 0, 1, s)
-        got = stored[prefix + ".deq"].reshape(g.shape)
-        lo = rne(np.clip(np.floor(x), -8, 7) * s, 7)
-        hi = rne(np.clip(np.ceil(x), -8, 7) * s, 7)
-        assert np.all((got == lo) | (got == hi)), f"{prefix}: a code is neither floor nor ceil of w / scale"
-        return got.reshape(w.shape)
+        assert np.all((q == np.clip(np.floor(x), -8, 7)) | (q == np.clip(np.ceil(x), -8, 7))), \
+            f"{prefix}: a code is neither floor nor ceil of w / scale"
+        return (q * s).reshape(w.shape)
     # int4_g32_b: HQQ chooses scale/zero; the codes must be their round-to-nearest.
     s = stored[prefix + ".scales"].astype(np.float64)
     z = stored[prefix + ".zeros"].astype(np.float64)
@@ -76,6 +78,12 @@ def expected_weight(name: str, w: np.ndarray, stored: dict[str, np.ndarray], pre
     g = w.reshape(out_f, in_f // 32, 32)
     q = np.clip(np.round(g / s[..., None] + z[..., None]), 0, 15)
     return ((q - z[..., None]) * s[..., None]).reshape(w.shape)
+
+
+def nibbles(packed: np.ndarray) -> np.ndarray:
+    """4-bit codes of packed bytes, high nibble first, as float64 (the file format, decoded by hand)."""
+    b = np.asarray(packed, dtype=np.uint8).reshape(-1).astype(np.int64)
+    return np.stack([b // 16, b % 16], axis=1).reshape(-1).astype(np.float64)
 
 
 def _bf16_as_f64(t: torch.Tensor) -> np.ndarray:
@@ -96,12 +104,10 @@ def models() -> dict[str, torch.nn.Module]:
 
 @pytest.mark.parametrize("name", CANDIDATES)
 def test_dequantized_weights_match_formula(name: str, source, models) -> None:
-    stored = {k: _bf16_as_f64(v) for k, v in load_pt(str(CAND_DIR / name / "model.safetensors")).items()
-              if k.endswith((".scales", ".zeros"))}
+    raw = load_pt(str(CAND_DIR / name / "model.safetensors"))
+    stored = {k: _bf16_as_f64(v) for k, v in raw.items() if k.endswith((".scales", ".zeros"))}
+    stored.update({k: v.numpy() for k, v in raw.items() if k.endswith(".qweight")})
     state = models[name].state_dict()
-    for key in state:
-        if key.endswith(".weight") and key.removesuffix(".weight").rsplit(".", 1)[-1] in LINEARS:
-            stored[key.removesuffix(".weight") + ".deq"] = _bf16_as_f64(state[key])
     n = 0
     for key, w in source.items():
         prefix = key.removesuffix(".weight")
@@ -118,6 +124,53 @@ def test_dequantized_weights_match_formula(name: str, source, models) -> None:
     assert torch.equal(head, models[name].get_input_embeddings().weight), "tied head must be the bf16 embedding"
     assert next(models[name].parameters()).dtype == torch.bfloat16
     assert not models[name].training
+
+
+def _sr_draws(cand: Path, source: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """Over every quantized weight of a stochastic-rounding candidate whose ``x = w / scale`` is not an
+    integer and lies inside the code range: the fractional part of ``x`` and whether the stored code
+    (decoded by hand) is its ceiling."""
+    raw = load_pt(str(cand / "model.safetensors"))
+    fracs, ups = [], []
+    for key, w in source.items():
+        prefix = key.removesuffix(".weight")
+        if prefix.rsplit(".", 1)[-1] not in LINEARS:
+            continue
+        out_f, in_f = w.shape
+        g = w.reshape(out_f, in_f // 32, 32)
+        s = _bf16_as_f64(raw[prefix + ".scales"])[..., None]
+        x = (g / np.where(s == 0, 1, s)).reshape(-1)
+        q = nibbles(raw[prefix + ".qweight"].numpy()) - 8.0
+        keep = (x != np.floor(x)) & (x > -8) & (x < 7)
+        fracs.append((x - np.floor(x))[keep])
+        ups.append((q == np.ceil(x))[keep])
+    return np.concatenate(fracs), np.concatenate(ups)
+
+
+def check_stochastic_rounding(cand: Path, source: dict[str, np.ndarray]) -> np.ndarray:
+    """Stochastic rounding rounds up with probability equal to the fractional part (unbiased), checked in
+    ten bins of the fractional part (binomial: 4.5 standard errors + 0.002); returns the up/down draws."""
+    frac, up = _sr_draws(cand, source)
+    assert frac.size > 700_000, frac.size
+    bins = np.minimum((frac * 10).astype(np.int64), 9)
+    for b in range(10):
+        sel = bins == b
+        p, rate, n = float(frac[sel].mean()), float(up[sel].mean()), int(sel.sum())
+        tol = 4.5 * np.sqrt(p * (1 - p) / n) + 0.002
+        assert abs(rate - p) <= tol, f"{cand.name}: fractional part in [{b / 10:.1f}, {(b + 1) / 10:.1f}): " \
+                                     f"rounded up {rate:.4f} of {n}, expected {p:.4f} +- {tol:.4f}"
+    return up
+
+
+def test_stochastic_rounding_is_unbiased(source) -> None:
+    """Each stochastic-rounding candidate's codes are unbiased random roundings of the source weights,
+    and the two seeds drew independently: they disagree on a weight with probability 2 f (1 - f)."""
+    up1 = check_stochastic_rounding(CAND_DIR / "int4_g32_sr1", source)
+    up2 = check_stochastic_rounding(CAND_DIR / "int4_g32_sr2", source)
+    frac, _ = _sr_draws(CAND_DIR / "int4_g32_sr1", source)
+    expected = float((2 * frac * (1 - frac)).mean())
+    differ = float((up1 != up2).mean())
+    assert abs(differ - expected) <= 4.5 * np.sqrt(expected * (1 - expected) / frac.size) + 0.002, (differ, expected)
 
 
 @pytest.mark.parametrize("name", CANDIDATES)
@@ -215,7 +268,12 @@ def test_no_pickle_files_in_candidates() -> None:
 
 
 @pytest.mark.slow
-def test_kld_ordering(models) -> None:
+def test_kld_matches_independent_dequantization(source, models) -> None:
+    """Each loaded candidate's token-mean KL(bf16 || candidate), the forward run in float64, equals that of
+    the reference model carrying this file's own numpy dequantization of the candidate's files (float64
+    throughout, so only summation order separates the two: rel 1e-6); the values order by bits."""
+    import copy
+
     from tokenizers import Tokenizer
     from transformers import AutoModelForCausalLM
 
@@ -224,11 +282,26 @@ def test_kld_ordering(models) -> None:
     ids = [tok.encode((FIXTURES / "corpus" / d).read_text()[:4000]).ids[:256] for d in docs]
     x = torch.tensor([i for i in ids if len(i) == 256][:6])
     assert len(x) == 6
-    ref = AutoModelForCausalLM.from_pretrained(str(MODEL_DIR), dtype=torch.bfloat16).eval()
-    with torch.no_grad():
-        lp = torch.log_softmax(ref(input_ids=x).logits.double(), -1)
-        kld = {}
-        for name in ("int8", "int4_g32", "int3_g32"):
-            lq = torch.log_softmax(models[name](input_ids=x).logits.double(), -1)
-            kld[name] = float((lp.exp() * (lp - lq)).sum(-1).mean())
-    assert 0 < kld["int8"] < kld["int4_g32"] < kld["int3_g32"], kld
+    ref = AutoModelForCausalLM.from_pretrained(str(MODEL_DIR), dtype=torch.float64, attn_implementation="eager").eval()
+
+    def log_probs(model: torch.nn.Module) -> torch.Tensor:
+        with torch.no_grad():
+            return torch.log_softmax(model(input_ids=x).logits.double(), -1)
+
+    lp = log_probs(ref)
+    kld, want = {}, {}
+    for name in ("int8", "int4_g32", "int3_g32", "int4_g32_sr1"):
+        raw = load_pt(str(CAND_DIR / name / "model.safetensors"))
+        stored = {k: _bf16_as_f64(v) for k, v in raw.items() if k.endswith(".scales")}
+        stored.update({k: v.numpy() for k, v in raw.items() if k.endswith(".qweight")})
+        independent = copy.deepcopy(ref)
+        with torch.no_grad():
+            for key, p in independent.named_parameters():
+                prefix = key.removesuffix(".weight")
+                if prefix.rsplit(".", 1)[-1] in LINEARS:
+                    p.copy_(torch.from_numpy(rne(expected_weight(name, source[key], stored, prefix), 7)))
+        want[name] = float((lp.exp() * (lp - log_probs(independent))).sum(-1).mean())
+        lq = log_probs(copy.deepcopy(models[name]).to(torch.float64))
+        kld[name] = float((lp.exp() * (lp - lq)).sum(-1).mean())
+        assert kld[name] == pytest.approx(want[name], rel=1e-6), (name, kld[name], want[name])
+    assert 0 < want["int8"] < want["int4_g32"] < want["int3_g32"], want
