@@ -15,12 +15,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from harness.capture.store import CaptureStore, StoreWriter
 from harness.engines.base import STORE_DTYPES, EngineOptions
 from harness.engines.registry import get_engine, require
 from harness.errors import FidelityError
+from harness.inputs.suite import Suite as SuiteCls
 
 if TYPE_CHECKING:
-    from harness.capture.store import CaptureStore
     from harness.inputs.suite import Suite
 
 
@@ -58,9 +59,7 @@ def capture(
     ``model_identity``, computed once per run), so its weight files are not hashed again."""
     from tqdm import tqdm
 
-    from harness.capture.store import CaptureStore, StoreWriter
     from harness.engines.identity import runtime_identity
-    from harness.inputs.suite import Suite as SuiteCls
 
     eng = get_engine(engine)
     kind = kind or eng.kinds[0]

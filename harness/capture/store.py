@@ -41,9 +41,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from harness.errors import FidelityError, VerificationError
+from harness.errors import FidelityError, OutputError, VerificationError
 from harness.io.atomic import atomic_write_bytes, atomic_write_json
 from harness.io.hashing import sha256_bytes, sha256_file
+from harness.io.jsonio import read_json
 
 if TYPE_CHECKING:
     import torch
@@ -93,8 +94,6 @@ def _check_tensor(path: Path, tensors: dict[str, torch.Tensor], kind: str, dtype
 
 
 def _read_manifest(path: Path) -> dict[str, Any]:
-    from harness.io.jsonio import read_json
-
     mf = path / MANIFEST
     if not mf.is_file():
         raise VerificationError(mf, "capture manifest missing", hint="capture with `fidelity capture`")
@@ -334,8 +333,6 @@ class StoreWriter:
         self._lock_fd: int | None = None
 
     def __enter__(self) -> StoreWriter:
-        from harness.errors import OutputError
-
         try:
             self.root.mkdir(parents=True, exist_ok=True)
             self._lock_fd = os.open(self.root / LOCK, os.O_RDWR | os.O_CREAT, 0o666)
@@ -398,8 +395,6 @@ class StoreWriter:
             fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
 
     def _manifest(self) -> dict[str, Any]:
-        from harness.io.jsonio import read_json
-
         doc: dict[str, Any] = read_json(self.root / MANIFEST)
         return doc
 

@@ -25,6 +25,7 @@ import struct
 from pathlib import Path
 
 from harness.errors import VerificationError
+from harness.io.jsonio import read_json
 from harness.io.schema import MapOf, Nullable, Optional, check
 
 #: What the check reads of ``quantization_config`` (harness.io.schema).
@@ -64,8 +65,6 @@ def _weight_shape(path: Path, name: str) -> list[int]:
 def check_compressed_tensors(root: Path) -> None:
     """Refuse a compressed-tensors checkpoint whose stored tensors contradict its configuration (module
     docstring); other checkpoints pass untouched."""
-    from harness.io.jsonio import read_json
-
     cfg_path = root / "config.json"
     cfg = read_json(cfg_path)
     qc = cfg.get("quantization_config")

@@ -14,6 +14,8 @@ import platform
 from pathlib import Path
 from typing import Any
 
+import harness
+from harness.engines.hub import hub_origin
 from harness.engines.quantization import is_quantized_checkpoint, quantization_identity
 from harness.errors import FidelityError
 from harness.io.hashing import sha256_bytes, sha256_file
@@ -50,7 +52,6 @@ def model_identity(model_dir: str | Path) -> dict[str, Any]:
     }
     if is_quantized_checkpoint(root):
         ident["quantization"] = quantization_identity(root, hashes)
-    from harness.engines.hub import hub_origin
 
     origin = hub_origin(root)
     if origin is not None:  # a snapshot of the Hugging Face cache: the repository and the resolved commit
@@ -61,8 +62,6 @@ def model_identity(model_dir: str | Path) -> dict[str, Any]:
 def runtime_identity() -> dict[str, str]:
     """Versions of the runtime pieces that can change numbers: python, torch, transformers, numpy, harness."""
     import numpy
-
-    import harness
 
     out = {"python": platform.python_version(), "numpy": numpy.__version__, "harness": harness.__version__}
     try:

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 from harness.engines.base import EngineOptions
 from harness.engines.options import OptionSpec, validate_options
 from harness.errors import FidelityError
+from harness.io.hashing import sha256_file
 
 if TYPE_CHECKING:
     import numpy as np
@@ -78,8 +79,6 @@ def check_gguf(path: str | Path) -> Path:
 
 def gguf_identity(path: str | Path) -> dict[str, Any]:
     """Identity of a GGUF file by content."""
-    from harness.io.hashing import sha256_file
-
     p = check_gguf(path)
     return {"name": p.name, "format": "gguf", "sha256": sha256_file(p), "bytes": p.stat().st_size}
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from harness.engines.base import EngineOptions
+from harness.engines.compressed_config import check_compressed_tensors
 from harness.engines.identity import model_identity
 from harness.engines.options import OptionSpec, validate_options
 from harness.engines.quantization import QUANT_FILE, is_quantized_checkpoint
@@ -159,7 +160,6 @@ def load_model(
         model.eval()
         return model
     check_quantization_package(root)
-    from harness.engines.compressed_config import check_compressed_tensors
 
     check_compressed_tensors(root)  # the configuration against the stored tensors, before the library believes it
     from transformers import AutoModelForCausalLM

@@ -25,8 +25,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from harness.engines.base import EngineOptions
+from harness.engines.compressed_config import check_compressed_tensors
 from harness.engines.identity import model_identity
 from harness.engines.options import OptionSpec, validate_options
+from harness.engines.transformers import check_model_dir
 from harness.errors import FidelityError
 
 if TYPE_CHECKING:
@@ -133,11 +135,8 @@ class VllmEngine:
     def load(self, model: Path, n_ctx: int, kind: str, options: EngineOptions) -> VllmLoaded:
         import json
 
-        from harness.engines.transformers import check_model_dir
-
         root = check_model_dir(model)
         opts = validate_options(ENGINE_NAME, OPTIONS, options.engine_options)
-        from harness.engines.compressed_config import check_compressed_tensors
 
         check_compressed_tensors(root)  # the configuration against the stored tensors, before vLLM believes it
         _set_env()

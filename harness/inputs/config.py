@@ -58,7 +58,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from harness.engines.hub import resolve_hub_model
+from harness.engines.options import validate_options
+from harness.engines.registry import engine_names, get_engine
 from harness.errors import FidelityError
+from harness.inputs.dataset_layout import dataset_inputs
+from harness.inputs.published_layout import CAPTURE_MANIFEST, LAYOUT, looks_like, scan_layout
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+]*$")
 #: A candidate tag: a word ``pytest -k`` can select (letters, digits, ``_ . + -``; not ``and``, ``or``, ``not``).
@@ -210,7 +215,6 @@ class _Reader:
         value = self.string(key, required=False)
         if value is None or not value.startswith("hf://"):
             return self.path_(key, required=False)
-        from harness.engines.hub import resolve_hub_model
 
         try:
             return resolve_hub_model(value)
@@ -292,7 +296,6 @@ def _candidate(path: Path, raw: Any, i: int) -> CandidateConfig:
     if problem:
         raise ConfigError(f"{path}: candidates[{i}].name: expected a portable file name, found {name!r} ({problem})")
     engine = r.string("engine", required=False) or "transformers"
-    from harness.engines.registry import engine_names, get_engine
 
     try:
         get_engine(engine)
@@ -311,7 +314,6 @@ def _candidate(path: Path, raw: Any, i: int) -> CandidateConfig:
                           f"found no such path: {model}")
     if model is not None:
         _check_model_path(path, f"candidates[{i}].model of {name!r}", engine, model)
-    from harness.inputs.published_layout import CAPTURE_MANIFEST
 
     # a published capture folder (capture-manifest.json) is read in place when the dataset is in the published layout
     if store is not None and not (store / "capture.json").is_file() and not (store / CAPTURE_MANIFEST).is_file():
@@ -328,7 +330,6 @@ def _candidate(path: Path, raw: Any, i: int) -> CandidateConfig:
     if raw_options is not None and store is not None:
         raise ConfigError(f"{path}: candidates[{i}].options of {name!r}: options configure an engine running a live model; "
                           "a stored capture was taken with the options recorded in its header")
-    from harness.engines.options import validate_options
 
     try:
         options = validate_options(engine, getattr(get_engine(engine), "options", {}), raw_options)
@@ -372,8 +373,6 @@ def load_config(path: str | Path) -> FidelityConfig:
     layout: str | None = None
     suite: Path | None
     if "dataset" in raw:
-        from harness.inputs.dataset_layout import dataset_inputs
-
         given = [f"[{k}]" for k in ("suite", "reference") if k in raw]
         if given:
             raise ConfigError(f"{path}: [dataset] supplies the suite, the reference and the head: expected no "
@@ -382,7 +381,6 @@ def load_config(path: str | Path) -> FidelityConfig:
         dataset = ds_reader.path_("path")
         ds_head = ds_reader.path_("head", required=False)
         assert dataset is not None
-        from harness.inputs.published_layout import LAYOUT, looks_like, scan_layout
 
         if not (dataset / "dataset.json").is_file() and looks_like(dataset):  # the published layout, read in place
             try:

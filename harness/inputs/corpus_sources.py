@@ -35,6 +35,8 @@ from pathlib import Path
 from typing import Any
 
 from harness.errors import FidelityError
+from harness.inputs.provenance import PROVENANCE_FILE, PROVENANCE_SCHEMA
+from harness.io.atomic import atomic_write_files, dumps_json
 from harness.io.hashing import sha256_bytes, sha256_file
 
 DATA_SUFFIXES = {".parquet": "parquet", ".jsonl": "json", ".json": "json", ".arrow": "arrow"}
@@ -63,9 +65,6 @@ def _doc_name(raw: Any, row: int, seen: set[str]) -> str:
 
 
 def _write(out: Path, docs: Iterator[tuple[str, str]], source: str, licence: str | None, record: dict[str, Any]) -> Materialized:
-    from harness.inputs.provenance import PROVENANCE_FILE, PROVENANCE_SCHEMA
-    from harness.io.atomic import atomic_write_files, dumps_json
-
     if out.exists() and any(out.iterdir()):
         raise FidelityError(f"{out}: --corpus-out exists and is not empty (the source's documents are written whole)")
     files: dict[Path, str | bytes] = {}

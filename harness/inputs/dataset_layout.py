@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness.errors import FidelityError
+from harness.io.jsonio import read_json
 
 SCHEMA = "fidelity.dataset/1"
 MANIFEST = "dataset.json"
@@ -64,8 +65,6 @@ def dataset_inputs(root: Path) -> DatasetInputs:
     needs them (:func:`harness.dataset.verify.verify_dataset`). Raises :class:`FidelityError` naming the
     file, what was expected and what was found.
     """
-    from harness.io.jsonio import read_json
-
     if not root.is_dir():
         raise FidelityError(f"{root}: expected a dataset folder (made by fidelity dataset build), "
                             f"found {'a file' if root.exists() else 'no such folder'}")

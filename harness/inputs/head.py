@@ -16,8 +16,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from harness.engines.identity import model_identity
 from harness.errors import FidelityError, VerificationError
-from harness.io.hashing import sha256_file
+from harness.io.atomic import atomic_write_files, dumps_json
+from harness.io.hashing import sha256_bytes, sha256_file
+from harness.io.jsonio import read_json
 
 if TYPE_CHECKING:
     import torch
@@ -53,8 +56,6 @@ def _find_head_weight(model_dir: Path) -> tuple[str, Any]:
     """Read the LM head (or, for tied embeddings, the input embedding) straight from safetensors."""
     from safetensors import safe_open
 
-    from harness.io.jsonio import read_json
-
     cfg = read_json(model_dir / "config.json")
     text_cfg = cfg.get("text_config", cfg)
     tied = bool(cfg.get("tie_word_embeddings", text_cfg.get("tie_word_embeddings", False)))
@@ -83,8 +84,6 @@ def export_head(model_dir: str | Path, out_path: str | Path) -> HeadTensor:
     import torch
     from safetensors.torch import save
 
-    from harness.engines.identity import model_identity
-
     model_dir = Path(model_dir)
     out_path = Path(out_path)
     if not (model_dir / "config.json").is_file():
@@ -93,8 +92,6 @@ def export_head(model_dir: str | Path, out_path: str | Path) -> HeadTensor:
     w = w.to(torch.bfloat16).contiguous()
     if w.ndim != 2 or not bool(torch.isfinite(w).all()):
         raise VerificationError(model_dir, "LM head", "finite 2-D tensor", f"shape {list(w.shape)}, finite={bool(torch.isfinite(w).all())}")
-    from harness.io.atomic import atomic_write_files, dumps_json
-    from harness.io.hashing import sha256_bytes
 
     data = save({TENSOR_NAME: w})
     digest = sha256_bytes(data)
@@ -121,8 +118,6 @@ def load_head(path: str | Path, expected_sha256: str | None = None) -> HeadTenso
     side = sidecar_path(path)
     meta: dict[str, Any] = {}
     if side.is_file():
-        from harness.io.jsonio import read_json
-
         meta = read_json(side)
         if meta.get("sha256") != digest:
             raise VerificationError(path, "sha256 (vs sidecar lm_head.json)", meta.get("sha256"), digest)

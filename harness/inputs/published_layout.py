@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness.errors import FidelityError
+from harness.io.jsonio import read_json
 
 #: Name of this layout in session headers and custody records.
 LAYOUT = "qwen38-fidelity-suite"
@@ -93,8 +94,6 @@ def reference_folders(root: Path) -> list[Path]:
 
 
 def _view_slices(suite: Path, n_contexts: int) -> list[tuple[int, int]]:
-    from harness.io.jsonio import read_json
-
     views = sorted(p for p in suite.iterdir() if p.is_dir() and SHARD_VIEW_RE.match(p.name))
     out, start = [], 0
     for v in views:
@@ -112,8 +111,6 @@ def scan_layout(root: Path, head: Path | None = None) -> LayoutScan:
     Raises :class:`FidelityError` naming the file when a part is missing or holds no whole shard; the
     contents are verified when a run first needs them (:mod:`harness.interchange.dataset`).
     """
-    from harness.io.jsonio import read_json
-
     mf = root / SUITE_DIR / SUITE_MANIFEST
     if not mf.is_file():
         raise FidelityError(f"{mf}: expected the suite manifest of a {LAYOUT} dataset, found no such file")

@@ -47,8 +47,9 @@ import numpy as np
 from harness import PROTOCOL_VERSION
 from harness.errors import FidelityError, VerificationError
 from harness.inputs.provenance import PROVENANCE_FILE, check_records, document_records
-from harness.io.atomic import dumps_json
+from harness.io.atomic import atomic_write_files, dumps_json
 from harness.io.hashing import sha256_bytes, sha256_file, tokens_sha256
+from harness.io.jsonio import read_json
 
 SCHEMA = "fidelity.suite/1"
 SUITE_JSON = "suite.json"
@@ -203,7 +204,6 @@ def load_suite(path: str | Path, verify: bool = True) -> Suite:
     tf = root / TOKENS_FILE
     if not sj.is_file():
         raise VerificationError(sj, "suite manifest missing", hint="build one with `fidelity suite build`")
-    from harness.io.jsonio import read_json
 
     doc = read_json(sj)
     if doc.get("schema") != SCHEMA:
@@ -412,7 +412,6 @@ def build_suite(
     grouping: dict[str, str] = {}
     if grouping_file is not None:
         gp = Path(grouping_file)
-        from harness.io.jsonio import read_json
 
         grouping = read_json(gp)
         if not isinstance(grouping, dict) or not all(isinstance(v, str) for v in grouping.values()):
@@ -480,11 +479,8 @@ def build_suite(
     out_dir = Path(out)
     import io
 
-    from harness.io.atomic import atomic_write_files
-
     existing = out_dir / SUITE_JSON
     if existing.exists():  # stores captured for that suite would silently stop matching it
-        from harness.io.jsonio import read_json
 
         found = read_json(existing).get("manifest_sha256")
         if found != doc["manifest_sha256"]:

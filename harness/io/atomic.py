@@ -32,7 +32,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
-from harness.errors import OutputError
+from harness.errors import FidelityError, OutputError, VerificationError
+from harness.io.jsonio import read_json
+from harness.io.owned import check_relative, owned_file, symlink_on_path
 
 _P = TypeVar("_P", str, Path)
 
@@ -175,10 +177,6 @@ def finish_pending(folder: str | Path) -> list[Path]:
     docstring); returns the files put in place. A journal is followed only where it renames a staged
     file of this module (``.<name>.<random>.tmp``) to ``<name>`` beside it, both reached without a
     symbolic link; any other journal is a :class:`~harness.errors.VerificationError` naming it."""
-    from harness.errors import VerificationError
-    from harness.io.jsonio import read_json
-    from harness.io.owned import check_relative, owned_file, symlink_on_path
-
     folder = Path(folder)
     done: list[Path] = []
     if not folder.is_dir() or folder.is_symlink():
@@ -266,8 +264,6 @@ def removed_on_failure(*paths: str | Path) -> Iterator[None]:
     command wrote in them) when it is refused (a :class:`~harness.errors.FidelityError`) or fails on an
     operating-system error. What existed before (a store being resumed, a user's folder) is never removed;
     an interrupt (Ctrl-C) keeps a resumable capture."""
-    from harness.errors import FidelityError
-
     absent = [Path(p) for p in paths if not os.path.lexists(p)]
     try:
         yield

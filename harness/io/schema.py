@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.errors import VerificationError
+from harness.io.jsonio import type_name
 
 
 @dataclass(frozen=True)
@@ -66,8 +67,6 @@ def describe(schema: Any) -> str:
 
 
 def _found(value: Any) -> str:
-    from harness.io.jsonio import type_name
-
     text = repr(value)
     return f"{type_name(value)} {text if len(text) <= 60 else text[:57] + '...'}"
 

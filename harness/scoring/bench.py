@@ -37,6 +37,12 @@ from typing import Any
 import numpy as np
 import torch
 
+from harness.metrics import ContextLabel, summarize
+from harness.metrics.bootstrap import TailData, draw_cluster_weights, ratio_replicates, tail_replicates
+from harness.metrics.scores import PositionScores
+from harness.scoring.backends import choose_backend
+from harness.scoring.scorer import bare_gemms, default_tile_rows, score_hidden, score_two_pass, scorer_run
+
 __all__ = [
     "SEED_POSITIONS",
     "SEED_SHAPE",
@@ -93,8 +99,6 @@ def _status_kib(name: str) -> int:
 def child_memory(n: int, hidden: int, vocab: int, tile_rows: int | None, threads: int, device: str = "cpu",
                  backend: str | None = None) -> dict[str, Any]:
     """Run in the child: peak extra memory of one ``score_hidden`` call (module docstring)."""
-    from harness.scoring.scorer import score_hidden
-
     torch.set_num_threads(threads)
     ref, cand, head, targets = make_inputs(n, hidden, vocab, device=device)
     if device.startswith("cuda"):
@@ -137,15 +141,6 @@ def measure_memory(n: int, hidden: int, vocab: int, *, tile_rows: int | None = N
 
 def bench_bootstrap(n_contexts: int, n_clusters: int, positions_per_context: int) -> dict[str, float]:
     """Bootstrap timings for a suite of ``n_contexts`` contexts in ``n_clusters`` source clusters."""
-    from harness.metrics import ContextLabel, summarize
-    from harness.metrics.bootstrap import (
-        TailData,
-        draw_cluster_weights,
-        ratio_replicates,
-        tail_replicates,
-    )
-    from harness.metrics.scores import PositionScores
-
     rng = np.random.default_rng(0)
     n = n_contexts * positions_per_context
     s = PositionScores(rng.lognormal(-7, 2, n), rng.random(n), rng.random(n), rng.random(n) * 5, rng.random(n) * 5,
@@ -250,15 +245,6 @@ def run_bench(positions: int, hidden: int, vocab: int, *, device: str = "cpu", b
               threads: int | None = None, tile_rows: int | None = None, reps: int = 3, memory: bool = True,
               two_pass: bool = True) -> BenchResult:
     """Time the scorer, the bare GEMMs and the two-pass method side by side (interleaved reps)."""
-    from harness.scoring.backends import choose_backend
-    from harness.scoring.scorer import (
-        bare_gemms,
-        default_tile_rows,
-        score_hidden,
-        score_two_pass,
-        scorer_run,
-    )
-
     threads = int(threads or torch.get_num_threads())
     torch.set_num_threads(threads)
     dev = torch.device(device)
