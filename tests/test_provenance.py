@@ -121,5 +121,5 @@ def test_hand_edited_record_is_refused(tmp_path: Path, tiny_suite: Path) -> None
     doc["documents"][first]["bytes"] = "12"
     doc["manifest_sha256"] = manifest_sha256(doc)
     (d / "suite.json").write_text(json.dumps(doc))
-    with pytest.raises(VerificationError, match=r"suite.json: documents\["):
+    with pytest.raises(VerificationError, match=r"suite.json: documents\..*\.bytes: expected an integer, found a string '12'"):
         Suite.load(d)

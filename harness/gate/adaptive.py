@@ -34,12 +34,15 @@ candidate is scored in full.
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+
+from harness.io.schema import Closed, Nullable, OneOf, check
 
 ALPHA = 0.05
 #: Error budget of each side: an early wrong pass, and separately an early wrong fail.
@@ -204,6 +207,65 @@ class AdaptiveMonitor:
         if d.stop:
             self.stopped[candidate] = d
         return d
+
+
+#: ``adaptive.json`` as the harness reads it back (harness.io.schema): closed, this version, this rule.
+LOOK_SCHEMA = Closed({"candidate": str, "shard": int, "look": int, "looks": int, "level": float, "alpha_k": Nullable(float),
+                      "clusters": int, "ci": Nullable([float]), "mean_kld": float, "threshold": Nullable(float),
+                      "side": OneOf(None, "below", "above")})
+ADAPTIVE_SCHEMA = Closed({"schema": OneOf("fidelity.adaptive/1"), "rule": OneOf(RULE), "alpha": OneOf(ALPHA),
+                          "alpha_side": OneOf(ALPHA_SIDE), "min_early_clusters": OneOf(MIN_EARLY_CLUSTERS),
+                          "looks": [LOOK_SCHEMA]})
+
+
+def _close(a: float, b: float) -> bool:
+    return math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-300)
+
+
+def check_adaptive(doc: Any, path: Any, rows: Mapping[str, Mapping[int, Sequence[Mapping[str, Any]]]]) -> None:
+    """Refuse an ``adaptive.json`` (``doc``, read from ``path``) that does not match :data:`ADAPTIVE_SCHEMA` or
+    does not follow from the shard reports it describes. ``rows``: per candidate, per shard index, the
+    report's per-context rows (``cluster``, ``positions``, ``sum_kld``).
+
+    Each candidate's looks are numbered 1, 2, ... with one ``looks`` total and distinct shards that it has
+    reports for; a look's ``mean_kld`` and ``clusters`` are those of the shards up to it; its ``level``,
+    ``ci`` and ``alpha_k`` agree; its ``side`` is what its bounds say about its ``threshold``."""
+    from harness.errors import VerificationError
+
+    check(doc, ADAPTIVE_SCHEMA, path)
+    by_cand: dict[str, list[tuple[int, dict[str, Any]]]] = {}
+    for i, r in enumerate(doc["looks"]):
+        by_cand.setdefault(r["candidate"], []).append((i, r))
+    for cand, looks in by_cand.items():
+        if cand not in rows:
+            raise VerificationError(path, f"looks[{looks[0][0]}].candidate", f"a candidate with shard reports ({', '.join(sorted(rows)) or 'none'})", cand)
+        seen: list[int] = []
+        for n, (i, r) in enumerate(sorted(looks, key=lambda x: x[1]["look"]), start=1):
+            at = f"looks[{i}]"
+            if r["look"] != n:
+                raise VerificationError(path, f"{at}.look", f"look {n} of {cand}", r["look"])
+            if r["looks"] != looks[0][1]["looks"] or not n <= r["looks"]:
+                raise VerificationError(path, f"{at}.looks", f"one total >= {n} for {cand}", r["looks"])
+            if r["shard"] in seen or r["shard"] not in rows[cand]:
+                raise VerificationError(path, f"{at}.shard", f"a shard {cand} has a report for, once ({sorted(rows[cand])})", r["shard"])
+            seen.append(r["shard"])
+            cum = [row for s in seen for row in rows[cand][s]]
+            mean = math.fsum(float(x["sum_kld"]) for x in cum) / max(1, sum(int(x["positions"]) for x in cum))
+            if not _close(r["mean_kld"], mean):
+                raise VerificationError(path, f"{at}.mean_kld", f"{mean!r} (shards {seen} of {cand}'s reports)", r["mean_kld"])
+            clusters = len({str(x["cluster"]) for x in cum})
+            if r["clusters"] != clusters:
+                raise VerificationError(path, f"{at}.clusters", f"{clusters} (shards {seen} of {cand}'s reports)", r["clusters"])
+            ci, a = r["ci"], r["alpha_k"]
+            if (ci is None) != (a is None) or (ci is not None and (len(ci) != 2 or ci[0] > ci[1])):
+                raise VerificationError(path, f"{at}.ci", "[lower, upper] with alpha_k, or null with alpha_k null", ci)
+            level = 1.0 if a is None else 1.0 - 2.0 * a
+            if a is not None and not 0.0 < a <= ALPHA_SIDE or not _close(r["level"], level):
+                raise VerificationError(path, f"{at}.level", f"1 - 2 alpha_k = {level!r} (0 < alpha_k <= {ALPHA_SIDE})", r["level"])
+            side = None if ci is None else side_of(ci[0], ci[1], r["threshold"])
+            if r["side"] != side:
+                raise VerificationError(path, f"{at}.side", f"{json.dumps(side)} (its bounds {ci} and threshold {r['threshold']})",
+                                        json.dumps(r["side"]))
 
 
 def render_adaptive(records: Sequence[dict[str, Any]]) -> str:

@@ -24,7 +24,7 @@ different text and is refused.
 
 from __future__ import annotations
 
-import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypedDict
@@ -33,6 +33,7 @@ import numpy as np
 
 from harness.errors import FidelityError, VerificationError
 from harness.io.hashing import sha256_bytes, sha256_file
+from harness.io.schema import Closed, MapOf, Nullable, OneOf, Optional, check
 
 PROVENANCE_FILE = "provenance.json"
 PROVENANCE_SCHEMA = "fidelity.corpus-provenance/1"
@@ -61,36 +62,31 @@ class Attribution:
     licence: str | None
 
 
-def _attribution(path: Path, where: str, raw: Any) -> Attribution:
-    if not isinstance(raw, dict) or set(raw) - {"source", "licence"}:
-        raise VerificationError(path, where, '{"source": str, "licence": str}', raw)
-    for k in ("source", "licence"):
-        if k in raw and not (raw[k] is None or isinstance(raw[k], str)):
-            raise VerificationError(path, f"{where}.{k}", "a string", raw[k])
+#: One document's attribution in the sidecar (harness.io.schema): either key may be absent or null.
+ATTRIBUTION_SCHEMA = Closed({"source": Optional(Nullable(str)), "licence": Optional(Nullable(str))})
+#: ``provenance.json`` as the harness reads it: closed, this version.
+SIDECAR_SCHEMA = Closed({"schema": OneOf(PROVENANCE_SCHEMA), "default": Optional(ATTRIBUTION_SCHEMA),
+                         "documents": Optional(MapOf(ATTRIBUTION_SCHEMA))})
+#: One :class:`DocumentRecord` as ``suite.json`` ``documents`` holds it.
+RECORD_SCHEMA = Closed({"sha256": str, "bytes": int, "source": Nullable(str), "licence": Nullable(str)})
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+
+
+def _attribution(raw: dict[str, Any]) -> Attribution:
     return Attribution(raw.get("source"), raw.get("licence"))
 
 
 def load_provenance(path: str | Path) -> tuple[Attribution, dict[str, Attribution]]:
-    """Read a ``provenance.json`` sidecar: the default attribution and the per-document ones."""
+    """Read a ``provenance.json`` sidecar (:data:`SIDECAR_SCHEMA`, strict JSON): the default attribution and
+    the per-document ones."""
+    from harness.io.jsonio import read_json
+
     path = Path(path)
-    try:
-        doc = json.loads(path.read_text("utf-8"))
-    except FileNotFoundError:
-        raise FidelityError(f"{path}: provenance sidecar not found") from None
-    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
-        raise VerificationError(path, f"not valid JSON ({type(e).__name__}: {e})") from None
-    if not isinstance(doc, dict):
-        raise VerificationError(path, "top level", "a JSON object", type(doc).__name__)
-    if doc.get("schema") != PROVENANCE_SCHEMA:
-        raise VerificationError(path, "schema", PROVENANCE_SCHEMA, doc.get("schema"))
-    unknown = set(doc) - {"schema", "default", "documents"}
-    if unknown:
-        raise VerificationError(path, "keys", "schema, default, documents", sorted(unknown))
-    default = _attribution(path, "default", doc.get("default", {}))
-    docs = doc.get("documents", {})
-    if not isinstance(docs, dict):
-        raise VerificationError(path, "documents", "an object {relative path: {source, licence}}", type(docs).__name__)
-    return default, {str(k): _attribution(path, f"documents[{k!r}]", v) for k, v in docs.items()}
+    if not path.is_file():
+        raise FidelityError(f"{path}: provenance sidecar not found")
+    doc = read_json(path)
+    check(doc, SIDECAR_SCHEMA, path)
+    return _attribution(doc.get("default", {})), {str(k): _attribution(v) for k, v in doc.get("documents", {}).items()}
 
 
 def document_records(
@@ -132,22 +128,17 @@ def document_records(
 
 
 def check_records(path: Path, records: Any) -> None:
-    """Type-check a ``documents`` block read from ``suite.json`` (a hand edit fails here, not later)."""
-    if not isinstance(records, dict):
-        raise VerificationError(path, "documents", "an object {relative path: record}", type(records).__name__)
+    """Check a ``documents`` block read from ``suite.json`` (a hand edit fails here, not later): every record
+    matches :data:`RECORD_SCHEMA`, its sha256 is 64 lower-case hex digits, its size is not negative, and its
+    path is relative and inside the corpus."""
+    check(records, MapOf(RECORD_SCHEMA), path, "documents")
     for rel, r in records.items():
-        ok = (
-            isinstance(r, dict)
-            and set(r) == {"sha256", "bytes", "source", "licence"}
-            and isinstance(r["sha256"], str)
-            and isinstance(r["bytes"], int)
-            and not isinstance(r["bytes"], bool)
-            and all(r[k] is None or isinstance(r[k], str) for k in ("source", "licence"))
-        )
-        if not ok:
-            raise VerificationError(path, f"documents[{rel!r}]", "{sha256: str, bytes: int, source: str|null, licence: str|null}", r)
-        if rel.startswith("/") or ".." in rel.split("/") or "\\" in rel:
+        if rel.startswith("/") or ".." in rel.split("/") or "\\" in rel or not rel:
             raise VerificationError(path, f"documents[{rel!r}]", "a relative path inside the corpus", rel)
+        if not _SHA256.match(r["sha256"]):
+            raise VerificationError(path, f"documents.{rel}.sha256", "64 lower-case hex digits", repr(r["sha256"]))
+        if r["bytes"] < 0:
+            raise VerificationError(path, f"documents.{rel}.bytes", "a size >= 0", r["bytes"])
 
 
 @dataclass(frozen=True)

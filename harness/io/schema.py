@@ -9,6 +9,9 @@ A schema is plain data:
 * ``[schema]`` -- an array whose every item matches ``schema``;
 * :class:`MapOf` -- an object whose every value matches (keys are strings, any);
 * :class:`Nullable` -- ``null`` or the inner schema;
+* :class:`Closed` -- an object like ``{...}`` that holds no other key (a closed file format: an unknown key is
+  a lie or a newer writer, refused either way);
+* :class:`OneOf` -- exactly one of the listed JSON values (a version string, an enumeration);
 * ``object`` -- anything.
 
 A value that does not match is a :class:`~harness.errors.VerificationError` naming the file, the dotted key
@@ -18,6 +21,7 @@ named refusal, never in a ``KeyError`` or ``TypeError`` deep inside a consumer.
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,6 +52,23 @@ class MapOf:
     schema: Any
 
 
+@dataclass(frozen=True)
+class Closed:
+    """An object holding the keys of ``schema`` (a dict schema) and no other key."""
+
+    schema: dict[str, Any]
+
+
+class OneOf:
+    """Exactly one of ``values`` (compared by JSON type and value: ``1`` is not ``true`` nor ``1.0``)."""
+
+    def __init__(self, *values: Any) -> None:
+        self.values = values
+
+    def accepts(self, value: Any) -> bool:
+        return any(type(value) is type(v) and value == v for v in self.values)
+
+
 _NAMES = {int: "an integer", float: "a finite number", str: "a string", bool: "true or false"}
 
 
@@ -63,6 +84,10 @@ def describe(schema: Any) -> str:
         return f"an object of {describe(schema.schema)}"
     if isinstance(schema, Nullable):
         return f"null or {describe(schema.schema)}"
+    if isinstance(schema, Closed):
+        return "an object {" + ", ".join(schema.schema) + "} (no other key)"
+    if isinstance(schema, OneOf):
+        return " or ".join(json.dumps(v) for v in schema.values)
     return "a value"
 
 
@@ -78,7 +103,12 @@ def check(value: Any, schema: Any, path: str | Path, where: str = "") -> None:
         return
     if isinstance(schema, Nullable):
         if value is not None:
-            check(value, schema.schema, path, where)
+            try:
+                check(value, schema.schema, path, where)
+            except VerificationError as e:
+                if e.what != at:  # deeper inside: that key's own message
+                    raise
+                raise VerificationError(path, at, describe(schema), _found(value)) from None
         return
     if schema is int:
         if isinstance(value, bool) or not isinstance(value, int):
@@ -103,6 +133,19 @@ def check(value: Any, schema: Any, path: str | Path, where: str = "") -> None:
             raise VerificationError(path, at, describe(schema), _found(value))
         for k, v in value.items():
             check(v, schema.schema, path, f"{where}.{k}" if where else str(k))
+        return
+    if isinstance(schema, OneOf):
+        if not schema.accepts(value):
+            raise VerificationError(path, at, describe(schema), _found(value))
+        return
+    if isinstance(schema, Closed):
+        if not isinstance(value, dict):
+            raise VerificationError(path, at, describe(schema), _found(value))
+        unknown = sorted(set(value) - set(schema.schema))
+        if unknown:
+            where_key = f"{where}.{unknown[0]}" if where else unknown[0]
+            raise VerificationError(path, where_key, f"no such key (known: {', '.join(schema.schema)})", "present")
+        check(value, schema.schema, path, where)
         return
     if isinstance(schema, dict):
         if not isinstance(value, dict):

@@ -110,6 +110,22 @@ def _read_json(path: Path, schema: Any = object) -> Any:
     return doc
 
 
+def _context_rows(groups: dict[str, list[Any]]) -> dict[str, dict[int, list[dict[str, Any]]]]:
+    from harness.reports.shard import report_shard
+
+    return {name: {report_shard(r): list(r.metrics["contexts"]) for r in reps} for name, reps in groups.items()}
+
+
+def _read_adaptive(path: Path, groups: dict[str, list[Any]]) -> Any:
+    """A run's ``adaptive.json`` (None when absent), checked against its schema and the shard reports."""
+    from harness.gate.adaptive import check_adaptive
+
+    doc = _read_json(path)
+    if doc is not None:
+        check_adaptive(doc, path, _context_rows(groups))
+    return doc
+
+
 # ------------------------------------------------------------------ the publishable set
 def size_points(aggs: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     """Points of the KLD-versus-size plot, with the Pareto flag (smaller and closer than all others)."""
@@ -431,7 +447,7 @@ def publish(reports_dir: str | Path, out_dir: str | Path, *, config: Any = None,
     extras = {
         "tails": {t["candidate"]: t for t in tails_doc.get("candidates", [])},
         "window": _read_json(reports_dir / "window.json", WINDOW_SCHEMA),
-        "adaptive": _read_json(reports_dir / "adaptive.json", object),
+        "adaptive": _read_adaptive(reports_dir / "adaptive.json", groups),
         "paired": [_read_json(p, PAIRED_SCHEMA) for p in sorted((reports_dir / "paired").glob("*.json"))]
         if (reports_dir / "paired").is_dir() else [],
     }
@@ -514,6 +530,10 @@ def rederive_set(root: str | Path) -> list[str]:
         baselines = {n: Baseline.from_json(b, rp, n) for n, b in recorded.items() if b is not None}
         extras = {"tails": {n: c.get("tails") for n, c in cands.items() if c.get("tails")}, "window": res.get("window"),
                   "paired": res.get("paired") or [], "adaptive": res.get("adaptive")}
+        if extras["adaptive"] is not None:
+            from harness.gate.adaptive import check_adaptive
+
+            check_adaptive(extras["adaptive"], f"{rp}: adaptive", _context_rows(groups))
         required = res.get("n_shards_required")
         if required is not None and (isinstance(required, bool) or not isinstance(required, int)):
             raise VerificationError(rp, "n_shards_required", "an integer or null", required)

@@ -1,0 +1,239 @@
+"""Fourth tamper campaign: every file the harness reads back is checked by its schema and against what it
+describes, mixed-scheme quantization configurations are checked group by group, settings that change
+numbers key the capture cache, and a planted hand-over file is not believed by a real ``-n 2`` run.
+
+Each case plants ONE hostile thing and checks the refusal names the file, the key, the expected and the found
+value (or that the thing is not believed), with nothing deleted and nothing partial left.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from harness.errors import VerificationError
+
+# ----------------------------------------------------------------------------- adaptive.json
+
+
+def _rows(n_clusters: int, shards: int, seed: int) -> dict[int, list[dict[str, Any]]]:
+    """Per-shard per-context rows (``cluster``, ``positions``, ``sum_kld``) of one candidate."""
+    rng = np.random.default_rng(seed)
+    out: dict[int, list[dict[str, Any]]] = {}
+    for s in range(shards):
+        out[s] = [{"cluster": f"c{s}-{c}", "positions": 31, "sum_kld": float(rng.gamma(2.0, 0.01) * 31)}
+                  for c in range(n_clusters)]
+    return out
+
+
+def _adaptive_doc(tmp_path: Path, rows: dict[str, dict[int, list[dict[str, Any]]]], threshold: float) -> dict[str, Any]:
+    """An ``adaptive.json`` written by the harness's own monitor and writer from ``rows``."""
+    from harness.gate.adaptive import AdaptiveMonitor, write_adaptive
+
+    mon = AdaptiveMonitor(planned={c: sorted(r) for c, r in rows.items()}, thresholds={c: threshold for c in rows}, n_boot=200)
+    records = []
+    for cand, per_shard in rows.items():
+        for shard, ctx in per_shard.items():
+            d = mon.observe(cand, shard, {"contexts": ctx})
+            records.append({"candidate": cand, "shard": shard, **d.record()})
+    write_adaptive(tmp_path, records)
+    doc: dict[str, Any] = json.loads((tmp_path / "adaptive.json").read_text())
+    return doc
+
+
+def test_adaptive_json_written_by_the_harness_passes_and_its_means_are_the_reports(tmp_path: Path) -> None:
+    from harness.gate.adaptive import check_adaptive
+
+    rows = {"a": _rows(25, 3, 1), "b": _rows(25, 3, 2)}
+    doc = _adaptive_doc(tmp_path, rows, threshold=0.02)
+    check_adaptive(doc, tmp_path / "adaptive.json", rows)
+    assert any(r["ci"] is not None for r in doc["looks"])  # 50 clusters from look 2: bounds are computed
+    for r in doc["looks"]:  # the means against an independent float64 sum over the shards so far
+        seen = [s for s in range(3) if s <= r["shard"]]
+        ctx = [x for s in seen for x in rows[r["candidate"]][s]]
+        assert r["mean_kld"] == pytest.approx(math.fsum(x["sum_kld"] for x in ctx) / (31 * len(ctx)), rel=1e-12)
+
+
+def _edit(doc: dict[str, Any], case: str) -> None:
+    look = doc["looks"][1]  # candidate a, look 2: bounds present
+    if case == "version":
+        doc["schema"] = "fidelity.adaptive/2"
+    elif case == "missing":
+        del look["mean_kld"]
+    elif case == "extra":
+        doc["looks"][0]["verdict"] = "pass"
+    elif case == "type":
+        look["clusters"] = "50"
+    elif case == "nan":
+        look["mean_kld"] = float("nan")
+    elif case == "mean":
+        look["mean_kld"] = 0.0
+    elif case == "side":
+        look["side"] = "below" if look["side"] != "below" else "above"
+    elif case == "alpha":
+        doc["alpha_side"] = 0.25
+    elif case == "shard":
+        look["shard"] = 7
+    elif case == "candidate":
+        for r in doc["looks"]:
+            if r["candidate"] == "b":
+                r["candidate"] = "c"
+    elif case == "level":
+        look["level"] = 0.5
+
+
+@pytest.mark.parametrize("case, pattern", [
+    ("version", r"adaptive\.json: schema: expected \"fidelity\.adaptive/1\", found a string 'fidelity\.adaptive/2'"),
+    ("missing", r"adaptive\.json: looks\[1\]\.mean_kld: expected present, found missing"),
+    ("extra", r"adaptive\.json: looks\[0\]\.verdict: expected no such key \(known: candidate, .*\), found present"),
+    ("type", r"adaptive\.json: looks\[1\]\.clusters: expected an integer, found a string '50'"),
+    ("nan", r"adaptive\.json: number: expected finite JSON numbers, found NaN"),
+    ("mean", r"adaptive\.json: looks\[1\]\.mean_kld: expected 0\.0\d+ \(shards \[0, 1\] of a's reports\), found 0\.0"),
+    ("side", r"adaptive\.json: looks\[1\]\.side: expected .* \(its bounds \[.*\] and threshold 0\.02\), found \"(below|above)\""),
+    ("alpha", r"adaptive\.json: alpha_side: expected 0\.025, found a number 0\.25"),
+    ("shard", r"adaptive\.json: looks\[1\]\.shard: expected a shard a has a report for, once \(\[0, 1, 2\]\), found 7"),
+    ("candidate", r"adaptive\.json: looks\[3\]\.candidate: expected a candidate with shard reports \(a, b\), found c"),
+    ("level", r"adaptive\.json: looks\[1\]\.level: expected 1 - 2 alpha_k = 0\.9\d+ .*, found 0\.5"),
+])
+def test_adaptive_json_that_lies_is_refused(tmp_path: Path, case: str, pattern: str) -> None:
+    """Publish reads a run's ``adaptive.json`` back into results.json: a wrong version, a missing or unknown
+    key, a wrong type, a NaN, or a look whose numbers do not follow from the shard reports is refused by name."""
+    from harness.gate.adaptive import check_adaptive
+    from harness.io.jsonio import read_json
+
+    rows = {"a": _rows(25, 3, 1), "b": _rows(25, 3, 2)}
+    doc = _adaptive_doc(tmp_path, rows, threshold=0.02)
+    _edit(doc, case)
+    path = tmp_path / "adaptive.json"
+    path.write_text(json.dumps(doc))  # json.dumps writes NaN as the bare word: the strict reader refuses it
+    with pytest.raises(VerificationError, match=pattern):
+        check_adaptive(read_json(path), path, rows)
+
+
+@pytest.mark.slow  # one run of the tiny project (shared fixture), then publish
+def test_publish_and_verify_refuse_a_lying_adaptive_json(fidelity_run: Path, tmp_path: Path,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    """Through the commands: ``publish`` refuses a report folder whose adaptive.json lies (exit 1, named, no
+    output folder), publishes one the harness wrote, and ``verify`` refuses a published set whose
+    results.json ``adaptive`` block was edited and resealed."""
+    from harness.cli.main import main
+    from harness.io.jsonio import read_json
+    from harness.reports.publish import write_checksums
+
+    root = tmp_path / "p"
+    shutil.copytree(fidelity_run, root, symlinks=True)
+    reps = root / "reports"
+    rows = {c: {int(f.stem[6:]): read_json(f)["metrics"]["contexts"] for f in sorted((reps / c).glob("shard-*.json"))}
+            for c in ("good", "bad")}
+    doc = _adaptive_doc(tmp_path, rows, threshold=0.01)
+    doc["looks"][2]["mean_kld"] *= 0.5
+    (reps / "adaptive.json").write_text(json.dumps(doc))
+    args = ["publish", "--reports", str(reps), "--config", str(root / "fidelity.toml")]
+    assert main([*args, "--out", str(tmp_path / "pub1")]) == 1
+    err = capsys.readouterr().err
+    assert f"{reps / 'adaptive.json'}: looks[2].mean_kld: expected " in err and "found" in err
+    assert not (tmp_path / "pub1").exists()
+    doc = _adaptive_doc(tmp_path, rows, threshold=0.01)
+    (reps / "adaptive.json").write_text(json.dumps(doc))
+    assert main([*args, "--out", str(tmp_path / "pub2")]) == 0
+    assert main(["verify", str(tmp_path / "pub2")]) == 0
+    res = json.loads((tmp_path / "pub2" / "results.json").read_text())
+    assert res["adaptive"] == doc
+    res["adaptive"]["looks"][0]["clusters"] += 1
+    (tmp_path / "pub2" / "results.json").write_text(json.dumps(res))
+    (tmp_path / "pub2" / "checksums.txt").unlink()
+    write_checksums(tmp_path / "pub2")  # resealed: only the re-derivation can see the lie
+    capsys.readouterr()
+    assert main(["verify", str(tmp_path / "pub2")]) != 0
+    got = capsys.readouterr()
+    assert "results.json: adaptive: looks[0].clusters: expected 2 (shards [0] of bad's reports), found 3" in got.out + got.err
+
+
+# ----------------------------------------------------------------------------- provenance records
+
+
+@pytest.mark.parametrize("text, pattern", [
+    ('{"schema": "fidelity.corpus-provenance/2"}', r"provenance\.json: schema: expected \"fidelity\.corpus-provenance/1\", "
+                                                  r"found a string 'fidelity\.corpus-provenance/2'"),
+    ('{"default": {"licence": "MIT"}}', r"provenance\.json: schema: expected present, found missing"),
+    ('{"schema": "fidelity.corpus-provenance/1", "default": {"licence": "MIT", "licenses": "x"}}',
+     r"provenance\.json: default\.licenses: expected no such key \(known: source, licence\), found present"),
+    ('{"schema": "fidelity.corpus-provenance/1", "documents": {"a.txt": {"source": 3}}}',
+     r"provenance\.json: documents\.a\.txt\.source: expected null or a string, found an integer 3"),
+    ('{"schema": "fidelity.corpus-provenance/1", "documents": {"a.txt": {"source": NaN}}}',
+     r"provenance\.json: number: expected finite JSON numbers, found NaN"),
+    ('{"schema": "fidelity.corpus-provenance/1", "default": {}, "default": {"licence": "MIT"}}',
+     r"provenance\.json: JSON key 'default': expected each key once, found listed twice"),
+    ('{"schema": "fidelity.corpus-provenance/1", "documents": []}',
+     r"provenance\.json: documents: expected an object of an object \{source, licence\} \(no other key\), found an array \[\]"),
+])
+def test_provenance_sidecar_that_lies_is_refused(tmp_path: Path, text: str, pattern: str) -> None:
+    """The corpus sidecar is read strictly and against its closed schema: wrong version, missing version, an
+    unknown key (a misspelt ``licenses`` would otherwise attribute nothing), a wrong type, a NaN, a key twice."""
+    from harness.inputs.provenance import document_records
+
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "a.txt").write_text("some text\n")
+    (corpus / "provenance.json").write_text(text)
+    with pytest.raises(VerificationError, match=pattern):
+        document_records(corpus, ["a.txt"])
+
+
+def _reseal_documents(tmp_path: Path, tiny_suite: Path, edit: Any) -> Path:
+    from harness.inputs.suite import manifest_sha256
+
+    d = tmp_path / "s"
+    shutil.copytree(tiny_suite, d)
+    doc = json.loads((d / "suite.json").read_text())
+    edit(doc["documents"][min(doc["documents"])], doc)
+    try:
+        doc["manifest_sha256"] = manifest_sha256(doc)
+    except ValueError:  # a NaN has no canonical JSON: left unsealed (the reader refuses it first)
+        pass
+    (d / "suite.json").write_text(json.dumps(doc))
+    return d
+
+
+@pytest.mark.parametrize("case, pattern", [
+    ("missing", r"suite\.json: documents\..*\.licence: expected present, found missing"),
+    ("extra", r"suite\.json: documents\..*\.url: expected no such key \(known: sha256, bytes, source, licence\), found present"),
+    ("type", r"suite\.json: documents\..*\.sha256: expected a string, found an integer 7"),
+    ("nan", r"suite\.json: number: expected finite JSON numbers, found NaN"),
+    ("sha", r"suite\.json: documents\..*\.sha256: expected 64 lower-case hex digits, found 'abc'"),
+    ("negative", r"suite\.json: documents\..*\.bytes: expected a size >= 0, found -1"),
+    ("parent", r"suite\.json: documents\['\.\./x\.txt'\]: expected a relative path inside the corpus, found \.\./x\.txt"),
+    ("block", r"suite\.json: documents: expected an object of an object \{sha256, bytes, source, licence\} \(no other key\), found null"),
+])
+def test_suite_provenance_records_that_lie_are_refused(tmp_path: Path, tiny_suite: Path, case: str, pattern: str) -> None:
+    """A resealed ``suite.json`` (its manifest hash re-computed) whose per-document records lie is refused when
+    the suite loads, before any document is opened or any card renders them."""
+    from harness.inputs.suite import Suite
+
+    def edit(rec: dict[str, Any], doc: dict[str, Any]) -> None:
+        if case == "missing":
+            del rec["licence"]
+        elif case == "extra":
+            rec["url"] = "http://x"
+        elif case == "type":
+            rec["sha256"] = 7
+        elif case == "nan":
+            rec["bytes"] = float("nan")
+        elif case == "sha":
+            rec["sha256"] = "abc"
+        elif case == "negative":
+            rec["bytes"] = -1
+        elif case == "parent":
+            doc["documents"]["../x.txt"] = dict(rec)
+        elif case == "block":
+            doc["documents"] = None
+
+    d = _reseal_documents(tmp_path, tiny_suite, edit)
+    with pytest.raises(VerificationError, match=pattern):
+        Suite.load(d)
