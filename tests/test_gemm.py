@@ -144,6 +144,38 @@ def test_native_detection_matches_torch() -> None:
     assert native_bf16_cpu() == bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
-def test_bare_gemms_time_the_chosen_path() -> None:
+@pytest.mark.parametrize("gemm", [None, "fp32"])
+def test_bare_gemms_time_the_chosen_path(monkeypatch: pytest.MonkeyPatch, gemm: str | None) -> None:
+    """bare_gemms times exactly the scorer's GEMMs: logits_tiles on the path gemm_path chooses (or the one
+    forced), every row of both sides once, and those logits are an exact fp32 accumulation (the float64
+    bound above); the time it returns lies within the wall time of the call."""
+    import time
+
+    from harness.scoring import torch_path
+
     x, w = _inputs()
-    assert bare_gemms(x, x, w, gemm="fp32") > 0 and bare_gemms(x, x, w) > 0
+    c = (x.float() * 0.5).bfloat16()
+    exact_r, bound = _bound(x, w)
+    exact_c, bound_c = _bound(c, w)
+    real = torch_path.logits_tiles
+    seen: list[tuple[str, int, int]] = []
+
+    def recording(*args, **kwargs):  # type: ignore[no-untyped-def]
+        path = args[6]
+        for r0, lr, lc in real(*args, **kwargs):
+            m = lr.shape[0]
+            assert np.all(np.abs(lr.double().numpy() - exact_r[r0 : r0 + m]) <= bound[r0 : r0 + m])
+            assert np.all(np.abs(lc.double().numpy() - exact_c[r0 : r0 + m]) <= bound_c[r0 : r0 + m])
+            seen.append((path, r0, m))
+            yield r0, lr, lc
+
+    monkeypatch.setattr(torch_path, "logits_tiles", recording)
+    t0 = time.perf_counter()
+    took = bare_gemms(x, c, w, tile_rows=16, gemm=gemm)
+    wall = time.perf_counter() - t0
+    want = gemm or torch_path.gemm_path(torch.device("cpu"), x, c, w)
+    assert {p for p, _, _ in seen} == {want}
+    starts = [r0 for _, r0, _ in seen]
+    assert len(seen) > 1 and starts == [sum(m for _, _, m in seen[:i]) for i in range(len(seen))]  # contiguous tiles
+    assert sum(m for _, _, m in seen) == N  # every row once
+    assert 0 < took <= wall
