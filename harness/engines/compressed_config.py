@@ -13,16 +13,32 @@ found value, where the stored tensors contradict it:
   ``weight_scale`` ``[out, 2 * packed columns / group_size]``;
 * ``float-quantized`` with 8 bits: ``weight`` is ``F8_E4M3`` or ``F8_E5M2``.
 
-Only the safetensors headers are read (and the two integers of each ``weight_shape``). A configuration of
-several schemes (different bits per group of modules) is left to compressed-tensors.
+* ``naive-quantized`` / ``int-quantized`` / ``float-quantized`` of ``type`` int: ``weight`` is ``I8`` of
+  ``[out, in]`` with ``num_bits`` <= 8; of ``type`` float: ``F8_E4M3`` or ``F8_E5M2`` with 8 bits; a ``channel``
+  ``weight_scale`` is ``[out, 1]``, a ``group`` one ``[out, ceil(in / group_size)]``.
+
+A configuration of several ``config_groups`` (a scheme per set of modules) is checked module by module, the
+way compressed-tensors assigns schemes: a target ``re:PATTERN`` matches module names from their start
+(``re.match``), any other target matches the module of that exact name or, for a class name such as
+``Linear``, every module holding quantized tensors; the most specific kind of match wins (exact name, then
+pattern, then class), and a module matched by two groups at that same level is refused as ambiguous (which
+scheme applies would depend on the order of the targets). ``ignore`` (names and patterns) removes modules.
+Then every module holding quantized tensors must be matched by exactly one group and not ignored, and every
+module a group names or matches by pattern must hold that group's quantized tensors (a plain ``bf16`` weight
+there would be replaced by an uninitialised one at load). A class target other than ``Linear`` is taken to
+match the modules holding quantized tensors.
+
+Only the safetensors headers are read (and the two integers of each ``weight_shape``).
 """
 
 from __future__ import annotations
 
 import json
 import math
+import re
 import struct
 from pathlib import Path
+from typing import Any
 
 from harness.errors import VerificationError
 from harness.io.jsonio import read_json
@@ -31,8 +47,9 @@ from harness.io.schema import MapOf, Nullable, Optional, check
 #: What the check reads of ``quantization_config`` (harness.io.schema).
 CONFIG_SCHEMA = {
     "quant_method": str,
-    "format": Optional(str),
-    "config_groups": MapOf({"format": Optional(Nullable(str)),
+    "format": Optional(Nullable(str)),
+    "ignore": Optional(Nullable([str])),
+    "config_groups": MapOf({"format": Optional(Nullable(str)), "targets": Optional(Nullable([str])),
                             "weights": Nullable({"num_bits": int, "group_size": Optional(Nullable(int)),
                                                  "strategy": Optional(Nullable(str)), "type": Optional(str)})}),
 }
@@ -62,6 +79,40 @@ def _weight_shape(path: Path, name: str) -> list[int]:
         return [int(v) for v in fh.get_tensor(name).reshape(-1).tolist()]
 
 
+#: Suffixes of the tensors a quantized module stores beside (or instead of) its ``weight``.
+_QUANTIZED = ("weight_packed", "weight_scale", "weight_shape", "weight_zero_point", "weight_global_scale", "weight_g_idx")
+_LEVELS = ("exact name", "pattern", "class")
+
+
+def _match_level(module: str, target: str, quantized: bool) -> int | None:
+    """How ``target`` matches ``module`` (0: its exact name, 1: a ``re:`` pattern, 2: a class), or None."""
+    if target.startswith("re:"):
+        return 1 if re.match(target[3:], module) else None
+    if target == module:
+        return 0
+    is_class = "." not in target and target[:1].isupper()
+    return 2 if is_class and quantized else None
+
+
+def _group_level(module: str, group: dict[str, Any], quantized: bool) -> int | None:
+    """The most specific way any of a group's targets matches ``module`` (None: none does)."""
+    levels = [lvl for t in group.get("targets") or [] if (lvl := _match_level(module, t, quantized)) is not None]
+    return min(levels, default=None)
+
+
+def _modules(heads: dict[str, tuple[Path, str, list[int]]]) -> tuple[set[str], set[str]]:
+    """Modules holding quantized tensors, and modules holding only a plain 2-D ``weight``."""
+    quantized = {name.rsplit(".", 1)[0] for name in heads if name.rsplit(".", 1)[-1] in _QUANTIZED}
+    plain = {name[: -len(".weight")] for name, (_p, _d, shape) in heads.items()
+             if name.endswith(".weight") and len(shape) == 2} - quantized
+    return quantized, plain
+
+
+def _tensors_of(module: str, heads: dict[str, tuple[Path, str, list[int]]]) -> str:
+    return ", ".join(f"{n.rsplit('.', 1)[-1]} {d} {s}" for n, (_p, d, s) in sorted(heads.items())
+                     if n.rsplit(".", 1)[0] == module) or "nothing"
+
+
 def check_compressed_tensors(root: Path) -> None:
     """Refuse a compressed-tensors checkpoint whose stored tensors contradict its configuration (module
     docstring); other checkpoints pass untouched."""
@@ -71,46 +122,92 @@ def check_compressed_tensors(root: Path) -> None:
     if not isinstance(qc, dict) or qc.get("quant_method") != "compressed-tensors":
         return
     check(qc, CONFIG_SCHEMA, cfg_path, "quantization_config")
-    groups = [(k, g) for k, g in qc["config_groups"].items() if g.get("weights")]
-    schemes = {(g.get("format") or qc.get("format"), json.dumps(g["weights"], sort_keys=True)) for _k, g in groups}
-    if len(schemes) != 1:
-        return
-    key, group = groups[0]
-    fmt, w = group.get("format") or qc.get("format"), group["weights"]
-    where = f"quantization_config.config_groups.{key}.weights"
-    bits, gsize, strategy = w["num_bits"], w.get("group_size"), w.get("strategy")
+    groups = {k: g for k, g in qc["config_groups"].items() if g.get("weights")}
+    ignore: list[str] = qc.get("ignore") or []
     heads = _headers(root)
-    for name, (path, dtype, shape) in sorted(heads.items()):
-        module = name.rsplit(".", 1)[0]
-        scale = heads.get(f"{module}.weight_scale")
-        if fmt == "pack-quantized" and name.endswith(".weight_packed"):
-            if dtype != "I32":
-                raise VerificationError(path, f"{name} dtype ({cfg_path.name} {where}: pack-quantized)", "I32", dtype)
-            ws = heads.get(f"{module}.weight_shape")
-            if ws is None:
-                raise VerificationError(path, f"{module}.weight_shape", "present (pack-quantized)", "missing")
-            out_f, in_f = (_weight_shape(ws[0], f"{module}.weight_shape") + [0, 0])[:2]
-            want = [out_f, math.ceil(in_f * bits / 32)]
-            if shape != want:
-                raise VerificationError(path, f"{name} shape ({cfg_path.name} {where}.num_bits {bits}, weight_shape "
-                                        f"[{out_f}, {in_f}])", want, shape)
-            if scale is not None and strategy in ("group", "channel"):
-                cols = math.ceil(in_f / gsize) if strategy == "group" and gsize else 1
-                if scale[2] != [out_f, cols]:
-                    raise VerificationError(scale[0], f"{module}.weight_scale shape ({cfg_path.name} {where}: "
-                                            f"{strategy}, group_size {gsize})", [out_f, cols], scale[2])
-        elif fmt == "nvfp4-pack-quantized" and name.endswith(".weight_packed"):
-            if bits != 4:
-                raise VerificationError(cfg_path, f"{where}.num_bits (nvfp4-pack-quantized)", 4, bits)
-            if dtype != "U8" or len(shape) != 2:
-                raise VerificationError(path, f"{name} dtype and rank (nvfp4-pack-quantized)", "U8 of rank 2", f"{dtype} {shape}")
-            if scale is not None and gsize:
-                want = [shape[0], math.ceil(2 * shape[1] / gsize)]
-                if scale[2] != want:
-                    raise VerificationError(scale[0], f"{module}.weight_scale shape ({cfg_path.name} {where}.group_size "
-                                            f"{gsize})", want, scale[2])
-        elif fmt == "float-quantized" and name.endswith(".weight") and scale is not None:
-            if bits != 8 or dtype not in ("F8_E4M3", "F8_E5M2"):
-                raise VerificationError(path, f"{name} dtype ({cfg_path.name} {where}.num_bits {bits}, float-quantized)",
-                                        "F8_E4M3 or F8_E5M2 with num_bits 8", f"{dtype} with num_bits {bits}")
+    quantized, plain = _modules(heads)
+    for module in sorted(quantized | plain):
+        is_q = module in quantized
+        first = next((heads[n][0] for n in sorted(heads) if n.rsplit(".", 1)[0] == module), cfg_path)
+        ign = next((i for i, t in enumerate(ignore) if _match_level(module, t, False) is not None), None)
+        if ign is not None:
+            if is_q:
+                raise VerificationError(first, f"{module} ({cfg_path.name} quantization_config.ignore[{ign}] {ignore[ign]!r})",
+                                        "a plain weight (an ignored module is not quantized)", _tensors_of(module, heads))
+            continue
+        found = [(lvl, k) for k, g in groups.items() if (lvl := _group_level(module, g, is_q)) is not None]
+        if not found:
+            if is_q:
+                raise VerificationError(first, f"{module} ({cfg_path.name} quantization_config.config_groups)",
+                                        "a group whose targets match this quantized module", "none")
+            continue
+        best = min(lvl for lvl, _k in found)
+        winners = sorted(k for lvl, k in found if lvl == best)
+        if len(winners) > 1:
+            raise VerificationError(cfg_path, f"quantization_config.config_groups targets matching {module}",
+                                    f"one group (by {_LEVELS[best]})", f"{len(winners)}: {', '.join(winners)}")
+        key = winners[0]
+        fmt, w = groups[key].get("format") or qc.get("format"), groups[key]["weights"]
+        where = f"quantization_config.config_groups.{key}.weights"
+        if not is_q:
+            raise VerificationError(first, f"{module} ({cfg_path.name} {where}: {fmt}, matched by {_LEVELS[best]})",
+                                    "quantized tensors", _tensors_of(module, heads))
+        _check_module(module, fmt, w, where, heads, cfg_path)
 
+
+def _check_module(module: str, fmt: str | None, w: dict[str, Any], where: str,
+                  heads: dict[str, tuple[Path, str, list[int]]], cfg_path: Path) -> None:
+    """One quantized module's tensors against the scheme ``w`` of format ``fmt`` (module docstring)."""
+    bits, gsize, strategy = w["num_bits"], w.get("group_size"), w.get("strategy")
+    scale = heads.get(f"{module}.weight_scale")
+    packed, plain = heads.get(f"{module}.weight_packed"), heads.get(f"{module}.weight")
+    if fmt in ("pack-quantized", "nvfp4-pack-quantized") and packed is None:
+        raise VerificationError(cfg_path, f"{module} tensors ({where}: {fmt})", "weight_packed", _tensors_of(module, heads))
+    if fmt in ("naive-quantized", "int-quantized", "float-quantized") and plain is None:
+        raise VerificationError(cfg_path, f"{module} tensors ({where}: {fmt})", "weight and weight_scale", _tensors_of(module, heads))
+    if fmt == "pack-quantized" and packed is not None:
+        name, (path, dtype, shape) = f"{module}.weight_packed", packed
+        if dtype != "I32":
+            raise VerificationError(path, f"{name} dtype ({cfg_path.name} {where}: pack-quantized)", "I32", dtype)
+        ws = heads.get(f"{module}.weight_shape")
+        if ws is None:
+            raise VerificationError(path, f"{module}.weight_shape", "present (pack-quantized)", "missing")
+        out_f, in_f = (_weight_shape(ws[0], f"{module}.weight_shape") + [0, 0])[:2]
+        want = [out_f, math.ceil(in_f * bits / 32)]
+        if shape != want:
+            raise VerificationError(path, f"{name} shape ({cfg_path.name} {where}.num_bits {bits}, weight_shape "
+                                    f"[{out_f}, {in_f}])", want, shape)
+        _check_scale(module, scale, strategy, gsize, out_f, in_f, where, cfg_path)
+    elif fmt == "nvfp4-pack-quantized" and packed is not None:
+        name, (path, dtype, shape) = f"{module}.weight_packed", packed
+        if bits != 4:
+            raise VerificationError(cfg_path, f"{where}.num_bits (nvfp4-pack-quantized)", 4, bits)
+        if dtype != "U8" or len(shape) != 2:
+            raise VerificationError(path, f"{name} dtype and rank (nvfp4-pack-quantized)", "U8 of rank 2", f"{dtype} {shape}")
+        if scale is not None and gsize:
+            want = [shape[0], math.ceil(2 * shape[1] / gsize)]
+            if scale[2] != want:
+                raise VerificationError(scale[0], f"{module}.weight_scale shape ({cfg_path.name} {where}.group_size "
+                                        f"{gsize})", want, scale[2])
+    elif fmt in ("naive-quantized", "int-quantized", "float-quantized") and plain is not None and scale is not None:
+        name, (path, dtype, shape) = f"{module}.weight", plain
+        if w.get("type", "int") == "float":
+            if bits != 8 or dtype not in ("F8_E4M3", "F8_E5M2"):
+                raise VerificationError(path, f"{name} dtype ({cfg_path.name} {where}.num_bits {bits}, {fmt})",
+                                        "F8_E4M3 or F8_E5M2 with num_bits 8", f"{dtype} with num_bits {bits}")
+        elif bits > 8 or dtype != "I8":
+            raise VerificationError(path, f"{name} dtype ({cfg_path.name} {where}.num_bits {bits}, int, {fmt})",
+                                    "I8 with num_bits <= 8", f"{dtype} with num_bits {bits}")
+        if len(shape) == 2:
+            _check_scale(module, scale, strategy, gsize, shape[0], shape[1], where, cfg_path)
+
+
+def _check_scale(module: str, scale: tuple[Path, str, list[int]] | None, strategy: str | None, gsize: int | None,
+                 out_f: int, in_f: int, where: str, cfg_path: Path) -> None:
+    """A ``channel`` scale is ``[out, 1]``, a ``group`` one ``[out, ceil(in / group_size)]``."""
+    if scale is None or strategy not in ("group", "channel"):
+        return
+    cols = math.ceil(in_f / gsize) if strategy == "group" and gsize else 1
+    if scale[2] != [out_f, cols]:
+        raise VerificationError(scale[0], f"{module}.weight_scale shape ({cfg_path.name} {where}: "
+                                f"{strategy}, group_size {gsize})", [out_f, cols], scale[2])
