@@ -31,7 +31,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from harness.attribution.formats import SUPPORTED, candidate_format, compressed_tensors_weights, torchao_weights
+from harness.engines.transformers import load_model, parse_dtype
 from harness.errors import FidelityError, VerificationError
+from harness.scoring.scorer import score_hidden
 
 #: Contexts per forward pass.
 BATCH = 16
@@ -97,15 +100,12 @@ def _architecture(path: Path) -> dict[str, Any]:
 def load_models(reference_dir: str | Path, candidate_dir: str | Path, *, device: str = "cpu",
                 dtype: str = "float32") -> AblationModels:
     """Load the candidate (kept in memory) and the reference's weights; verify they share an architecture."""
-    from harness.engines.transformers import load_model, parse_dtype
-
     ref_dir, cand_dir = Path(reference_dir), Path(candidate_dir)
     a_ref, a_cand = _architecture(ref_dir), _architecture(cand_dir)
     if a_ref != a_cand:
         diff = {k: (a_ref[k], a_cand[k]) for k in a_ref if a_ref[k] != a_cand[k]}
         raise VerificationError(cand_dir / "config.json", "architecture differs from the reference's",
                                 {k: v[0] for k, v in diff.items()}, {k: v[1] for k, v in diff.items()})
-    from harness.attribution.formats import SUPPORTED, candidate_format, compressed_tensors_weights, torchao_weights
 
     tdtype = parse_dtype(dtype)
     fmt = candidate_format(cand_dir)  # refuses formats whose effective weights it cannot form, before loading
@@ -197,8 +197,6 @@ def capture_reference(models: AblationModels, tokens: np.ndarray) -> ReferenceCa
 
 def score_variant(models: AblationModels, ref: ReferenceCapture, tokens: np.ndarray, restored: Sequence[str]) -> ContextKLD:
     """Set the variant, capture it and score it against the reference: per-context KLD sums."""
-    from harness.scoring.scorer import score_hidden
-
     models.set_variant(restored)
     hidden = capture(models, tokens)
     head = models.head_weight()

@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 
+from harness.engines.transformers import check_loading_info, load_model
 from harness.errors import FidelityError, VerificationError
 
 __all__ = ["CT_AUX_SUFFIXES", "SUPPORTED", "candidate_format", "compressed_tensors_weights", "torchao_weights"]
@@ -92,8 +93,6 @@ def compressed_tensors_weights(model_dir: Path, names: set[str]) -> dict[str, to
     quantization parameter (:data:`CT_AUX_SUFFIXES`)."""
     from transformers import AutoModelForCausalLM, CompressedTensorsConfig
 
-    from harness.engines.transformers import check_loading_info
-
     try:
         result: Any = AutoModelForCausalLM.from_pretrained(
             model_dir, dtype=torch.bfloat16, use_safetensors=True, output_loading_info=True,
@@ -118,8 +117,6 @@ def compressed_tensors_weights(model_dir: Path, names: set[str]) -> dict[str, to
 def torchao_weights(model_dir: Path, names: set[str]) -> dict[str, torch.Tensor]:
     """The effective weights of a torchao checkpoint by parameter name (bf16): each quantized weight's
     ``dequantize()``, every other parameter as stored. The names must be the reference's."""
-    from harness.engines.transformers import load_model
-
     model = load_model(model_dir, device="cpu", dtype="bfloat16")
     params = dict(model.named_parameters())
     if set(params) != names:

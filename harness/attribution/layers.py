@@ -51,7 +51,10 @@ from typing import Any, TypedDict
 import numpy as np
 import torch
 
+from harness.engines.identity import model_identity
+from harness.engines.transformers import load_model, parse_dtype
 from harness.errors import FidelityError, VerificationError
+from harness.inputs.suite import Suite
 
 __all__ = ["SCHEMA", "ErrorStats", "LayerRow", "ModuleRow", "KindRow", "ErrorSums", "layer_errors"]
 
@@ -174,8 +177,6 @@ def _force(mods: list[torch.nn.Module], given: list[Any], outputs: list[Any]) ->
 
 
 def _load(path: Path, dtype: torch.dtype, device: str) -> torch.nn.Module:
-    from harness.engines.transformers import load_model
-
     model = load_model(path, device="cpu", dtype="bfloat16")
     return model.to(device, dtype).eval()
 
@@ -183,10 +184,6 @@ def _load(path: Path, dtype: torch.dtype, device: str) -> torch.nn.Module:
 def layer_errors(reference: str | Path, candidate: str | Path, suite_path: str | Path, *, shards: str | None = None,
                  contexts: int = 4, dtype: str = "float32", device: str = "cpu") -> dict[str, Any]:
     """Per-layer and per-module errors of ``candidate`` against ``reference`` (module docstring)."""
-    from harness.engines.identity import model_identity
-    from harness.engines.transformers import parse_dtype
-    from harness.inputs.suite import Suite
-
     if contexts < 1:
         raise FidelityError(f"--contexts: expected >= 1, found {contexts}")
     t0 = time.perf_counter()

@@ -22,7 +22,9 @@ from harness.attribution.effects import (
 )
 from harness.attribution.groups import make_groupings, module_of
 from harness.attribution.sizes import folder_tensor_bytes, module_bytes
+from harness.engines.identity import model_identity
 from harness.errors import FidelityError
+from harness.inputs.suite import Suite
 
 SCHEMA = "fidelity.attribution/1"
 MODES = ("restore", "only")
@@ -55,7 +57,6 @@ def attribute(req: AttributionRequest) -> dict[str, Any]:
         load_models,
         score_variant,
     )
-    from harness.inputs.suite import Suite
 
     bad = [m for m in req.modes if m not in MODES]
     if bad or not req.modes:
@@ -111,7 +112,6 @@ def attribute(req: AttributionRequest) -> dict[str, Any]:
             eff["additivity"] = None
             eff["bits_to_spend"] = []
         out_groupings.append(eff)
-    from harness.engines.identity import model_identity
 
     return {
         "schema": SCHEMA,

@@ -9,10 +9,19 @@ from typing import Any
 
 import numpy as np
 
+from harness import PROTOCOL_VERSION, __version__
+from harness.capture.store import CaptureStore, context_filename
+from harness.dataset.card import render_dataset_card
 from harness.errors import FidelityError
+from harness.inputs.config import load_config
 from harness.inputs.dataset_layout import MANIFEST, SCHEMA, part_bytes, seed_projection
+from harness.inputs.head import load_head, sidecar_path
+from harness.inputs.provenance import verify_documents
+from harness.inputs.suite import Suite
 from harness.io.atomic import atomic_write_bytes, atomic_write_json, atomic_write_text
 from harness.io.hashing import sha256_file
+from harness.reports.publish import find_shard_reports, write_checksums
+from harness.reports.shard import ShardReport
 
 PROTOCOL_TEXT = """\
 # Protocol (version {protocol})
@@ -45,15 +54,6 @@ def build_dataset(*, config_path: Path, reports_dir: Path | None, corpus: Path, 
                   out: Path) -> dict[str, Any]:
     """Write the dataset folder ``out`` (new or empty); returns its manifest. ``reports_dir`` None: a
     reference-only dataset (no candidate reports), which candidates are scored against."""
-    from harness import PROTOCOL_VERSION, __version__
-    from harness.capture.store import CaptureStore, context_filename
-    from harness.inputs.config import load_config
-    from harness.inputs.head import load_head, sidecar_path
-    from harness.inputs.provenance import verify_documents
-    from harness.inputs.suite import Suite
-    from harness.reports.publish import find_shard_reports, write_checksums
-    from harness.reports.shard import ShardReport
-
     if out.exists() and any(out.iterdir()):
         raise FidelityError(f"{out}: output folder exists and is not empty (a dataset is written whole)")
     cfg = load_config(config_path)
@@ -142,8 +142,6 @@ def size_lines(doc: dict[str, Any]) -> list[str]:
 def render_card(doc: dict[str, Any], n_contexts: int, documents: dict[str, Any]) -> str:
     """The dataset card (:mod:`harness.dataset.card`): metadata the Hub reads, then what the folder holds,
     sizes per part, how to verify, how to replay, and the documents' sources and licences."""
-    from harness.dataset.card import render_dataset_card
-
     shards = ",".join(map(str, doc["reference"]["shards"]))
     return render_dataset_card(doc, n_contexts, documents, [
         "# Fidelity reference dataset", "",

@@ -16,10 +16,19 @@ from typing import Any
 
 import numpy as np
 
+from harness import PROTOCOL_VERSION
+from harness.capture.store import CaptureStore
 from harness.errors import VerificationError
 from harness.inputs.dataset_layout import MANIFEST, SCHEMA
+from harness.inputs.head import load_head
+from harness.inputs.provenance import verify_documents
+from harness.inputs.suite import Suite
 from harness.io.hashing import sha256_file, tokens_sha256
-from harness.io.schema import MapOf
+from harness.io.jsonio import read_json
+from harness.io.schema import MapOf, check
+from harness.reports.aggregate import check_rows_match_summary
+from harness.reports.publish import verify_set
+from harness.reports.shard import ShardReport
 
 #: What the rest of the verification and ``replay --dataset`` read from ``dataset.json`` (harness.io.schema).
 MANIFEST_SCHEMA = {
@@ -36,20 +45,9 @@ def _without_name(model: dict[str, Any]) -> dict[str, Any]:
 
 def verify_dataset(root: Path) -> dict[str, Any]:
     """Verify a dataset folder; returns its manifest. Raises at the first disagreement."""
-    from harness import PROTOCOL_VERSION
-    from harness.capture.store import CaptureStore
-    from harness.inputs.head import load_head
-    from harness.inputs.provenance import verify_documents
-    from harness.inputs.suite import Suite
-    from harness.reports.aggregate import check_rows_match_summary
-    from harness.reports.publish import verify_set
-    from harness.reports.shard import ShardReport
-
     problems = verify_set(root)
     if problems:
         raise VerificationError(root / "checksums.txt", "dataset files", "every file as listed", problems[0])
-    from harness.io.jsonio import read_json
-    from harness.io.schema import check
 
     mf = root / MANIFEST
     doc = read_json(mf)

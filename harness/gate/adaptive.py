@@ -42,7 +42,11 @@ from typing import Any
 
 import numpy as np
 
+from harness.errors import VerificationError
+from harness.gate.baselines import load_baseline_or_none
+from harness.io.atomic import atomic_write_files, dumps_json
 from harness.io.schema import Closed, Nullable, OneOf, check
+from harness.metrics.bootstrap import calibrated_alpha, draw_cluster_weights, ratio_intervals
 
 ALPHA = 0.05
 #: Error budget of each side: an early wrong pass, and separately an early wrong fail.
@@ -61,8 +65,6 @@ RULE = (
 def n_boot_for(alpha_k: float, n_boot: int, n_clusters: int) -> int:
     """Replicates for a one-sided bound at level ``1 - alpha_k`` over ``n_clusters`` clusters: at least 20
     beyond the quantile actually read (the bootstrap-t's, at the calibrated level, the smaller one)."""
-    from harness.metrics.bootstrap import calibrated_alpha
-
     return max(int(n_boot), int(math.ceil(20.0 / calibrated_alpha(alpha_k, n_clusters))))
 
 
@@ -78,8 +80,6 @@ def look_bounds(sums: np.ndarray, counts: np.ndarray, alpha_k: float, n_boot: in
 
     ``sums``: per-cluster KLD sums ``[C]`` or ``[C, k]`` (k data sets on the same clusters: the
     simulations), ``counts``: positions per cluster ``[C]``."""
-    from harness.metrics.bootstrap import draw_cluster_weights, ratio_intervals
-
     C = int(np.asarray(counts).shape[0])
     W = draw_cluster_weights(C, n_boot_for(alpha_k, n_boot, C), seed)
     ivs = ratio_intervals(W, sums, counts, alpha_lo=alpha_k, alpha_hi=alpha_k, bounds=(0.0, math.inf))
@@ -161,8 +161,6 @@ def decide(rows: Sequence[dict[str, Any]], look: int, looks: int, threshold: flo
 
 def threshold_for(baselines_dir: Any, candidate: str, shards: Sequence[int]) -> float | None:
     """``T`` of a candidate (see the module docstring), or None."""
-    from harness.gate.baselines import load_baseline_or_none
-
     b = load_baseline_or_none(baselines_dir, candidate)
     if b is None:
         return None
@@ -230,8 +228,6 @@ def check_adaptive(doc: Any, path: Any, rows: Mapping[str, Mapping[int, Sequence
     Each candidate's looks are numbered 1, 2, ... with one ``looks`` total and distinct shards that it has
     reports for; a look's ``mean_kld`` and ``clusters`` are those of the shards up to it; its ``level``,
     ``ci`` and ``alpha_k`` agree; its ``side`` is what its bounds say about its ``threshold``."""
-    from harness.errors import VerificationError
-
     check(doc, ADAPTIVE_SCHEMA, path)
     by_cand: dict[str, list[tuple[int, dict[str, Any]]]] = {}
     for i, r in enumerate(doc["looks"]):
@@ -287,8 +283,6 @@ def render_adaptive(records: Sequence[dict[str, Any]]) -> str:
 
 def write_adaptive(out_dir: Any, records: Sequence[dict[str, Any]]) -> None:
     from pathlib import Path
-
-    from harness.io.atomic import atomic_write_files, dumps_json
 
     out = Path(out_dir)
     doc = {"schema": "fidelity.adaptive/1", "rule": RULE, "alpha": ALPHA, "alpha_side": ALPHA_SIDE,

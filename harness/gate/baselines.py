@@ -44,6 +44,7 @@ from typing import Any
 
 from harness.errors import VerificationError
 from harness.io.atomic import atomic_write_text, dumps_json
+from harness.io.jsonio import read_json
 
 SCHEMA = "fidelity.baseline/1"
 
@@ -185,8 +186,6 @@ class Baseline:
     @classmethod
     def load(cls, path: Path, candidate: str) -> Baseline:
         """Read and validate ``path``; refuses unknown fields, wrong schema or candidate."""
-        from harness.io.jsonio import read_json
-
         try:
             raw = read_json(path)
         except VerificationError as e:  # one error type for a bad baseline, whatever broke

@@ -34,8 +34,9 @@ from harness.inputs.published_layout import (
     hidden_filename,
     shard_view_name,
 )
-from harness.interchange.report_format import identity_block
+from harness.interchange.report_format import identity_block, published_report
 from harness.interchange.suite_manifest import ids_digest, published_digest
+from harness.io.atomic import staged_directory
 from harness.io.hashing import sha256_bytes, sha256_file
 
 if TYPE_CHECKING:
@@ -120,9 +121,6 @@ def write_published(out: Path, *, suite: Suite, reference: CaptureStore, head: P
     written under ``captures/shard-NNNN/hidden-<name>`` for every reference shard they cover;
     ``reports``: shard reports per candidate, written as ``reports/fidelity/shard-NNNN/report-<name>.json``.
     """
-    from harness.interchange.report_format import published_report
-    from harness.io.atomic import staged_directory
-
     if out.exists():
         raise FidelityError(f"{out}: the published-layout output must be a new folder, found one that exists")
     for k in reference_shards:

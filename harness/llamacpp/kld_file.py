@@ -40,6 +40,7 @@ from typing import Any
 import numpy as np
 
 from harness.errors import FidelityError, VerificationError
+from harness.llamacpp.kld_parts import ChunkRows, PartedFile, is_parts_manifest, open_parts
 
 MAGIC = b"_logits_"
 HEADER_BYTES = 8 + 3 * 4
@@ -153,8 +154,6 @@ def read_kld(path: str | Path) -> KldFile:
 
     A ``*.kld.parts.json`` manifest opens the file its parts make up, in order, without joining them
     (:mod:`harness.llamacpp.kld_parts`)."""
-    from harness.llamacpp.kld_parts import ChunkRows, PartedFile, is_parts_manifest, open_parts
-
     p = Path(path)
     pf: PartedFile | None = None
     try:

@@ -24,6 +24,8 @@ from typing import Any
 import numpy as np
 
 from harness.errors import FidelityError, VerificationError
+from harness.io.atomic import atomic_write_bytes, atomic_write_json
+from harness.io.jsonio import read_json
 
 SCHEMA = "fidelity.kld-parts/1"
 SUFFIX = ".parts.json"
@@ -77,8 +79,6 @@ class PartedFile:
 
 def open_parts(manifest: Path) -> PartedFile:
     """Read a parts manifest and check every part's presence and byte count (module docstring)."""
-    from harness.io.jsonio import read_json
-
     doc: dict[str, Any] = read_json(manifest)
     if doc.get("schema") != SCHEMA:
         raise VerificationError(manifest, "schema", SCHEMA, doc.get("schema"))
@@ -153,8 +153,6 @@ class ChunkRows:
 
 def split_file(path: Path, out: Path, part_bytes: int) -> Path:
     """Split ``path`` into ``out/<name>.part-NNN`` of ``part_bytes`` each and write the manifest; returns it."""
-    from harness.io.atomic import atomic_write_bytes, atomic_write_json
-
     if part_bytes <= 0:
         raise FidelityError(f"part size: expected a positive number of bytes, found {part_bytes}")
     data_hash = hashlib.sha256()

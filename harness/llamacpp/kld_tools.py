@@ -21,14 +21,20 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from harness import PROTOCOL_VERSION
+from harness.capture.store import CaptureStore, StoreWriter
 from harness.errors import FidelityError, VerificationError
+from harness.inputs.suite import SCHEMA, SUITE_JSON, TOKENS_FILE, ContextInfo, load_suite, manifest_sha256, split_shards
+from harness.io.atomic import atomic_write_bytes, atomic_write_json, removed_on_failure
+from harness.io.hashing import sha256_file, tokens_sha256
+from harness.io.jsonio import read_json
 from harness.llamacpp.kld_file import KldFile, first_scored, read_kld, write_kld
+from harness.llamacpp.kld_parts import is_parts_manifest, open_parts, parts_sha256
+from harness.llamacpp.stats import LlamaPositions, positions_from_kld
 
 if TYPE_CHECKING:
-    from harness.capture.store import CaptureStore
     from harness.inputs.head import HeadTensor
     from harness.inputs.suite import Suite
-    from harness.llamacpp.stats import LlamaPositions
 
 KLD_ENGINE = {"name": "llama.cpp-kld", "version": "1"}
 
@@ -70,8 +76,6 @@ def export_kld(suite: Suite, store: CaptureStore, out: str | Path, head: HeadTen
 
 def import_kld(path: str | Path, out: str | Path, n_shards: int = 1) -> tuple[Suite, CaptureStore]:
     """A ``.kld`` file -> ``out/suite`` and ``out/reference`` (logits store). Returns (suite, store)."""
-    from harness.io.atomic import removed_on_failure
-
     kf = read_kld(path)
     out = Path(out)
     _refuse_other_import(kf, Path(path), out, n_shards)
@@ -82,7 +86,6 @@ def import_kld(path: str | Path, out: str | Path, n_shards: int = 1) -> tuple[Su
 def _import(kf: KldFile, path: Path, out: Path, n_shards: int) -> tuple[Suite, CaptureStore]:
     import torch
 
-    from harness.capture.store import CaptureStore, StoreWriter
     from harness.engines.identity import runtime_identity
 
     suite = suite_from_tokens(kf.tokens, kf.n_vocab, out / "suite", n_shards=n_shards, source=Path(path).name,
@@ -104,9 +107,6 @@ def _import(kf: KldFile, path: Path, out: Path, n_shards: int) -> tuple[Suite, C
 def _refuse_other_import(kf: KldFile, path: Path, out: Path, n_shards: int) -> None:
     """Before anything is written: a folder that already holds another import (another ``.kld``
     file, other tokens or another shard split) is refused; the same import resumes."""
-    from harness.io.hashing import tokens_sha256
-    from harness.io.jsonio import read_json
-
     sj, mf = out / "suite" / "suite.json", out / "reference" / "capture.json"
     if sj.exists():
         doc = read_json(sj)
@@ -128,9 +128,6 @@ def _refuse_other_import(kf: KldFile, path: Path, out: Path, n_shards: int) -> N
 
 def kld_sha256(path: Path) -> str:
     """sha256 of a ``.kld`` file, or of the file a parts manifest makes up (its parts checked too)."""
-    from harness.io.hashing import sha256_file
-    from harness.llamacpp.kld_parts import is_parts_manifest, open_parts, parts_sha256
-
     return parts_sha256(open_parts(path)) if is_parts_manifest(path) else sha256_file(path)
 
 
@@ -139,19 +136,6 @@ def suite_from_tokens(tokens: np.ndarray, vocab: int, out: str | Path, n_shards:
     """A suite whose contexts are the rows of ``tokens`` (each its own source cluster, stratum ``kld``)."""
     import io
     from dataclasses import asdict
-
-    from harness import PROTOCOL_VERSION
-    from harness.inputs.suite import (
-        SCHEMA,
-        SUITE_JSON,
-        TOKENS_FILE,
-        ContextInfo,
-        load_suite,
-        manifest_sha256,
-        split_shards,
-    )
-    from harness.io.atomic import atomic_write_bytes, atomic_write_json
-    from harness.io.hashing import tokens_sha256
 
     toks = np.ascontiguousarray(tokens, dtype="<u4")
     n, n_ctx = toks.shape
@@ -186,8 +170,6 @@ def check_tokens(kf: KldFile, suite: Suite) -> None:
 def llamacpp_positions(kf: KldFile, suite: Suite, candidate: CaptureStore, head: HeadTensor | None = None,
                        indices: Sequence[int] | None = None) -> LlamaPositions:
     """llama.cpp's per-position values of ``candidate`` (capture store) against the ``.kld`` base."""
-    from harness.llamacpp.stats import LlamaPositions, positions_from_kld
-
     check_tokens(kf, suite)
     idx = list(range(kf.n_chunk)) if indices is None else list(indices)
     parts = []

@@ -30,7 +30,14 @@ from typing import Any
 import numpy as np
 
 from harness.errors import VerificationError
-from harness.io.atomic import atomic_write_files
+from harness.io.atomic import atomic_write_files, dumps_json
+from harness.metrics.bootstrap import MEAN_METHOD, MEAN_METHOD_TEXT, MIN_CLUSTERS, draw_cluster_weights, ratio_intervals
+from harness.metrics.diagnostics import diagnostics_from_totals
+from harness.metrics.histogram import LogHistogram
+from harness.metrics.summary import merge_totals
+from harness.reports.shard import check_finite
+from harness.reports.suite_shape import SuiteShape
+from harness.reports.units import size_text
 
 SCHEMA = "fidelity.aggregate/1"
 QUANTILES = (0.5, 0.9, 0.99, 0.999, 0.9999)
@@ -61,7 +68,6 @@ def check_comparable(reports: Sequence[Any]) -> None:
     """Refuse reports that may not be combined (see the module docstring)."""
     if not reports:
         raise VerificationError("<aggregate>", "reports", "at least one shard report", "none")
-    from harness.reports.shard import check_finite
 
     for r in reports:
         check_finite(r.to_json_dict(), _name(r))
@@ -197,8 +203,6 @@ def bracket(bounds: tuple[float, float], max_kld: float) -> list[float]:
 
 def _cluster_bootstrap(rows: list[dict[str, Any]], n_boot: int, seed: int) -> dict[str, list[float] | None]:
     """Studentized source-cluster bootstrap intervals (None: fewer clusters than the minimum)."""
-    from harness.metrics.bootstrap import draw_cluster_weights, ratio_intervals
-
     clusters = sorted({str(r["cluster"]) for r in rows})
     pos = {c: i for i, c in enumerate(clusters)}
     idx = np.array([pos[str(r["cluster"])] for r in rows], dtype=np.int64)
@@ -229,11 +233,6 @@ def aggregate(reports: Sequence[Any], *, n_shards: int | None = None, suite: Any
     """Combine one candidate's shard reports; ``n_shards`` asks for a complete set. With ``suite``
     (a :class:`~harness.inputs.suite.Suite` or :class:`~harness.reports.suite_shape.SuiteShape`)
     every report is checked against it (:func:`check_against_suite`) and recorded in the result."""
-    from harness.metrics.bootstrap import MEAN_METHOD, MEAN_METHOD_TEXT, MIN_CLUSTERS
-    from harness.metrics.histogram import LogHistogram
-    from harness.metrics.summary import merge_totals
-    from harness.reports.suite_shape import SuiteShape
-
     check_comparable(reports)
     shape = None if suite is None else SuiteShape.of(suite)
     if shape is not None:
@@ -302,8 +301,6 @@ def aggregate(reports: Sequence[Any], *, n_shards: int | None = None, suite: Any
 def _diagnostics(t: Any, n: int, ci: dict[str, list[float] | None]) -> dict[str, Any]:
     """``{"diagnostics": ...}`` from merged totals, with the intervals of the per-context rows; ``{}``
     when a report of the set predates the diagnostics (no partial block)."""
-    from harness.metrics.diagnostics import diagnostics_from_totals
-
     if "diagnostics" not in t or "kld_rev" not in ci:
         return {}
     d = diagnostics_from_totals(t["diagnostics"], n, int(t["top1_count"]))
@@ -372,8 +369,6 @@ def _fmt(x: float) -> str:
 
 
 def _size(b: int | None) -> str:
-    from harness.reports.units import size_text
-
     return size_text(b)
 
 
@@ -409,8 +404,6 @@ def ladder_files(out_dir: Path, rows: Sequence[dict[str, Any]], floor: dict[str,
     ``precision_floor`` (``mean``, ``ci95``, ``dtype``, ``shards``, ``n_positions``, ``definition``).
     ``not_measured``: configured candidates without a report (``candidate``, ``status`` — ``failed``,
     ``skipped`` or ``not run`` — and ``reason``), listed under the table and in ``not_measured``."""
-    from harness.io.atomic import dumps_json
-
     out_dir = Path(out_dir)
     doc: dict[str, Any] = {"schema": "fidelity.ladder/1", "rows": [dict(r) for r in rows],
                            "not_measured": [dict(m) for m in not_measured]}

@@ -27,6 +27,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from harness.engines.hub import hub_origin
+
 #: The metric every candidate's evaluation result reports.
 METRIC_TYPE = "kl_divergence"
 METRIC_NAME = "mean KL divergence vs BF16"
@@ -41,8 +43,6 @@ INTERVAL = "95% studentized source-cluster bootstrap"
 def card_info(config: Any) -> dict[str, Any]:
     """What the card needs from the configuration (recorded in ``results.json`` as ``card``, so ``fidelity
     verify`` re-renders the card without it): ``base_model``, ``license`` and the reference's name."""
-    from harness.engines.hub import hub_origin
-
     card = getattr(config, "card", None)
     base = getattr(card, "base_model", None)
     ref_model = None if config is None else config.reference.model

@@ -32,6 +32,12 @@ from typing import Any
 
 import numpy as np
 
+from harness.errors import FidelityError
+from harness.io.atomic import atomic_write_files, dumps_json
+from harness.metrics import paired
+from harness.metrics.scores import PositionScores
+from harness.reports.numbers import fmt_g
+
 SCHEMA = "fidelity.paired/1"
 VERDICTS = ("equivalent", "A better", "B better", "inconclusive", "not estimable")
 #: Level of each one-sided test of the equivalence (TOST) verdict.
@@ -63,10 +69,6 @@ def paired_report(
     n_boot: int = 10_000,
 ) -> dict[str, Any]:
     """Paired comparison of ``a`` and ``b`` from their :class:`~harness.run.shard.ShardPositions` (same shards, same order)."""
-    from harness.errors import FidelityError
-    from harness.metrics import paired
-    from harness.metrics.scores import PositionScores
-
     for pa, pb in zip(pos_a, pos_b):
         if not (np.array_equal(pa.context_index, pb.context_index) and np.array_equal(pa.row, pb.row)):
             raise FidelityError(f"paired {a} vs {b}: the two candidates were not scored on the same positions")
@@ -124,8 +126,6 @@ def _margin(rep: dict[str, Any]) -> str:
 
 
 def render_paired(rep: dict[str, Any]) -> str:
-    from harness.reports.numbers import fmt_g
-
     a, b = rep["a"], rep["b"]
     bs = rep["bootstrap"]
     lines = [
@@ -154,8 +154,6 @@ def render_paired(rep: dict[str, Any]) -> str:
 
 def write_paired(out_dir: str | Path, rep: dict[str, Any]) -> tuple[Path, Path]:
     """Write ``<out>/paired/<a>-vs-<b>.json`` and ``.md`` atomically."""
-    from harness.io.atomic import atomic_write_files, dumps_json
-
     base = Path(out_dir) / "paired" / pair_id(rep["a"], rep["b"])
     atomic_write_files({base.with_suffix(".json"): dumps_json(rep), base.with_suffix(".md"): render_paired(rep)})  # both or neither
     return base.with_suffix(".json"), base.with_suffix(".md")

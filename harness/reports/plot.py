@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.io.atomic import atomic_write_bytes
+from harness.reports.units import GIB, axis_unit
 
 _PNG_META = {"Software": None}  # no matplotlib version stamp: same figure, same bytes
 
@@ -189,7 +190,6 @@ def kld_vs_size_figure(points: Sequence[Mapping[str, Any]],
     plt = _plt()
     fig, (ax, rel) = plt.subplots(2, 1, figsize=(8, 8), gridspec_kw={"height_ratios": [3.0, 1.35]})
     pts = [p for p in points if p.get("size_gib") is not None and p["mean_kld"] > 0]
-    from harness.reports.units import GIB, axis_unit
 
     divisor, unit = axis_unit(max((p["size_gib"] * GIB for p in pts), default=GIB))
     scale = GIB / divisor  # the points carry GiB

@@ -31,10 +31,22 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from harness import PROTOCOL_VERSION
 from harness.errors import FidelityError, VerificationError
-from harness.io.atomic import atomic_write_text
-from harness.io.schema import MapOf, Nullable
+from harness.gate.adaptive import check_adaptive
+from harness.gate.baselines import Baseline, baseline_path, headline_of
+from harness.inputs.suite import Suite
+from harness.io.atomic import atomic_write_files, atomic_write_text, dumps_json, staged_directory
+from harness.io.jsonio import read_json
+from harness.io.schema import MapOf, Nullable, check
+from harness.reports.aggregate import aggregate, format_ladder, ladder_files, ladder_rows
+from harness.reports.card import card_info, render_card, split_card
+from harness.reports.diagnostics import diagnostics_lines
 from harness.reports.numbers import fmt_opt
+from harness.reports.plot import pareto_front, plot_ccdf, plot_kld_vs_size
+from harness.reports.shard import ShardReport, report_shard
+from harness.reports.suite_shape import SuiteShape
+from harness.reports.units import size_text
 
 SCHEMA_RESULTS = "fidelity.results/1"
 CHECKSUMS = "checksums.txt"
@@ -59,8 +71,6 @@ def find_shard_reports(paths: Iterable[str | Path]) -> list[Path]:
 
 def load_reports(paths: Iterable[str | Path]) -> dict[str, list[Any]]:
     """Shard reports grouped per candidate (each report remembers its file as ``source``)."""
-    from harness.reports.shard import ShardReport
-
     groups: dict[str, list[Any]] = {}
     for f in find_shard_reports(paths):
         r = ShardReport.load(f)
@@ -72,17 +82,12 @@ def load_reports(paths: Iterable[str | Path]) -> dict[str, list[Any]]:
 def aggregate_groups(groups: dict[str, list[Any]], *, n_shards: int | None = None, suite: Any = None) -> dict[str, dict[str, Any]]:
     """Aggregate each candidate's reports (fail closed); ``suite`` checks every report against the
     suite (hash, shard index and hash, contexts; :func:`harness.reports.aggregate.check_against_suite`)."""
-    from harness.reports.aggregate import aggregate
-
     return {name: aggregate(reports, n_shards=n_shards, suite=suite) for name, reports in groups.items()}
 
 
 def write_aggregates(out_dir: str | Path, groups: dict[str, list[Any]], aggs: dict[str, dict[str, Any]], *,
                      suite: Any = None) -> list[Path]:
     """``<out>/<candidate>/aggregate.json`` per candidate plus ``ladder.md``/``ladder.json``, as one unit."""
-    from harness.io.atomic import atomic_write_files, dumps_json
-    from harness.reports.aggregate import ladder_files, ladder_rows
-
     out = Path(out_dir)
     files: dict[Path, str] = {out / name / "aggregate.json": dumps_json(agg) for name, agg in aggs.items()}
     files.update(ladder_files(out, ladder_rows([r for g in groups.values() for r in g], suite=suite)))
@@ -100,9 +105,6 @@ PAIRED_SCHEMA = {"a": str, "b": str, "verdict_named": str, "margin": float,
 
 
 def _read_json(path: Path, schema: Any = object) -> Any:
-    from harness.io.jsonio import read_json
-    from harness.io.schema import check
-
     if not path.is_file():
         return None
     doc = read_json(path)
@@ -111,15 +113,11 @@ def _read_json(path: Path, schema: Any = object) -> Any:
 
 
 def _context_rows(groups: dict[str, list[Any]]) -> dict[str, dict[int, list[dict[str, Any]]]]:
-    from harness.reports.shard import report_shard
-
     return {name: {report_shard(r): list(r.metrics["contexts"]) for r in reps} for name, reps in groups.items()}
 
 
 def _read_adaptive(path: Path, groups: dict[str, list[Any]]) -> Any:
     """A run's ``adaptive.json`` (None when absent), checked against its schema and the shard reports."""
-    from harness.gate.adaptive import check_adaptive
-
     doc = _read_json(path)
     if doc is not None:
         check_adaptive(doc, path, _context_rows(groups))
@@ -129,8 +127,6 @@ def _read_adaptive(path: Path, groups: dict[str, list[Any]]) -> Any:
 # ------------------------------------------------------------------ the publishable set
 def size_points(aggs: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     """Points of the KLD-versus-size plot, with the Pareto flag (smaller and closer than all others)."""
-    from harness.reports.plot import pareto_front
-
     pts = []
     for name, a in aggs.items():
         size = a["comparability"]["candidate"].get("size_bytes")
@@ -146,7 +142,6 @@ def page_size(size: int | None) -> str:
     """A candidate page's on-disk size: ``1.771 MiB (1856707 bytes)`` (unit as in :mod:`harness.reports.units`)."""
     if not size:
         return "—"
-    from harness.reports.units import size_text
 
     return f"{size_text(size, 3)} ({size} bytes)"
 
@@ -223,8 +218,6 @@ def render_candidate(name: str, agg: dict[str, Any], shards: Sequence[Any], tail
         lines.append("")
     lines += ["Exceedance counts (exact): " + ", ".join(f"KLD > {t}: {c}" for t, c in agg["exceedance"].items()) + ".", ""]
     if "diagnostics" in agg:
-        from harness.reports.diagnostics import diagnostics_lines
-
         lines += diagnostics_lines(agg["diagnostics"])
     if window:
         lines += ["## Scoring-window control", "", f"Verdict: {window['verdict']}.", "", "| score_from | mean KLD | change |", "|---|---|---|"]
@@ -347,9 +340,6 @@ def verify_set(root: str | Path) -> list[str]:
 def derive_verdicts(groups: dict[str, list[Any]], baselines: dict[str, Any]) -> dict[tuple[str, int], bool]:
     """Each report's verdict recomputed from its numbers and its candidate's baseline
     (:class:`~harness.gate.baselines.Baseline`); candidates without a baseline get none."""
-    from harness.gate.baselines import headline_of
-    from harness.reports.shard import report_shard
-
     out: dict[tuple[str, int], bool] = {}
     for name, reports in groups.items():
         base = baselines.get(name)
@@ -364,11 +354,6 @@ def _render_set(groups: dict[str, list[Any]], suite: Any, baselines: dict[str, A
                 repro: dict[str, Any] | None, n_shards: int | None = None, card: dict[str, Any] | None = None) -> dict[str, Any]:
     """Every derived file of a published set (but the plot and checksums), from the shard reports,
     the suite and the baselines alone: ``publish`` writes these and ``verify`` re-derives them."""
-    from harness import PROTOCOL_VERSION
-    from harness.io.atomic import dumps_json
-    from harness.reports.aggregate import format_ladder, ladder_rows
-    from harness.reports.suite_shape import SuiteShape
-
     shape = SuiteShape.of(suite)
     aggs = aggregate_groups(groups, n_shards=n_shards, suite=shape)
     verdicts = derive_verdicts(groups, baselines)
@@ -402,7 +387,6 @@ def _render_set(groups: dict[str, list[Any]], suite: Any, baselines: dict[str, A
         mine = [p for p in pairs if name in (p["a"], p["b"])]
         files[f"{name}/report.md"] = render_candidate(name, agg, groups[name], tails.get(name), window, mine, repro)
     windows = sorted({a["score_from"] for a in aggs.values()})
-    from harness.reports.card import render_card
 
     details = README.format(protocol=PROTOCOL_VERSION, windows=", ".join(map(str, windows)),
                             candidates=", ".join(f"`{n}`" for n in aggs))
@@ -421,16 +405,10 @@ def publish(reports_dir: str | Path, out_dir: str | Path, *, config: Any = None,
     ``config.baselines``); the run's own ``ladder.json`` is never trusted. The set is built in a
     staging folder and moved into place whole.
     """
-    from harness.gate.baselines import Baseline, baseline_path
-    from harness.io.atomic import staged_directory
-    from harness.reports.plot import plot_kld_vs_size
-
     reports_dir, out = Path(reports_dir), Path(out_dir)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise FidelityError(f"{out}: output folder exists and is not empty (a published set is written whole)")
     if suite is None and config is not None:
-        from harness.inputs.suite import Suite
-
         suite = Suite.load(config.suite, verify=True)
     if suite is None:
         raise FidelityError(f"{reports_dir}: publish needs the suite the reports belong to: pass --suite DIR or --config fidelity.toml")
@@ -451,18 +429,14 @@ def publish(reports_dir: str | Path, out_dir: str | Path, *, config: Any = None,
         "paired": [_read_json(p, PAIRED_SCHEMA) for p in sorted((reports_dir / "paired").glob("*.json"))]
         if (reports_dir / "paired").is_dir() else [],
     }
-    from harness.reports.card import card_info
 
     derived = _render_set(groups, suite, baselines, extras, reproduction_info(config, groups), n_shards=n_shards,
                           card=card_info(config) if config is not None else None)
     with staged_directory(out) as stage:
-        from harness.io.atomic import atomic_write_files
-
         atomic_write_files({stage / rel: text for rel, text in derived["files"].items()})
         palette = None if config is None else [c.name for c in config.candidates]  # colours as in tails.png
         plot_kld_vs_size(derived["points"], stage / "kld-vs-size.png", palette)
         if extras["tails"]:  # the card embeds it (colours as in the run's tails.png)
-            from harness.reports.plot import plot_ccdf
 
             plot_ccdf({n: t["ccdf"] for n, t in sorted(extras["tails"].items())}, stage / "tails.png", palette)
         write_checksums(stage)
@@ -501,11 +475,6 @@ def rederive_set(root: str | Path) -> list[str]:
     """Problems found by re-deriving a published set from the shard reports it holds: the
     aggregates, verdicts, ladder, plot points and pages must follow from the per-shard reports,
     the recorded suite and the recorded baselines. Each problem names the file and the figure."""
-    from harness.gate.baselines import Baseline
-    from harness.io.jsonio import read_json
-    from harness.reports.shard import ShardReport
-    from harness.reports.suite_shape import SuiteShape
-
     root = Path(root)
     rp = root / "results.json"
     try:
@@ -531,8 +500,6 @@ def rederive_set(root: str | Path) -> list[str]:
         extras = {"tails": {n: c.get("tails") for n, c in cands.items() if c.get("tails")}, "window": res.get("window"),
                   "paired": res.get("paired") or [], "adaptive": res.get("adaptive")}
         if extras["adaptive"] is not None:
-            from harness.gate.adaptive import check_adaptive
-
             check_adaptive(extras["adaptive"], f"{rp}: adaptive", _context_rows(groups))
         required = res.get("n_shards_required")
         if required is not None and (isinstance(required, bool) or not isinstance(required, int)):
@@ -553,7 +520,6 @@ def rederive_set(root: str | Path) -> list[str]:
             problems.append(f"{path}: missing (re-derived from the shard reports)")
             continue
         if rel == "README.md":  # a model card: its metadata compared as data, its body as text
-            from harness.reports.card import split_card
 
             (want_meta, text), (got_meta, found) = split_card(text), split_card(path.read_text(encoding="utf-8"))
             diff = _first_numeric_difference(want_meta, got_meta, "metadata")

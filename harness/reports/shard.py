@@ -26,9 +26,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
+from harness import PROTOCOL_VERSION, __version__
 from harness.errors import VerificationError
 from harness.io.atomic import atomic_write_files, dumps_json
-from harness.io.schema import MapOf, Nullable, Optional
+from harness.io.jsonio import read_json
+from harness.io.schema import MapOf, Nullable, Optional, check
+from harness.reports.diagnostics import diagnostics_lines
 from harness.reports.numbers import fmt_interval as _interval
 from harness.reports.numbers import fmt_value as _g
 
@@ -75,8 +78,6 @@ def make_comparability(
 
     ``custody``: the published digests of a dataset read in another layout (:mod:`harness.interchange`),
     kept as ``custody`` so the report names the exact files it was verified against; absent otherwise."""
-    from harness import PROTOCOL_VERSION, __version__
-
     extra = {} if custody is None else {"custody": custody}
     return {**extra,
         "protocol_version": PROTOCOL_VERSION,
@@ -188,8 +189,6 @@ class ShardReport:
 
     @classmethod
     def load(cls, path: str | Path) -> ShardReport:
-        from harness.io.jsonio import read_json
-
         path = Path(path)
         d = read_json(path)
         return cls.from_json_dict(d, path)
@@ -237,8 +236,6 @@ METRICS_SCHEMA = {
 
 def _check_types(d: dict[str, Any], path: str | Path) -> None:
     """Types of the fields that consumers (aggregate, ladder, gate) read, so they never crash on a bad file."""
-    from harness.io.schema import check
-
     comp, m = d["comparability"], d["metrics"]
     if not isinstance(d["candidate"], str):
         raise VerificationError(path, "candidate", "a string", type(d["candidate"]).__name__)
@@ -314,8 +311,6 @@ def render_markdown(r: ShardReport) -> str:
         "",
     ]
     if "diagnostics" in m:
-        from harness.reports.diagnostics import diagnostics_lines
-
         lines += diagnostics_lines(m["diagnostics"])
     if "exceedance" in m:
         lines += ["| KLD > | " + " | ".join(m["exceedance"]) + " |", "|---" * (len(m["exceedance"]) + 1) + "|"]

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.errors import VerificationError
+from harness.io.jsonio import get_int, get_list, get_str
 
 
 @dataclass(frozen=True)
@@ -58,8 +59,6 @@ class SuiteShape:
     @classmethod
     def from_json(cls, d: Any, path: str | Path) -> SuiteShape:
         """Parse a recorded ``"suite"`` block; a malformed one is refused naming ``path``."""
-        from harness.io.jsonio import get_int, get_list, get_str
-
         if not isinstance(d, dict):
             raise VerificationError(path, "suite", "an object (path, suite_token_sha256, n_ctx, shards)", type(d).__name__)
         shards = []

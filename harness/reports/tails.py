@@ -28,10 +28,13 @@ from typing import Any
 
 import numpy as np
 
+from harness.gate.baselines import load_baseline_or_none
+from harness.io.atomic import atomic_write_files, dumps_json
 from harness.metrics.histogram import EDGES, LogHistogram, exceedance_counts
 from harness.metrics.positions import layout
 from harness.metrics.tails import cvar, quantile
 from harness.reports.numbers import fmt_g
+from harness.reports.plot import render_ccdf
 
 SCHEMA = "fidelity.tails/1"
 PERCENTILES = (("p50", 0.5), ("p90", 0.9), ("p99", 0.99), ("p99.9", 0.999))
@@ -125,8 +128,6 @@ def check_tails(rep: dict[str, Any], max_p99: float | None = None) -> list[str]:
 
 def baseline_max_p99(baselines_dir: Any, candidate: str, shards: Sequence[int]) -> float | None:
     """The largest ``max_p99`` that applies to any of ``shards`` in the candidate's baseline (None: none)."""
-    from harness.gate.baselines import load_baseline_or_none
-
     b = load_baseline_or_none(baselines_dir, candidate)
     if b is None:
         return None
@@ -166,9 +167,6 @@ def write_tails(out_dir: Any, reports: Sequence[dict[str, Any]], palette_names: 
     """Write ``tails.json``, ``tails.md`` and ``tails.png`` (colours: :func:`harness.reports.plot.candidate_colors`
     with ``palette_names``) into ``out_dir``; returns the paths."""
     from pathlib import Path
-
-    from harness.io.atomic import atomic_write_files, dumps_json
-    from harness.reports.plot import render_ccdf
 
     out = Path(out_dir)
     reps = sorted(reports, key=lambda r: r["candidate"])

@@ -39,6 +39,12 @@ from typing import Any
 
 import numpy as np
 
+from harness.io.atomic import atomic_write_files, dumps_json
+from harness.metrics.bootstrap import DEFAULT_SEED, draw_cluster_weights, ratio_interval, ratio_replicates
+from harness.metrics.positions import layout
+from harness.metrics.scores import PositionScores
+from harness.reports.numbers import fmt_g
+
 SCHEMA = "fidelity.window/1"
 WINDOWS = (0, 64, "half")
 
@@ -65,14 +71,6 @@ def window_summary(positions: Sequence[Any], k: int, *, n_boot: int, seed: int |
     """Mean KLD, 95% source-cluster interval and counts of one candidate's positions at window ``k``.
 
     ``positions``: :class:`harness.run.shard.ShardPositions` of the selected shards."""
-    from harness.metrics.bootstrap import (
-        DEFAULT_SEED,
-        draw_cluster_weights,
-        ratio_interval,
-    )
-    from harness.metrics.positions import layout
-    from harness.metrics.scores import PositionScores
-
     scores = PositionScores.concat([p.scores for p in positions])
     ctx = np.concatenate([p.context_index for p in positions])
     row = np.concatenate([p.row for p in positions])
@@ -97,8 +95,6 @@ def window_summary(positions: Sequence[Any], k: int, *, n_boot: int, seed: int |
 def paired_difference(sa: Mapping[str, Any], sb: Mapping[str, Any]) -> list[float] | None:
     """95% interval of mean KLD ``a - b`` from two :func:`window_summary` of the same positions
     (shared cluster draws; None when not estimable)."""
-    from harness.metrics.bootstrap import draw_cluster_weights, ratio_interval
-
     ca, cb = sa["clusters"], sb["clusters"]
     if ca["names"] != cb["names"] or ca["positions"] != cb["positions"]:
         raise ValueError("window summaries: the two candidates were not summarized on the same positions")
@@ -115,8 +111,6 @@ MAX_REVERSAL = 10.0
 
 def _paired_draws(sa: Mapping[str, Any], sb: Mapping[str, Any]) -> tuple[float, np.ndarray, list[float] | None]:
     """Observed mean-KLD difference ``a - b``, its centered bootstrap replicates and its 95% interval."""
-    from harness.metrics.bootstrap import draw_cluster_weights, ratio_interval, ratio_replicates
-
     ca, cb = sa["clusters"], sb["clusters"]
     counts = np.asarray(ca["positions"], dtype=np.float64)
     diff = np.asarray(ca["sum_kld"], dtype=np.float64) - np.asarray(cb["sum_kld"], dtype=np.float64)
@@ -230,8 +224,6 @@ def flip_message(k: int, base: int, flips: Sequence[Sequence[str]]) -> str:
 
 def render_window(cmp: Mapping[str, Any], notes: Sequence[str] = ()) -> str:
     """``window.md``: per window, each candidate's mean KLD, interval, positions and relative change."""
-    from harness.reports.numbers import fmt_g
-
     lines = ["# Scoring-window control", "", f"**Verdict: {cmp['verdict']}.**", "",
              f"Base window score_from={cmp['base_window']}; the same scored positions are summarized again "
              "from row k (no recapture). A flip fails when the paired (shared-draws) 95% interval of the two "
@@ -284,8 +276,6 @@ def merge_window_payloads(payloads: Sequence[Mapping[str, Any]]) -> tuple[int, d
 def write_window(out_dir: Any, payloads: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """Write ``window.json`` and ``window.md``; returns the comparison."""
     from pathlib import Path
-
-    from harness.io.atomic import atomic_write_files, dumps_json
 
     base, by_window, notes = merge_window_payloads(payloads)
     cmp = compare_windows(base, by_window)
