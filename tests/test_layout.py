@@ -47,6 +47,7 @@ RANKS: dict[str, int] = {
     "llamacpp": 7,
     "reports": 8,
     "interchange": 9,
+    "allocation": 9,
     "dataset": 10,
     "run": 11,
     "cli": 12,

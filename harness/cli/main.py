@@ -18,7 +18,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from harness.cli import attribute, bench, dataset, diagnose, inputs, kld, ladder, plan, reports
+from harness.cli import allocate, attribute, bench, dataset, diagnose, inputs, kld, ladder, plan, reports
 from harness.cli.registry import formatter
 from harness.errors import FidelityError, VerificationError
 
@@ -51,7 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"fidelity {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for module in (inputs, reports, bench, kld, attribute, diagnose, plan, dataset, ladder):
+    for module in (inputs, reports, bench, kld, attribute, allocate, diagnose, plan, dataset, ladder):
         for add in module.COMMANDS:
             add(sub)
     return parser

@@ -20,8 +20,14 @@ CONFIG_FILE = "config.json"
 REQUIRED_FILES = (CONFIG_FILE, QUANT_FILE, WEIGHTS_FILE)
 CODE_KINDS = ("int", "int_asym", "fp8_e4m3", "e2m1")
 _IDENTITY_KEYS = ("method", "bits", "group_size", "library", "simulated", "code_kind", "layers")
-#: Optional recipe fields carried into the identity when present (e.g. the seed of stochastic rounding).
-_OPTIONAL_IDENTITY_KEYS = ("seed",)
+#: Optional recipe fields carried into the identity when present (e.g. the seed of stochastic rounding, the
+#: per-layer schemes of a mixed layout).
+_OPTIONAL_IDENTITY_KEYS = ("seed", "layer_schemes")
+#: ``layer_schemes`` (optional): ``{layer: {"bits": b, "group_size": g}}`` for layers of ``layers`` quantized with
+#: another bit width and/or group size than the top-level ``bits`` / ``group_size`` (same ``code_kind``; group
+#: ``None`` = one scale per output row). A file without it is a uniform layout, as before.
+LAYER_SCHEMES = "layer_schemes"
+_MAX_BITS = 8
 
 
 def is_quantized_checkpoint(model_dir: Path) -> bool:
@@ -47,7 +53,34 @@ def read_quant(model_dir: Path) -> dict[str, Any]:
             raise VerificationError(model_dir / QUANT_FILE, f"missing key {key!r}", key, sorted(q))
     if q["code_kind"] not in CODE_KINDS:
         raise VerificationError(model_dir / QUANT_FILE, "unknown code_kind", CODE_KINDS, q["code_kind"])
+    _check_layer_schemes(model_dir / QUANT_FILE, q)
     return q
+
+
+def _check_layer_schemes(path: Path, q: dict[str, Any]) -> None:
+    schemes = q.get(LAYER_SCHEMES)
+    if schemes is None:
+        return
+    if not isinstance(schemes, dict):
+        raise VerificationError(path, LAYER_SCHEMES, "an object {layer: {bits, group_size}}", type(schemes).__name__)
+    layers = set(q["layers"])
+    for name, sc in schemes.items():
+        if name not in layers:
+            raise VerificationError(path, f"{LAYER_SCHEMES}: layer {name!r}", "a layer listed in 'layers'", "absent there")
+        if not isinstance(sc, dict) or set(sc) != {"bits", "group_size"}:
+            raise VerificationError(path, f"{LAYER_SCHEMES}[{name!r}]", "keys bits, group_size",
+                                    sorted(sc) if isinstance(sc, dict) else type(sc).__name__)
+        bits, group = sc["bits"], sc["group_size"]
+        if type(bits) is not int or not 2 <= bits <= _MAX_BITS:
+            raise VerificationError(path, f"{LAYER_SCHEMES}[{name!r}].bits", f"an integer in [2, {_MAX_BITS}]", bits)
+        if group is not None and (type(group) is not int or group <= 0):
+            raise VerificationError(path, f"{LAYER_SCHEMES}[{name!r}].group_size", "a positive integer or null", group)
+
+
+def layer_recipe(q: dict[str, Any], layer: str) -> dict[str, Any]:
+    """The recipe one layer is quantized with: the top-level recipe, with its ``layer_schemes`` entry applied."""
+    sc = (q.get(LAYER_SCHEMES) or {}).get(layer)
+    return q if sc is None else {**q, "bits": sc["bits"], "group_size": sc["group_size"]}
 
 
 def quantization_identity(model_dir: Path, hashes: Mapping[str, str] | None = None) -> dict[str, Any]:

@@ -10,6 +10,9 @@ A quantized checkpoint is a folder with ``config.json``, ``quantization.json`` a
 * ``<p>.zeros`` bf16 ``[out, in // group]`` (asymmetric methods only),
 * ``<p>.global_scale`` float32 ``[1]`` (nvfp4 only);
 
+``bits`` and the group are the recipe's, or the layer's entry of ``layer_schemes`` in a mixed layout
+(:func:`harness.engines.quantization.layer_recipe`);
+
 every other tensor (embeddings, norms) is stored as is, in bf16. The dequantized
 weight is ``(value(code) - zero) * scale * global_scale``, computed exactly in
 float64 (every product is representable in float32) and rounded once to ``dtype``.
@@ -30,7 +33,7 @@ import numpy as np
 import torch
 from safetensors import safe_open
 
-from harness.engines.quantization import QUANT_FILE, WEIGHTS_FILE, read_quant
+from harness.engines.quantization import QUANT_FILE, WEIGHTS_FILE, layer_recipe, read_quant
 from harness.errors import VerificationError
 
 
@@ -174,7 +177,7 @@ def load_quantized(
         key = prefix + ".weight"
         if key not in expected:
             raise VerificationError(model_dir / QUANT_FILE, "layer not in model", "a linear of config.json", prefix)
-        w = dequantize_layer(wpath, tensors, prefix, expected[key], q)
+        w = dequantize_layer(wpath, tensors, prefix, expected[key], layer_recipe(q, prefix))
         state[key] = torch.from_numpy(w).to(torch.float32).to(dtype)
     suffixes = (".qweight", ".scales", ".zeros", ".global_scale")
     for key, t in tensors.items():

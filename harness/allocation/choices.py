@@ -1,0 +1,111 @@
+"""The choices a layout search picks from, and the tensor groups it assigns them to.
+
+A *unit* is one quantized weight (a linear module of the reference model, named by its module path,
+``model.layers.0.self_attn.q_proj``). A *group* is a set of units that always get the same choice; the
+groupings (:func:`make_groups`):
+
+* ``module`` -- one group per unit;
+* ``block`` -- per decoder layer, its attention projections (``layer 0 attn``: q/k/v/o) and its MLP
+  (``layer 0 mlp``: gate/up/down);
+* ``layer`` -- per decoder layer, every unit in it.
+
+A *choice* is one quantization of a unit, named as the family spells it:
+
+* the project's own format (``family = "project"``): symmetric round-to-nearest integers, ``int<b>_g<g>``
+  (``b`` bits, one bf16 scale per ``g`` consecutive inputs of a row) or ``int<b>`` (one scale per row);
+  the codes and scales of :mod:`harness.engines.quantized`;
+* GGUF (``family = "gguf"``): a ggml tensor type that llama.cpp quantizes to (``Q4_0``, ``Q5_0``, ``Q8_0``, ...).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from harness.errors import FidelityError
+
+FAMILIES = ("project", "gguf")
+GROUPINGS = ("module", "block", "layer")
+#: The linear modules of a decoder layer that a layout quantizes, attention first.
+ATTN = ("q_proj", "k_proj", "v_proj", "o_proj")
+MLP = ("gate_proj", "up_proj", "down_proj")
+LINEARS = ATTN + MLP
+_PROJECT_RE = re.compile(r"^int([2-8])(?:_g(\d+))?$")
+_LAYER_RE = re.compile(r"(?:^|\.)layers\.(\d+)\.")
+#: ggml types a GGUF layout may choose (block-32 types: they fit rows of any multiple of 32).
+GGUF_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0")
+
+
+@dataclass(frozen=True)
+class ProjectScheme:
+    """One choice of the project's format: ``bits`` and ``group_size`` (None: one scale per row)."""
+
+    bits: int
+    group_size: int | None
+
+    @property
+    def name(self) -> str:
+        return f"int{self.bits}" + (f"_g{self.group_size}" if self.group_size else "")
+
+
+def parse_project(name: str) -> ProjectScheme:
+    """``int4_g32`` -> ProjectScheme(4, 32); ``int8`` -> ProjectScheme(8, None)."""
+    m = _PROJECT_RE.match(name.strip())
+    if not m:
+        raise FidelityError(f"choice {name!r}: expected int<bits>_g<group> or int<bits> (bits 2..8), e.g. int4_g32")
+    group = int(m.group(2)) if m.group(2) else None
+    if group is not None and group <= 0:
+        raise FidelityError(f"choice {name!r}: the group size must be positive")
+    return ProjectScheme(int(m.group(1)), group)
+
+
+def parse_choices(family: str, text: str | Sequence[str]) -> list[str]:
+    """The family's choices, validated, in the order given (``"int3_g32,int4_g32,int8"``)."""
+    items = [x.strip() for x in (text.split(",") if isinstance(text, str) else text) if x.strip()]
+    if family not in FAMILIES:
+        raise FidelityError(f"family {family!r}: expected one of {', '.join(FAMILIES)}")
+    if len(items) < 2 or len(set(items)) != len(items):
+        raise FidelityError(f"choices {items}: expected two or more distinct choices")
+    if family == "project":
+        return [parse_project(x).name for x in items]
+    bad = [x for x in items if x.upper() not in GGUF_TYPES]
+    if bad:
+        raise FidelityError(f"GGUF choices {bad}: expected ggml types among {', '.join(GGUF_TYPES)}")
+    return [x.upper() for x in items]
+
+
+@dataclass(frozen=True)
+class Group:
+    """A set of units that get one choice: ``name`` and the unit (module) paths, sorted."""
+
+    name: str
+    units: tuple[str, ...]
+
+
+def layer_of(unit: str) -> int:
+    m = _LAYER_RE.search(unit + ".")
+    if not m:
+        raise FidelityError(f"unit {unit!r} is not in a decoder layer (model.layers.N....)")
+    return int(m.group(1))
+
+
+def make_groups(units: Sequence[str], grouping: str) -> list[Group]:
+    """The groups of ``grouping`` (module docstring), in layer order; every unit in exactly one group."""
+    if grouping not in GROUPINGS:
+        raise FidelityError(f"grouping {grouping!r}: expected one of {', '.join(GROUPINGS)}")
+    named: dict[str, list[str]] = {}
+    order: dict[str, tuple[int, int, str]] = {}
+    for u in units:
+        kind = u.rsplit(".", 1)[-1]
+        layer = layer_of(u)
+        if grouping == "module":
+            key, pos = u, LINEARS.index(kind) if kind in LINEARS else len(LINEARS)
+        elif grouping == "block":
+            block = "attn" if kind in ATTN else "mlp"
+            key, pos = f"layer {layer} {block}", 0 if block == "attn" else 1
+        else:
+            key, pos = f"layer {layer}", 0
+        named.setdefault(key, []).append(u)
+        order[key] = (layer, pos, key)
+    return [Group(k, tuple(sorted(v))) for k, v in sorted(named.items(), key=lambda kv: order[kv[0]])]

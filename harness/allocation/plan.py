@@ -1,0 +1,212 @@
+"""``fidelity allocate``: measure per-group effects, solve the knapsack for each budget, predict, check additivity.
+
+Inputs: the reference model, a family of choices (:mod:`harness.allocation.family`), a grouping
+(:func:`harness.allocation.choices.make_groups`), a base layout, the suite's shards to measure on, and budgets.
+
+**Effects** (``effects = "measured"``, the default): every (group, choice) that changes the base is measured in
+process (:mod:`harness.allocation.measure`): ``Δ(g, c)`` with the others at the base, paired with the base. With
+``effects = "proxy"`` the knapsack uses the per-module teacher-forced error instead
+(:mod:`harness.allocation.proxy`), scaled to nats by one factor ``k = KLD(base) / Σ_u e(u, base_u)`` (the
+base's measured KLD over its proxy energy); the measured effects are still taken, to state the proxy's rank
+agreement with them and to report what the proxy's layout really does.
+
+**Additivity assumption.** The predicted mean KLD of a layout ``L`` is ``KLD(base) + Σ_g Δ(g, L_g)``: each group's
+effect measured alone is taken to hold whatever the other groups hold. The knapsack (:mod:`harness.allocation.knapsack`)
+minimises that sum under the budget. The assumption is then measured: each proposed layout is scored in the
+same process, and ``interaction = KLD(L) − predicted`` is reported with its paired interval (zero: the effects
+add up; positive: errors compound; negative: they overlap).
+
+**Budgets**: a number of bytes, ``base`` (the base layout's bytes) or a choice's name (the bytes of the layout
+with every unit at that choice). Bytes are the stored tensor bytes (:func:`harness.allocation.family.layout_bytes`).
+
+Nothing is built or written here: :mod:`harness.allocation.outputs` writes the layouts in the formats people
+quantize with, and :mod:`harness.run.allocation_check` builds them and scores them as ordinary candidates.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from harness.allocation.choices import Group, make_groups
+from harness.allocation.family import Family, layout_bytes
+from harness.allocation.knapsack import solve
+from harness.allocation.measure import InProcess, group_variants, with_group
+from harness.allocation.proxy import group_proxy, rank_agreement, unit_errors
+from harness.attribution.effects import INTERVAL_METHOD, INTERVAL_METHOD_TEXT, PairedMeans
+from harness.errors import FidelityError
+
+SCHEMA = "fidelity.allocation/1"
+EFFECTS = ("measured", "proxy")
+ADDITIVITY = ("predicted KLD(L) = KLD(base) + Σ_g Δ(g, L_g), each Δ measured with every other group at the base "
+              "layout; checked by measuring each proposed layout (interaction = measured − predicted)")
+
+
+@dataclass(frozen=True)
+class AllocationRequest:
+    """What to allocate: the family's choices over groups of units, measured on ``shards`` of the suite."""
+
+    reference: Path
+    suite: Path
+    family: Family
+    base: str
+    budgets: tuple[str, ...]
+    grouping: str = "block"
+    shards: str | None = "0"
+    effects: str = "measured"
+    proxy_contexts: int = 4
+    n_boot: int = 10_000
+    seed: int = 20240601
+    device: str = "cpu"
+    progress: bool = True
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def resolve_budget(spec: str, family: Family, base: dict[str, str]) -> tuple[int, str]:
+    """``(bytes, what it is)`` of one budget (module docstring)."""
+    s = spec.strip()
+    if s.isdigit():
+        return int(s), f"{int(s)} bytes"
+    if s == "base":
+        return layout_bytes(family, base), "the base layout's bytes"
+    key = s.upper() if family.name == "gguf" else s
+    if key not in family.choices:
+        raise FidelityError(f"budget {spec!r}: expected a number of bytes, 'base' or one of the choices "
+                            f"({', '.join(family.choices)})")
+    return layout_bytes(family, {u: key for u in family.units}), f"the bytes of uniform {key}"
+
+
+def _estimate(pm: PairedMeans, per_context: np.ndarray, nonnegative: bool = False) -> dict[str, Any]:
+    e = pm.estimate(per_context, nonnegative=nonnegative)
+    ci = e["ci95"]
+    return {**e, "excludes_zero": ci is not None and (ci[0] > 0 or ci[1] < 0)}
+
+
+def allocate(req: AllocationRequest) -> dict[str, Any]:
+    """Run the search (module docstring); returns the JSON-ready result (schema :data:`SCHEMA`)."""
+    from harness.inputs.suite import Suite
+
+    if req.effects not in EFFECTS:
+        raise FidelityError(f"effects {req.effects!r}: expected one of {', '.join(EFFECTS)}")
+    t0 = time.perf_counter()
+    fam = req.family
+    suite = Suite.load(req.suite, verify=True)
+    shards = suite.parse_shards(req.shards)
+    indices = suite.context_indices(shards)
+    tokens = np.asarray(suite.tokens[indices])
+    base = fam.base_layout(req.base)
+    groups: list[Group] = make_groups(fam.units, req.grouping)
+    budgets = [(spec, *resolve_budget(spec, fam, base)) for spec in req.budgets]
+    run = InProcess(req.reference, fam, tokens, device=req.device)
+    positions = np.full(len(indices), suite.n_ctx - 1, dtype=np.int64)
+    pm = PairedMeans([suite.contexts[i].source_cluster for i in indices], positions, n_boot=req.n_boot, seed=req.seed)
+
+    variants = group_variants([(g.name, g.units) for g in groups], base, fam.choices)
+    from tqdm import tqdm
+
+    base_sum = run.score(base)
+    sums: dict[tuple[str, str], np.ndarray] = {}
+    units_of = {g.name: g.units for g in groups}
+    for name, c in tqdm(variants, desc="allocate: effects", unit="variant", disable=not req.progress):
+        sums[(name, c)] = run.score(with_group(base, units_of[name], c))
+    t1 = time.perf_counter()
+    inputs = run.unit_inputs(min(req.proxy_contexts, len(tokens)))
+    errors = unit_errors(fam, inputs, run.original)
+    base_kld = _estimate(pm, base_sum, nonnegative=True)
+
+    effect_rows: list[dict[str, Any]] = []
+    for name, c in variants:
+        units = units_of[name]
+        eff = _estimate(pm, sums[(name, c)] - base_sum)
+        effect_rows.append({"group": name, "choice": c, "delta_kld": eff,
+                            "bytes": sum(fam.unit_bytes(u, c) for u in units),
+                            "base_bytes": sum(fam.unit_bytes(u, base[u]) for u in units),
+                            "proxy": group_proxy(errors, units, base, c)})
+    agreement = rank_agreement([r["proxy"] for r in effect_rows], [r["delta_kld"]["value"] for r in effect_rows])
+    base_energy = sum(errors[u][base[u]] for u in fam.units)
+    scale = base_kld["value"] / base_energy if base_energy > 0 else 0.0
+    by_key = {(r["group"], r["choice"]): r for r in effect_rows}
+
+    proposals = []
+    for spec, budget, what in budgets:
+        costs, values, opts = [], [], []
+        for g in groups:
+            o_costs = [sum(fam.unit_bytes(u, base[u]) for u in g.units)]
+            o_vals = [0.0]
+            o_names = ["base"]
+            for c in fam.choices:
+                r = by_key.get((g.name, c))
+                if r is None:
+                    continue
+                o_costs.append(r["bytes"])
+                o_vals.append(r["delta_kld"]["value"] if req.effects == "measured" else scale * r["proxy"])
+                o_names.append(c)
+            costs.append(o_costs)
+            values.append(o_vals)
+            opts.append(o_names)
+        picks = solve(costs, values, budget - fam.fixed_bytes)
+        layout = dict(base)
+        chosen = {}
+        for g, o_names, k in zip(groups, opts, picks):
+            chosen[g.name] = o_names[k]
+            if o_names[k] != "base":
+                layout = with_group(layout, g.units, o_names[k])
+        measured_keys = [(g.name, chosen[g.name]) for g in groups if chosen[g.name] != "base"]
+        predicted_sum = base_sum + sum((sums[k] - base_sum for k in measured_keys), np.zeros_like(base_sum))
+        layout_sum = run.score(layout)
+        proposals.append({
+            "budget_spec": spec, "budget_bytes": budget, "budget_is": what,
+            "groups": {g.name: (chosen[g.name] if chosen[g.name] != "base" else
+                                _group_base(base, g.units)) for g in groups},
+            "layout": dict(sorted(layout.items())),
+            "predicted_bytes": layout_bytes(fam, layout),
+            "predicted_delta_kld": _estimate(pm, predicted_sum - base_sum),
+            "predicted_kld": _estimate(pm, predicted_sum, nonnegative=True),
+            "objective": float(sum(v[k] for v, k in zip(values, picks))),
+            "in_process_kld": _estimate(pm, layout_sum, nonnegative=True),
+            "interaction": _estimate(pm, layout_sum - predicted_sum),
+        })
+    t2 = time.perf_counter()
+    return {
+        "schema": SCHEMA,
+        "family": fam.name,
+        "choices": list(fam.choices),
+        "reference": str(req.reference),
+        "suite": {"path": str(req.suite), "suite_token_sha256": suite.suite_token_sha256, "shards": shards},
+        "n_contexts": len(indices), "n_clusters": pm.n_clusters, "n_positions": int(pm.n_positions),
+        "grouping": req.grouping,
+        "groups": [{"name": g.name, "units": list(g.units)} for g in groups],
+        "base": {"spec": req.base, "layout": dict(sorted(base.items())), "bytes": layout_bytes(fam, base),
+                 "kld": base_kld},
+        "fixed_bytes": fam.fixed_bytes,
+        "effects_used": req.effects,
+        "proxy": {"definition": "Σ_u ‖X(W_c − W)ᵀ‖² / ‖XWᵀ‖² − (the same at the base choice), X the unit's "
+                                "reference inputs (teacher-forced)", "contexts": min(req.proxy_contexts, len(tokens)),
+                  "scale_nats_per_unit": scale, "rank_agreement": agreement},
+        "additivity": ADDITIVITY,
+        "effects": effect_rows,
+        "proposals": proposals,
+        "bootstrap": {"method": INTERVAL_METHOD, "method_text": INTERVAL_METHOD_TEXT, "level": 0.95,
+                      "n_boot": req.n_boot, "seed": req.seed},
+        "compute": {"device": req.device, "dtype": "float32", "capture": "LM-head input, in-process weight swaps"},
+        "variants_scored": run.variants_scored,
+        "timing": {"effects_s": t1 - t0, "proposals_s": t2 - t1, "total_s": time.perf_counter() - t0},
+        **req.extra,
+    }
+
+
+def _group_base(base: dict[str, str], units: tuple[str, ...]) -> str:
+    kinds = sorted({base[u] for u in units})
+    return kinds[0] if len(kinds) == 1 else "base (" + "/".join(kinds) + ")"
+
+
+def request_from_args(reference: Path, suite: Path, family: Family, base: str, budgets: str, **kw: Any) -> AllocationRequest:
+    """An :class:`AllocationRequest` from command-line text (``budgets`` comma-separated)."""
+    specs = tuple(x.strip() for x in budgets.split(",") if x.strip())
+    if not specs:
+        raise FidelityError("--budget: expected one or more budgets (bytes, 'base' or a choice)")
+    return AllocationRequest(reference=Path(reference), suite=Path(suite), family=family, base=base, budgets=specs, **kw)

@@ -1,0 +1,115 @@
+"""The files of ``fidelity allocate``: ``allocation.json``, ``allocation.md``, each proposal's layout in the
+formats people quantize with, and (after building and scoring) ``kld-vs-size.png``.
+
+Per proposal ``<out>/<proposal>/``: ``layout.json`` ({unit: choice}); for the project family ``recipe.yaml``
+(llm-compressor, :func:`harness.allocation.outputs.llmcompressor_recipe`); for GGUF ``tensor-types.txt``
+(``llama-quantize`` arguments). The built candidates themselves are under ``<out>/check/candidates/``.
+Everything is rendered in memory, then written as one unit.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from harness.io.atomic import atomic_write_files
+
+
+def _g(x: float | None) -> str:
+    if x is None:
+        return "—"
+    return f"{x:.3e}" if x != 0 and (abs(x) < 1e-2 or abs(x) >= 1e4) else f"{x:.4f}"
+
+
+def _ci(d: Mapping[str, Any] | None) -> str:
+    if not d:
+        return "—"
+    ci = d.get("ci95")
+    return f"{_g(d['value'])} [{_g(ci[0])}, {_g(ci[1])}]" if ci else f"{_g(d['value'])} [not estimable]"
+
+
+def render_markdown(r: Mapping[str, Any], check: Mapping[str, Any] | None = None) -> str:
+    """Effects, proxy agreement, proposals with predicted vs measured KLD, and the paired comparisons."""
+    ra = r["proxy"]["rank_agreement"]
+    lines = [
+        f"# Layout search ({r['family']}): {r['reference']}", "",
+        (f"Suite {r['suite']['path']} shards {r['suite']['shards']} ({r['n_positions']} positions, {r['n_contexts']} "
+         f"contexts, {r['n_clusters']} source clusters). Choices: {', '.join(r['choices'])}; grouping "
+         f"`{r['grouping']}` ({len(r['groups'])} groups); base `{r['base']['spec']}`: {r['base']['bytes']} stored bytes, "
+         f"KLD {_ci(r['base']['kld'])} nats (in process). Effects used by the knapsack: **{r['effects_used']}**. "
+         f"Intervals: 95%, {r['bootstrap']['method_text']}."), "",
+        f"Additivity assumption: {r['additivity']}.", "",
+        (f"Proxy ({r['proxy']['definition']}; {r['proxy']['contexts']} contexts) against the measured effects over "
+         f"{ra['n']} (group, choice) pairs: Spearman ρ = {_g(ra['spearman'])}, Kendall τ = {_g(ra['kendall'])}."), "",
+        "## Measured effects (each choice with the other groups at the base, paired with the base)", "",
+        "| group | choice | ΔKLD [95% CI] | bytes | Δbytes vs base | proxy |", "|---|---|---|---|---|---|",
+    ]
+    for e in r["effects"]:
+        lines.append(f"| {e['group']} | {e['choice']} | {_ci(e['delta_kld'])} | {e['bytes']} | "
+                     f"{e['bytes'] - e['base_bytes']:+d} | {_g(e['proxy'])} |")
+    lines += ["", "## Proposals (in process, on the search's shards)", "",
+              "| budget | bytes (budget) | predicted KLD | measured in process | interaction (measured − predicted) | groups |",
+              "|---|---|---|---|---|---|"]
+    for p in r["proposals"]:
+        groups = ", ".join(f"{g}: {c}" for g, c in p["groups"].items())
+        lines.append(f"| {p['budget_spec']} | {p['predicted_bytes']} ({p['budget_bytes']}) | {_ci(p['predicted_kld'])} | "
+                     f"{_ci(p['in_process_kld'])} | {_ci(p['interaction'])} | {groups} |")
+    if check is not None:
+        lines += ["", f"## Built and scored as ordinary candidates ({check['engine']}, shards {check['shards']})", "",
+                  "| candidate | on-disk bytes | predicted KLD | measured KLD [95% CI] | versus | its KLD | paired diff [95% CI] | verdict |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for p in check["proposals"]:
+            c = p.get("comparator")
+            pair = ("| — | — | — | — |" if c is None else
+                    f"| {c['candidate']} ({c['on_disk_bytes']} bytes, ×{c['size_ratio']:.4f}) | {_ci(c['measured_kld'])} | "
+                    f"{_ci({'value': c['paired']['diff'], 'ci95': c['paired']['ci95']})} | {c['paired']['verdict']} |")
+            lines.append(f"| {p['candidate']} | {p['on_disk_bytes']} | {_ci(p['predicted_kld'])} | {_ci(p['measured_kld'])} " + pair)
+        lines += ["", "Every proposal against every uniform layout at least as large (paired, same positions):", "",
+                  "| proposed | versus | bytes (proposed / versus) | diff [95% CI] | verdict |", "|---|---|---|---|---|"]
+        for w in check["pairs"]:
+            lines.append(f"| {w['proposed']} | {w['versus']} | {w['proposed_bytes']} / {w['versus_bytes']} | "
+                         f"{_ci({'value': w['diff'], 'ci95': w['ci95']})} | {w['verdict']} |")
+        lines += ["", "Measured candidates:", "", "| candidate | on-disk bytes | mean KLD [95% CI] |", "|---|---|---|"]
+        for n, c in sorted(check["candidates"].items(), key=lambda kv: kv[1]["on_disk_bytes"]):
+            lines.append(f"| {n} | {c['on_disk_bytes']} | {_ci({'value': c['mean_kld'], 'ci95': c['ci95']})} |")
+    return "\n".join(lines) + "\n"
+
+
+def proposal_files(r: Mapping[str, Any], out: Path, token_embedding_type: str = "Q8_0") -> dict[Path, str]:
+    """Each proposal's layout files (module docstring)."""
+    from harness.allocation.gguf_format import tensor_type_lines
+    from harness.allocation.outputs import llmcompressor_recipe
+
+    files: dict[Path, str] = {}
+    for p in r["proposals"]:
+        folder = out / f"alloc-{p['budget_spec']}"
+        files[folder / "layout.json"] = json.dumps(p["layout"], indent=1, sort_keys=True) + "\n"
+        if r["family"] == "project":
+            files[folder / "recipe.yaml"] = llmcompressor_recipe(p["layout"])
+        else:
+            files[folder / "tensor-types.txt"] = "\n".join(tensor_type_lines(p["layout"], token_embedding_type)) + "\n"
+    return files
+
+
+def write_allocation(r: Mapping[str, Any], out: Path, check: Mapping[str, Any] | None = None) -> list[Path]:
+    """Write ``allocation.json`` (the search, and ``check`` when given), ``allocation.md``, the layout files and the plot."""
+    out = Path(out)
+    doc = {**r, "check": check} if check is not None else dict(r)
+    files: dict[Path, bytes | str] = {out / "allocation.json": json.dumps(doc, indent=1, sort_keys=True, allow_nan=False) + "\n",
+                                      out / "allocation.md": render_markdown(r, check)}
+    files.update(proposal_files(r, out))
+    if check is not None:
+        import io
+
+        from harness.reports.plot import kld_vs_size_figure
+
+        fig, _axes, _labels = kld_vs_size_figure(check["plot_points"])
+        buf = io.BytesIO()
+        fig.savefig(buf, format="png", dpi=110)
+        import matplotlib.pyplot as plt
+
+        plt.close(fig)
+        files[out / "kld-vs-size.png"] = buf.getvalue()
+    return atomic_write_files(files)

@@ -1,0 +1,111 @@
+"""``fidelity allocate``: a layout that spends the bytes where the measured effects say, built and measured."""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+from pathlib import Path
+
+from harness.cli.registry import Builder, SubParsers, formatter, positive_int
+
+DEFAULT_CHOICES = {"project": "int3_g32,int4_g64,int4_g32,int5_g32,int8", "gguf": "Q4_0,Q4_1,Q5_0,Q5_1,Q8_0"}
+
+
+def _allocate(a: argparse.Namespace) -> int:
+    import torch
+
+    from harness.allocation.choices import parse_choices
+    from harness.allocation.family import Family, GgufFamily, ProjectFamily
+    from harness.allocation.plan import allocate, request_from_args
+    from harness.allocation.render import write_allocation
+    from harness.errors import FidelityError
+
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    choices = parse_choices(a.family, a.choices or DEFAULT_CHOICES[a.family])
+    with tempfile.TemporaryDirectory(prefix="fidelity-allocate-") as tmp:
+        family: Family
+        if a.family == "project":
+            family = ProjectFamily(a.reference, choices)
+        else:
+            if a.gguf_bf16 is None:
+                raise FidelityError("--family gguf needs --gguf-bf16 FILE (the BF16 GGUF that llama.cpp quantizes from)")
+            family = GgufFamily(a.reference, a.gguf_bf16, choices, Path(tmp), threads=a.threads or 1)
+        req = request_from_args(a.reference, a.suite, family, a.base, a.budget, grouping=a.by, shards=a.shards,
+                                effects=a.effects, n_boot=a.n_boot, progress=not a.quiet)
+        result = allocate(req)
+        check = None
+        if a.check is not None:
+            from harness.run.allocation_check import check_allocation
+
+            uniforms = parse_choices(a.family, a.uniforms) if a.uniforms else list(family.choices)
+            base_model = Path(a.base) if Path(a.base).exists() else None
+            check = check_allocation(a.check, result, family, a.out / "check", uniforms=uniforms, shards=a.check_shards,
+                                     engine="transformers" if a.family == "project" else "llamacpp",
+                                     base_model=base_model)
+        paths = write_allocation(result, a.out, check)
+    ra = result["proxy"]["rank_agreement"]
+    print(f"effects: {len(result['effects'])} measured (group, choice) pairs on {result['n_contexts']} contexts; proxy rank "
+          f"agreement Spearman {ra['spearman']:.3f}, Kendall {ra['kendall']:.3f}")
+    for p in result["proposals"]:
+        print(f"budget {p['budget_spec']} ({p['budget_bytes']} bytes): predicted KLD {p['predicted_kld']['value']:.4e}, "
+              f"in process {p['in_process_kld']['value']:.4e}, bytes {p['predicted_bytes']}")
+    for p in (check or {}).get("proposals", []):
+        c = p.get("comparator")
+        line = f"{p['candidate']}: measured {p['measured_kld']['value']:.4e} ({p['on_disk_bytes']} bytes)"
+        if c is not None:
+            ci = c["paired"]["ci95"]
+            line += (f" vs {c['candidate']} {c['measured_kld']['value']:.4e} ({c['on_disk_bytes']} bytes): diff "
+                     f"{c['paired']['diff']:.4e} [{ci[0]:.4e}, {ci[1]:.4e}], {c['paired']['verdict']}")
+        print(line)
+    print("written: " + ", ".join(str(p) for p in paths if p.suffix in (".md", ".png")))
+    return 0
+
+
+def add_allocate(sub: SubParsers) -> None:
+    p = sub.add_parser(
+        "allocate", formatter_class=formatter,
+        help="propose the layout (bits/group or GGUF type per tensor group) with the lowest predicted KLD within a byte budget",
+        description=(
+            "Measure the effect on mean KLD of every choice of every tensor group, with the other groups at the base\n"
+            "layout (in-process weight swaps, paired with the base), solve the multiple-choice knapsack under each\n"
+            "byte budget (scipy.optimize.milp, exact), and check the additivity it assumes by measuring each\n"
+            "proposal. Writes allocation.json / .md and, per proposal, layout.json plus recipe.yaml (llm-compressor)\n"
+            "or tensor-types.txt (llama-quantize). With --check CONFIG the proposals and the uniform layouts are built\n"
+            "and scored as ordinary candidates of CONFIG's suite and reference, with paired comparisons and\n"
+            "kld-vs-size.png.\n\n"
+            "examples:\n"
+            "  fidelity allocate --reference fixtures/model --suite fixtures/suite --base int4_g32 --budget int4_g32 \\\n"
+            "      --check fidelity.toml --out allocation/project\n"
+            "  fidelity allocate --family gguf --gguf-bf16 fixtures/gguf/fixture-bf16.gguf --reference fixtures/model \\\n"
+            "      --suite fixtures/suite --base fixtures/gguf/fixture-q4_k_m.gguf --budget base \\\n"
+            "      --check fidelity-gguf.toml --out allocation/gguf"
+        ),
+    )
+    p.add_argument("--reference", required=True, type=Path, help="the BF16 reference model folder")
+    p.add_argument("--suite", required=True, type=Path, help="the suite folder")
+    p.add_argument("--family", choices=("project", "gguf"), default="project", help="the format the layout is for")
+    p.add_argument("--choices", default=None, help="the choices, e.g. int3_g32,int4_g32,int8 or Q4_0,Q5_0,Q8_0 "
+                                                  "(default: project " + DEFAULT_CHOICES["project"] + "; gguf " +
+                                                  DEFAULT_CHOICES["gguf"] + ")")
+    p.add_argument("--base", required=True, help="the base layout: a choice (every unit at it) or a candidate of the family "
+                                                 "(a quantization.json folder, a .gguf file)")
+    p.add_argument("--budget", required=True, help="budgets, comma-separated: bytes, 'base', or a choice (the bytes of "
+                                                   "its uniform layout); several make a sweep")
+    p.add_argument("--by", default="block", choices=("module", "block", "layer"), help="grouping (default: block)")
+    p.add_argument("--shards", default="0", help="shards the effects are measured on (default 0)")
+    p.add_argument("--effects", default="measured", choices=("measured", "proxy"),
+                   help="what the knapsack minimises: measured effects (default) or the per-module error proxy")
+    p.add_argument("--gguf-bf16", type=Path, default=None, help="--family gguf: the BF16 GGUF to quantize from")
+    p.add_argument("--check", type=Path, default=None, metavar="CONFIG",
+                   help="build the proposals and uniform layouts and score them with this fidelity.toml's suite and reference")
+    p.add_argument("--check-shards", default=None, help="shards for --check (default: all)")
+    p.add_argument("--uniforms", default=None, help="uniform layouts built for --check (default: every choice)")
+    p.add_argument("--n-boot", type=positive_int, default=10_000, help="bootstrap replicates (default 10000)")
+    p.add_argument("--threads", type=positive_int, default=None, help="torch / llama.cpp threads")
+    p.add_argument("--out", required=True, type=Path, help="output folder")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=_allocate)
+
+
+COMMANDS: tuple[Builder, ...] = (add_allocate,)

@@ -1,0 +1,132 @@
+"""Build what ``fidelity allocate`` proposes and score it as ordinary candidates (the harness's scoring path).
+
+Every proposed layout is built by its family (:meth:`harness.allocation.family.Family.build`) and its stored
+bytes are read back and compared with the bytes the search predicted (a mismatch is a
+:class:`~harness.errors.VerificationError`). The uniform layouts of the chosen choices are built beside them,
+and each comparator (the layout whose bytes set a budget: ``int4_g32`` for a budget named ``int4_g32``, the
+base candidate for ``base``) joins them. All are scored by :class:`harness.run.session.FidelitySession` --
+capture through their engine, the shared head, the shard reports of any other candidate -- on the selected
+shards; each proposal is then compared with its comparator on the same positions
+(:func:`harness.reports.paired.paired_report`: common random numbers).
+
+Per proposal the result holds the predicted mean KLD (the search's base KLD plus the summed effects, measured
+in process on the search's shards), the measured mean KLD with its interval (this module, all shards
+selected), the measured KLD on the search's own shards (in-sample) and the paired comparison with the
+comparator of the same size.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from harness.allocation.family import Family, layout_bytes
+from harness.errors import FidelityError, VerificationError
+
+SCHEMA = "fidelity.allocation-check/1"
+
+
+def _candidate(name: str, engine: str, model: Path) -> Any:
+    from harness.inputs.config import CandidateConfig
+
+    return CandidateConfig(name, engine, model.resolve(), None, None, None, ("allocation",))
+
+
+def check_allocation(config_path: Path, result: Mapping[str, Any], family: Family, out: Path, *,
+                     uniforms: Sequence[str] = (), shards: str | None = None, device: str = "cpu",
+                     engine: str = "transformers", base_model: Path | None = None, margin: float = 1e-4) -> dict[str, Any]:
+    """Build, score and compare (module docstring); shard reports go to ``out/reports/<candidate>/``."""
+    from harness.inputs.config import load_config
+    from harness.inputs.suite import parse_shard_spec
+    from harness.interchange.suite_manifest import load_any_suite
+    from harness.reports.aggregate import ladder_rows, write_ladder
+    from harness.reports.paired import paired_report
+    from harness.run.session import FidelitySession
+
+    config = load_config(config_path)
+    built: dict[str, Path] = {}
+    predicted_bytes: dict[str, int] = {}
+    for p in result["proposals"]:
+        name = f"alloc-{p['budget_spec']}"
+        built[name] = family.build(p["layout"], out / "candidates" / name)
+        predicted_bytes[name] = int(p["predicted_bytes"])
+    for c in uniforms:
+        name = f"uniform-{c}"
+        layout = {u: c for u in family.units}
+        built[name] = family.build(layout, out / "candidates" / name)
+        predicted_bytes[name] = layout_bytes(family, layout)
+    for name, model in built.items():
+        found = family.built_bytes(model)
+        if found != predicted_bytes[name]:
+            raise VerificationError(model, "stored tensor bytes of the built layout", predicted_bytes[name], found)
+    comparators: dict[str, str] = {}
+    for p in result["proposals"]:
+        spec = p["budget_spec"]
+        if spec == "base":
+            if base_model is None:
+                raise FidelityError("budget 'base': pass the base candidate (base_model) to compare with")
+            built.setdefault("base", base_model)
+            comparators[f"alloc-{spec}"] = "base"
+        elif f"uniform-{spec}" in built:
+            comparators[f"alloc-{spec}"] = f"uniform-{spec}"
+    cands = tuple(_candidate(n, engine, m) for n, m in built.items())
+    cfg = dataclasses.replace(config, candidates=cands, pairs=(), cache_dir=out / "cache")
+    suite = load_any_suite(cfg.suite, verify=False)
+    chosen = parse_shard_spec(shards, len(suite.shards))
+    session = FidelitySession(config=cfg, device=device)
+    reports = []
+    for cand in cands:
+        for s in chosen:
+            scored = session.score(cand, s)
+            scored.report.write(out / "reports" / cand.name / f"shard-{s:02d}.json")
+            reports.append(scored.report)
+    rows = ladder_rows(reports, suite=suite)
+    write_ladder(out / "reports", rows)
+    by_name = {r["candidate"]: r for r in rows}
+    search_shards = [s for s in result["suite"]["shards"] if s in chosen]
+    proposals = []
+    for p in result["proposals"]:
+        name = f"alloc-{p['budget_spec']}"
+        cand = cfg.candidate(name)
+        row: dict[str, Any] = {
+            "candidate": name, "budget_spec": p["budget_spec"], "budget_bytes": p["budget_bytes"],
+            "predicted_bytes": predicted_bytes[name], "built_bytes": family.built_bytes(built[name]),
+            "on_disk_bytes": by_name[name]["size_bytes"],
+            "predicted_kld": p["predicted_kld"], "in_process_kld": p["in_process_kld"], "interaction": p["interaction"],
+            "measured_kld": {"value": by_name[name]["mean_kld"], "ci95": by_name[name]["ci95"], "shards": chosen},
+        }
+        if search_shards:
+            own = paired_report(name, name, [session.positions(cand, s) for s in search_shards],
+                                [session.positions(cand, s) for s in search_shards], margin=margin)
+            row["measured_kld_search_shards"] = {"value": own["independent_kld_means"]["a"], "shards": search_shards}
+        comp = comparators.get(name)
+        if comp is not None:
+            cc = cfg.candidate(comp)
+            rep = paired_report(name, comp, [session.positions(cand, s) for s in chosen],
+                                [session.positions(cc, s) for s in chosen], margin=margin, n_boot=cfg.n_boot)
+            row["comparator"] = {"candidate": comp, "on_disk_bytes": by_name[comp]["size_bytes"],
+                                 "measured_kld": {"value": by_name[comp]["mean_kld"], "ci95": by_name[comp]["ci95"]},
+                                 "size_ratio": by_name[name]["size_bytes"] / by_name[comp]["size_bytes"],
+                                 "paired": {"diff": rep["kld_mean"]["diff"], "ci95": rep["kld_mean"]["ci95"],
+                                            "verdict": rep["verdict_named"], "margin": margin}}
+        proposals.append(row)
+    wins = []
+    for p in proposals:
+        for u in (n for n in built if n.startswith("uniform-") or n == "base"):
+            if by_name[u]["size_bytes"] < p["on_disk_bytes"]:
+                continue  # a smaller candidate: no like-for-like comparison
+            cu = cfg.candidate(u)
+            cp = cfg.candidate(p["candidate"])
+            rep = paired_report(p["candidate"], u, [session.positions(cp, s) for s in chosen],
+                                [session.positions(cu, s) for s in chosen], margin=margin, n_boot=cfg.n_boot)
+            wins.append({"proposed": p["candidate"], "versus": u, "diff": rep["kld_mean"]["diff"],
+                         "ci95": rep["kld_mean"]["ci95"], "verdict": rep["verdict_named"],
+                         "proposed_bytes": p["on_disk_bytes"], "versus_bytes": by_name[u]["size_bytes"]})
+    return {"schema": SCHEMA, "family": family.name, "engine": engine, "shards": chosen, "config": str(config_path),
+            "candidates": {n: {"model": str(m), "on_disk_bytes": by_name[n]["size_bytes"],
+                               "mean_kld": by_name[n]["mean_kld"], "ci95": by_name[n]["ci95"]} for n, m in built.items()},
+            "proposals": proposals, "pairs": wins,
+            "plot_points": [{"candidate": r["candidate"], "size_gib": r["size_bytes"] / 2**30 if r["size_bytes"] else None,
+                             "mean_kld": r["mean_kld"], "ci95": r["ci95"]} for r in rows]}
