@@ -22,6 +22,7 @@ from harness.engines import identity as engine_identity
 from harness.engines.base import EngineOptions
 from harness.engines.identity import identity_key
 from harness.engines.registry import get_engine, require
+from harness.engines.settings import numeric_settings
 from harness.errors import FidelityError, VerificationError
 from harness.gate.baselines import Headline, headline_of
 from harness.inputs.config import CandidateConfig, FidelityConfig
@@ -241,9 +242,12 @@ class FidelitySession:
     def live_store_path(self, cand: CandidateConfig) -> Path:
         """Cache folder of a live candidate's capture, keyed by its identity (by content) and by the runtime
         that captures it (python, torch, transformers, numpy, the harness and the engines' packages): another
-        environment sharing the cache gets a store of its own, never a mixed one."""
+        environment sharing the cache gets a store of its own, never a mixed one. So do the settings that are not
+        versions but change the engine's numbers (:mod:`harness.engines.settings`: kernel, ISA and precision
+        environment variables)."""
         keyed: dict[str, Any] = {"model": self.candidate_identity(cand), "engine": cand.engine, "device": self.device,
-                                 "runtime": {**engine_identity.runtime_identity(), **_engine_packages()}}
+                                 "runtime": {**engine_identity.runtime_identity(), **_engine_packages()},
+                                 "settings": numeric_settings(cand.engine)}
         if cand.options:  # captures taken with other engine options never share a cache folder
             keyed["options"] = cand.options
         key = identity_key(keyed)

@@ -14,7 +14,8 @@ needs the same positions meanwhile waits on the lock and then reads the file.
 
 A hand-over file is never believed for its name. Each carries, inside it, what it was computed from
 (:func:`binding`: the session, the candidate's name and identity, the content of both stores' files of
-the shard, the suite and shard sha256, the window, the scorer settings and the heads) and a signature
+the shard, the suite and shard sha256, the window, the scorer settings with the environment variables that choose the scoring path
+(:data:`harness.scoring.backends.SCORING_ENV`) and the heads) and a signature
 (HMAC-SHA256) over all of it and every array, keyed by a secret the controller draws for the session and
 hands to its workers in memory (never written to disk). A reader recomputes both: a file of another
 session (a killed run rerun with the same id), of another store or candidate, planted, truncated,
@@ -42,6 +43,7 @@ import numpy as np
 
 from harness.errors import FidelityError, VerificationError
 from harness.io.atomic import atomic_write_bytes
+from harness.scoring.backends import scoring_env
 
 if TYPE_CHECKING:
     from harness.run.shard import ShardPositions
@@ -96,7 +98,7 @@ def binding(*, session: str, candidate: str, suite: Any, shard: int, reference: 
         "candidate_store_sha256": store_content_sha256(cand_store, indices),
         "reference_identity": reference.identity, "reference_store_sha256": store_content_sha256(reference, indices),
         "suite_token_sha256": suite.suite_token_sha256, "shard": shard, "shard_sha256": suite.shard(shard).sha256,
-        "window": window, "scorer": {**SCORER_SETTINGS, "device": device},
+        "window": window, "scorer": {**SCORER_SETTINGS, "device": device, "env": scoring_env()},
         "head_sha256": getattr(head, "sha256", None), "cand_head_sha256": getattr(cand_head, "sha256", None),
     }
 

@@ -8,6 +8,16 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import torch
 
+#: Environment variables that choose how positions are scored (another kernel, GEMM path or block size: other
+#: rounding), bound into every hand-over of scored positions. Thread counts (``FIDELITY_THREADS``) are not: they
+#: only reorder a reduction.
+SCORING_ENV = ("FIDELITY_SCORER_BACKEND", "FIDELITY_GEMM", "FIDELITY_FUSED_BLOCKS", "TRITON_INTERPRET")
+
+
+def scoring_env() -> dict[str, str]:
+    """The :data:`SCORING_ENV` variables set in this process, by name."""
+    return {k: os.environ[k] for k in SCORING_ENV if k in os.environ}
+
 
 def triton_available() -> bool:
     """Whether ``triton`` imports (the fused kernel can then run on CUDA, or on a CPU under
