@@ -179,3 +179,45 @@ def test_no_text_points_outside_the_repository() -> None:
             if needle in text:
                 bad.append(f"{name}: {needle}")
     assert not bad, bad
+
+
+#: The most function-level imports of harness modules the package may hold. Those that remain each load an
+#: optional heavy dependency that the importing module does not load at import time (torch, triton, scipy,
+#: safetensors): the scorer's kernels, the GPU kernel, the statistics of the design and of a shard's gate, so
+#: that ``fidelity --help``, the pytest plugin's start and the torch-free statistics stay light.
+MAX_FUNCTION_LEVEL_IMPORTS = 32
+
+
+def _function_level_imports(path: Path) -> list[str]:
+    """``file:line module`` of each import of a harness module inside a function body."""
+    found = []
+    where = path.relative_to(ROOT.parent) if path.is_relative_to(ROOT.parent) else path
+
+    def visit(node: ast.AST, in_function: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            if in_function and isinstance(child, ast.ImportFrom) and (child.module or "").split(".")[0] == "harness":
+                found.append(f"{where}:{child.lineno} {child.module}")
+            elif in_function and isinstance(child, ast.Import):
+                found.extend(f"{where}:{child.lineno} {a.name}"
+                             for a in child.names if a.name.split(".")[0] == "harness")
+            visit(child, in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)))
+
+    visit(ast.parse(path.read_text(), str(path)), False)
+    return found
+
+
+def test_harness_imports_are_at_the_top_of_their_files() -> None:
+    """A module's header says what it depends on: at most a few dozen imports of harness modules happen
+    inside functions (each to keep an optional heavy dependency out of a light module)."""
+    inside = [hit for path in MODULES.values() for hit in _function_level_imports(path)]
+    assert len(inside) <= MAX_FUNCTION_LEVEL_IMPORTS, (
+        f"{len(inside)} function-level imports of harness modules (at most {MAX_FUNCTION_LEVEL_IMPORTS}):\n"
+        + "\n".join(inside))
+
+
+def test_the_function_level_import_count_sees_nested_imports(tmp_path: Path) -> None:
+    src = tmp_path / "harness" / "m.py"
+    src.parent.mkdir()
+    src.write_text("from harness.io import atomic\ndef f():\n    import harness.errors\n"
+                   "    def g():\n        from harness.io.jsonio import read_json\n    return g\n")
+    assert [h.split(" ")[1] for h in _function_level_imports(src)] == ["harness.errors", "harness.io.jsonio"]

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from harness.capture.store import CaptureStore, StoreWriter
+from harness.engines import identity as engine_identity
 from harness.engines.base import STORE_DTYPES, EngineOptions
 from harness.engines.registry import get_engine, require
 from harness.errors import FidelityError
@@ -59,7 +60,6 @@ def capture(
     ``model_identity``, computed once per run), so its weight files are not hashed again."""
     from tqdm import tqdm
 
-    from harness.engines.identity import runtime_identity
 
     eng = get_engine(engine)
     kind = kind or eng.kinds[0]
@@ -80,7 +80,7 @@ def capture(
                 f"({suite.root / 'suite.json'}): token ids could exceed the model's embedding"
             )
         width = loaded.hidden_size if kind == "hidden_states" else loaded.vocab_size
-        writer = StoreWriter(out, suite, kind, width, STORE_DTYPES[kind], ident, loaded.identity(), runtime_identity(), loaded.device)
+        writer = StoreWriter(out, suite, kind, width, STORE_DTYPES[kind], ident, loaded.identity(), engine_identity.runtime_identity(), loaded.device)
         with writer:
             todo = [i for i in indices if not writer.done(i)]
             batch = max(1, int(getattr(loaded, "batch_size", 1)))

@@ -5,14 +5,13 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from harness.attribution.render import write_attribution
+from harness.attribution.run import attribute, request_from
 from harness.cli.registry import Builder, SubParsers, formatter, positive_int
 
 
 def _attribute(a: argparse.Namespace) -> int:
     import torch
-
-    from harness.attribution.render import write_attribution
-    from harness.attribution.run import attribute, request_from
 
     if a.threads:
         torch.set_num_threads(a.threads)

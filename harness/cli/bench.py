@@ -10,10 +10,10 @@ import argparse
 import json
 
 from harness.cli.registry import Builder, SubParsers, formatter, positive_int
+from harness.errors import FidelityError
 
 
 def _bench(a: argparse.Namespace) -> int:
-    from harness.errors import FidelityError
     from harness.scoring.bench import SHAPES, format_bench, run_bench
 
     n, h, v = SHAPES[a.shape]

@@ -5,12 +5,17 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from harness.capture.store import CaptureStore
 from harness.cli.registry import Builder, SubParsers, formatter
+from harness.dataset.build import build_dataset, size_lines
+from harness.errors import FidelityError
+from harness.inputs.config import load_config
+from harness.inputs.suite import Suite
+from harness.interchange.writer import write_published
+from harness.reports.shard import ShardReport
 
 
 def _build(a: argparse.Namespace) -> int:
-    from harness.dataset.build import build_dataset, size_lines
-
     doc = build_dataset(config_path=a.config, reports_dir=a.reports, corpus=a.corpus, tokenizer=a.tokenizer,
                         reference_shards=a.reference_shards, out=a.out)
     print(f"{a.out}: dataset written; sizes per part:")
@@ -21,13 +26,6 @@ def _build(a: argparse.Namespace) -> int:
 
 
 def _write_published(a: argparse.Namespace) -> int:
-    from harness.capture.store import CaptureStore
-    from harness.errors import FidelityError
-    from harness.inputs.config import load_config
-    from harness.inputs.suite import Suite
-    from harness.interchange.writer import write_published
-    from harness.reports.shard import ShardReport
-
     cfg = load_config(a.config)
     suite = Suite.load(cfg.suite, verify=True)
     reference = CaptureStore.open(cfg.reference.store, suite, verify=True)

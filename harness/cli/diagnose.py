@@ -5,15 +5,15 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from harness.attribution.layers_render import write_layers
 from harness.cli.registry import Builder, SubParsers, formatter, positive_int
+from harness.errors import FidelityError
+from harness.inputs.config import load_config
+from harness.run.precision_floor import precision_floor, write_precision_floor
 
 
 def _precision_floor(a: argparse.Namespace) -> int:
     import torch
-
-    from harness.errors import FidelityError
-    from harness.inputs.config import load_config
-    from harness.run.precision_floor import precision_floor, write_precision_floor
 
     if a.threads:
         torch.set_num_threads(a.threads)
@@ -56,7 +56,6 @@ def _layers(a: argparse.Namespace) -> int:
     import torch
 
     from harness.attribution.layers import layer_errors
-    from harness.attribution.layers_render import write_layers
 
     if a.threads:
         torch.set_num_threads(a.threads)

@@ -6,8 +6,20 @@ import argparse
 import tomllib
 from pathlib import Path
 
+from harness.capture.loop import capture
+from harness.capture.store import CaptureStore
 from harness.cli.registry import Builder, SubParsers, device_arg, formatter, nonneg_int, positive_int
+from harness.engines.base import EngineOptions
+from harness.engines.options import validate_options
+from harness.engines.registry import get_engine
 from harness.errors import FidelityError
+from harness.inputs import corpus_sources
+from harness.inputs.head import export_head, sidecar_path
+from harness.inputs.provenance import format_corpus_check, rederive_contexts
+from harness.inputs.published_layout import LAYOUT, looks_like
+from harness.inputs.suite import Suite, build_suite, describe
+from harness.metrics.bootstrap import MIN_CLUSTERS
+from harness.run.dataset_replay import replay_dataset
 
 # ----------------------------------------------------------------------------- suite
 
@@ -15,13 +27,8 @@ from harness.errors import FidelityError
 def _suite_build(a: argparse.Namespace) -> int:
     import sys
 
-    from harness.inputs.suite import build_suite, describe
-    from harness.metrics.bootstrap import MIN_CLUSTERS
-
     corpus, record = a.corpus, None
     if a.from_dataset is not None or a.split_file is not None:
-        from harness.inputs import corpus_sources
-
         if a.corpus_out is None:
             raise FidelityError("suite build --from-dataset/--split-file: expected --corpus-out DIR (the folder the "
                                 "documents are written to, for suite verify --corpus and dataset build), found none")
@@ -57,13 +64,9 @@ def _suite_build(a: argparse.Namespace) -> int:
 
 
 def _suite_verify(a: argparse.Namespace) -> int:
-    from harness.inputs.suite import Suite
-
     s = Suite.load(a.suite, verify=True)
     print(f"{s.root}: OK ({s.n_contexts} contexts x {s.n_ctx} tokens, {s.n_shards} shards, suite_token_sha256 {s.suite_token_sha256})")
     if a.corpus is not None:
-        from harness.inputs.provenance import format_corpus_check, rederive_contexts
-
         if a.tokenizer is None:
             raise FidelityError("suite verify --corpus needs --tokenizer (the suite's tokenizer.json) to re-derive the contexts")
         for line in format_corpus_check(s, a.corpus, rederive_contexts(s, a.corpus, a.tokenizer)):
@@ -72,8 +75,6 @@ def _suite_verify(a: argparse.Namespace) -> int:
 
 
 def _suite_show(a: argparse.Namespace) -> int:
-    from harness.inputs.suite import Suite, describe
-
     print(describe(Suite.load(a.suite, verify=True)))
     return 0
 
@@ -157,14 +158,9 @@ def _capture(a: argparse.Namespace) -> int:
         import torch
 
         torch.set_num_threads(a.threads)
-    from harness.capture.loop import capture
-    from harness.engines.base import EngineOptions
-    from harness.inputs.suite import Suite
 
     suite = Suite.load(a.suite)
     shards = suite.parse_shards(a.shards)
-    from harness.engines.options import validate_options
-    from harness.engines.registry import get_engine
 
     raw: dict[str, object] = {}
     for item in a.option or []:
@@ -225,8 +221,6 @@ def add_capture(sub: SubParsers) -> None:
 
 
 def _export_head(a: argparse.Namespace) -> int:
-    from harness.inputs.head import export_head, sidecar_path
-
     h = export_head(a.model, a.out)
     print(f"{h.path}: weight [{h.vocab_size}, {h.hidden_size}] bfloat16 sha256 {h.sha256} (sidecar {sidecar_path(h.path).name})")
     return 0
@@ -249,9 +243,6 @@ def add_export_head(sub: SubParsers) -> None:
 
 
 def _store_verify(a: argparse.Namespace) -> int:
-    from harness.capture.store import CaptureStore
-    from harness.inputs.suite import Suite
-
     suite = Suite.load(a.suite)
     store = CaptureStore.open(a.store, suite)
     n = store.verify_all()
@@ -277,8 +268,6 @@ def _replay(a: argparse.Namespace) -> int:
     from harness.run.replay import replay
 
     if a.dataset is not None and (a.dataset / "dataset.json").is_file() is False:
-        from harness.inputs.published_layout import LAYOUT, looks_like
-
         if looks_like(a.dataset):  # the published layout, read in place (its head may live elsewhere: --head)
             from harness.run.dataset_replay_published import replay_published
 
@@ -290,7 +279,6 @@ def _replay(a: argparse.Namespace) -> int:
                 print(f"{p}: written (+ {p.with_suffix('.md').name})")
             return 0
     if a.dataset is not None:  # a downloaded reference dataset supplies suite, reference and head
-        from harness.run.dataset_replay import replay_dataset
 
         if a.method != "exact":
             raise FidelityError("replay --method published: only with --suite/--reference/--head or a dataset in the published layout")

@@ -6,20 +6,24 @@ import argparse
 import math
 from pathlib import Path
 
+from harness.capture.store import CaptureStore
 from harness.cli.registry import Builder, SubParsers, formatter, positive_int
+from harness.inputs.head import load_head
+from harness.inputs.suite import Suite
+from harness.io.atomic import atomic_write_json
+from harness.llamacpp.kld_file import read_kld
+from harness.llamacpp.kld_tools import export_kld, import_kld, llamacpp_positions
+from harness.llamacpp.stats import compute_stats, positions_from_scores, print_block
+from harness.metrics import summarize
+from harness.metrics.scores import PositionScores
+from harness.run.shard_inputs import ShardInputs
 
 
 def _export(a: argparse.Namespace) -> int:
-    from harness.capture.store import CaptureStore
-    from harness.inputs.suite import Suite
-    from harness.llamacpp.kld_tools import export_kld
-
     suite = Suite.load(a.suite, verify=True)
     store = CaptureStore.open(a.reference, suite, verify=True)
     head = None
     if a.head is not None:
-        from harness.inputs.head import load_head
-
         head = load_head(a.head)
     path = export_kld(suite, store, a.out, head=head)
     print(f"{path}: {suite.n_contexts} chunks x n_ctx {suite.n_ctx} ({path.stat().st_size} bytes); score a GGUF with:\n"
@@ -30,8 +34,6 @@ def _export(a: argparse.Namespace) -> int:
 
 
 def _import(a: argparse.Namespace) -> int:
-    from harness.llamacpp.kld_tools import import_kld
-
     suite, store = import_kld(a.kld, a.out, n_shards=a.shards)
     first = suite.n_ctx // 2
     print(f"{suite.root}: suite ({suite.n_contexts} contexts x {suite.n_ctx}, {suite.n_shards} shard(s))\n"
@@ -42,29 +44,18 @@ def _import(a: argparse.Namespace) -> int:
 def _stats(a: argparse.Namespace) -> int:
     import numpy as np
 
-    from harness.capture.store import CaptureStore
-    from harness.inputs.suite import Suite
-    from harness.llamacpp.kld_file import read_kld
-    from harness.llamacpp.kld_tools import llamacpp_positions
-    from harness.llamacpp.stats import compute_stats, positions_from_scores, print_block
-
     suite = Suite.load(a.suite, verify=True)
     kf = read_kld(a.kld)
     cand = CaptureStore.open(a.candidate, suite, verify=True)
     head = None
     if a.head is not None:
-        from harness.inputs.head import load_head
-
         head = load_head(a.head)
     approx = compute_stats(llamacpp_positions(kf, suite, cand, head))
     out: dict[str, object] = {"kld_file": str(a.kld), "llamacpp": approx}
     print(f"# llama.cpp statistics of {a.candidate} against {a.kld} (llama.cpp's formulas, uint16 base, entries > -16)")
     print(print_block(approx), end="")
     if a.reference is not None:
-        from harness.metrics import summarize
-        from harness.metrics.scores import PositionScores
         from harness.run.shard import shard_positions
-        from harness.run.shard_inputs import ShardInputs
 
         ref = CaptureStore.open(a.reference, suite, verify=True)
         parts = [shard_positions(ShardInputs(suite=suite, shard=k, reference=ref, candidate=cand, head=head))
@@ -85,8 +76,6 @@ def _stats(a: argparse.Namespace) -> int:
         out["exact"] = exact
         out["harness"] = {"kld_mean": m["kld"]["mean"], "ci95": m["kld"]["ci95"], "n_positions": m["n_positions"]}
     if a.json is not None:
-        from harness.io.atomic import atomic_write_json
-
         atomic_write_json(a.json, _not_estimable_as_null(out))
     return 0
 

@@ -7,6 +7,8 @@ import sys
 from pathlib import Path
 
 from harness.cli.registry import Builder, SubParsers, formatter, nonneg_int
+from harness.reports.aggregate import format_ladder
+from harness.run.ladder_run import run_ladder
 from harness.run.ray_executor import executor_argument
 
 
@@ -44,9 +46,6 @@ def add_ladder(sub: SubParsers) -> None:
 
 
 def _run(a: argparse.Namespace) -> int:
-    from harness.reports.aggregate import format_ladder
-    from harness.run.ladder_run import run_ladder
-
     out = run_ladder(a.config, report_dir=a.report_dir, executor=a.executor, candidates=a.candidates, shards=a.shards,
                      device=a.device, window=a.window, progress=lambda line: print(line, flush=True))
     for line in format_ladder(out.rows):

@@ -18,17 +18,18 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from harness import __version__
 from harness.cli import allocate, attribute, bench, dataset, diagnose, inputs, kld, ladder, plan, reports
 from harness.cli.registry import formatter
 from harness.errors import FidelityError, VerificationError
+from harness.io.atomic import refuse_overwriting_inputs, removed_on_failure
+from harness.scoring.threads import apply_default_threads
 
 # ----------------------------------------------------------------------------- main
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The top-level parser with every registered subcommand."""
-    from harness import __version__
-
     parser = argparse.ArgumentParser(
         prog="fidelity",
         formatter_class=formatter,
@@ -82,10 +83,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        from harness.scoring.threads import apply_default_threads
-
         apply_default_threads()  # FIDELITY_THREADS, else the free cores (harness/scoring/threads.py)
-        from harness.io.atomic import refuse_overwriting_inputs, removed_on_failure
 
         outputs, inputs = _output_and_input_paths(args)
         # an output never lands over or inside one of the command's inputs (a dataset, a store, a suite)

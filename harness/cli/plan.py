@@ -8,11 +8,12 @@ from typing import Any
 
 from harness.cli.registry import Builder, SubParsers, formatter
 from harness.errors import FidelityError
+from harness.io.atomic import atomic_write_json
+from harness.reports.aggregate import check_comparable
+from harness.reports.publish import load_reports
 
 
 def _rows(groups: dict[str, list[Any]], name: str) -> list[dict[str, Any]]:
-    from harness.reports.aggregate import check_comparable
-
     if name not in groups:
         raise FidelityError(f"no shard reports of candidate {name!r} (found: {', '.join(groups) or 'none'})")
     check_comparable(groups[name])  # one candidate, comparable shards, rows that add up
@@ -31,7 +32,6 @@ def _positive(text: str) -> float:
 
 def _plan(a: argparse.Namespace) -> int:
 
-    from harness.io.atomic import atomic_write_json
     from harness.planning.design import (
         ClusterPilot,
         achievable_eps,
@@ -40,7 +40,6 @@ def _plan(a: argparse.Namespace) -> int:
         power_at,
         resolvable_delta,
     )
-    from harness.reports.publish import load_reports
 
     groups = load_reports(a.reports)
     rows = _rows(groups, a.candidate)

@@ -9,15 +9,28 @@ import argparse
 from pathlib import Path
 
 from harness.cli.registry import Builder, SubParsers, formatter, nonneg_int, positive_int
+from harness.dataset.verify import verify_dataset
 from harness.errors import FidelityError, VerificationError
+from harness.inputs.config import load_config
+from harness.inputs.suite import Suite
+from harness.interchange.published_reports import (
+    aggregate_published,
+    is_published_report,
+    paired_published,
+    report_paths,
+)
+from harness.interchange.suite_manifest import load_any_suite
+from harness.io.atomic import atomic_write_json
+from harness.reports.aggregate import format_ladder, ladder_rows
+from harness.reports.paired import paired_report, write_paired
+from harness.reports.publish import aggregate_groups, load_reports, publish, rederive_set, verify_set, write_aggregates
+from harness.reports.results_json import results_document
 
 
 # ----------------------------------------------------------------------------- aggregate
 def _published_inputs(items: list[Path]) -> list[Path] | None:
     """The published reports among ``items`` (files, or folders holding ``report-*.json``), or None if there are
     none; a mix with this project's shard reports is refused (two methods and formats never combine)."""
-    from harness.interchange.published_reports import is_published_report, report_paths
-
     found = [p for p in report_paths(items) if is_published_report(p)]
     if not found:
         return None
@@ -29,10 +42,6 @@ def _published_inputs(items: list[Path]) -> list[Path] | None:
 
 
 def _aggregate_published(a: argparse.Namespace, paths: list[Path]) -> int:
-    from harness.interchange.published_reports import aggregate_published
-    from harness.interchange.suite_manifest import load_any_suite
-    from harness.io.atomic import atomic_write_json
-
     doc = aggregate_published(paths, load_any_suite(a.suite, verify=True))
     out = a.out / "published-aggregate.json"
     atomic_write_json(out, doc)
@@ -45,13 +54,9 @@ def _aggregate_published(a: argparse.Namespace, paths: list[Path]) -> int:
 
 
 def _aggregate(a: argparse.Namespace) -> int:
-    from harness.inputs.suite import Suite
-
     published = _published_inputs(list(a.reports))
     if published is not None:
         return _aggregate_published(a, published)
-    from harness.reports.aggregate import format_ladder, ladder_rows
-    from harness.reports.publish import aggregate_groups, load_reports, write_aggregates
 
     suite = Suite.load(a.suite, verify=True)
     groups = load_reports(a.reports)
@@ -62,9 +67,6 @@ def _aggregate(a: argparse.Namespace) -> int:
         print(line)
     if a.results_json is not None:
         import shlex
-
-        from harness.io.atomic import atomic_write_json
-        from harness.reports.results_json import results_document
 
         command = shlex.join(["fidelity", "aggregate", *map(str, a.reports), "--suite", str(a.suite),
                               *(["--partial"] if a.partial else []), "--out", str(a.out), "--results-json", str(a.results_json)])
@@ -108,10 +110,6 @@ def add_aggregate(sub: SubParsers) -> None:
 
 # ----------------------------------------------------------------------------- paired
 def _paired_published(a: argparse.Namespace, pa: list[Path], pb: list[Path]) -> int:
-    from harness.interchange.published_reports import paired_published
-    from harness.interchange.suite_manifest import load_any_suite
-    from harness.io.atomic import atomic_write_json
-
     doc = paired_published(pa, pb, None if a.suite is None else load_any_suite(a.suite, verify=True))
     out = a.out / "paired" / f"{a.name_a}-vs-{a.name_b}.published.json"
     atomic_write_json(out, doc)
@@ -123,7 +121,6 @@ def _paired_published(a: argparse.Namespace, pa: list[Path], pb: list[Path]) -> 
 
 
 def _paired(a: argparse.Namespace) -> int:
-    from harness.reports.paired import paired_report, write_paired
     from harness.run.replay import verify_inputs
     from harness.run.shard import shard_positions
 
@@ -138,8 +135,6 @@ def _paired(a: argparse.Namespace) -> int:
 
     margin = a.margin
     if margin is None and a.config is not None:
-        from harness.inputs.config import load_config
-
         cfg = load_config(a.config)
         margin = next((p.margin for p in cfg.pairs if (p.a, p.b) == (a.name_a, a.name_b)), None)
     if margin is None:
@@ -201,17 +196,11 @@ def add_paired(sub: SubParsers) -> None:
 
 # ----------------------------------------------------------------------------- publish / verify
 def _publish(a: argparse.Namespace) -> int:
-    from harness.reports.publish import publish
-
     cfg = None
     if a.config is not None:
-        from harness.inputs.config import load_config
-
         cfg = load_config(a.config)
     suite = None
     if a.suite is not None:
-        from harness.inputs.suite import Suite
-
         suite = Suite.load(a.suite, verify=True)
     files = publish(a.reports, a.out, config=cfg, n_shards=a.complete, suite=suite, baselines_dir=a.baselines)
     print(f"{a.out}: {len(files)} files, checksums in {a.out / 'checksums.txt'}; check with: fidelity verify {a.out}")
@@ -243,10 +232,7 @@ def add_publish(sub: SubParsers) -> None:
 
 
 def _verify(a: argparse.Namespace) -> int:
-    from harness.reports.publish import rederive_set, verify_set
-
     if (a.dir / "dataset.json").is_file():  # a reference dataset (fidelity dataset build)
-        from harness.dataset.verify import verify_dataset
 
         doc = verify_dataset(a.dir)
         print(f"{a.dir}: OK (dataset: checksums, suite, shard views, reference shard(s) {doc['reference']['shards']}, "

@@ -23,6 +23,7 @@ import numpy as np
 
 from harness import PROTOCOL_VERSION
 from harness.capture.store import CaptureStore, StoreWriter
+from harness.engines import identity
 from harness.errors import FidelityError, VerificationError
 from harness.inputs.suite import SCHEMA, SUITE_JSON, TOKENS_FILE, ContextInfo, load_suite, manifest_sha256, split_shards
 from harness.io.atomic import atomic_write_bytes, atomic_write_json, removed_on_failure
@@ -86,14 +87,12 @@ def import_kld(path: str | Path, out: str | Path, n_shards: int = 1) -> tuple[Su
 def _import(kf: KldFile, path: Path, out: Path, n_shards: int) -> tuple[Suite, CaptureStore]:
     import torch
 
-    from harness.engines.identity import runtime_identity
-
     suite = suite_from_tokens(kf.tokens, kf.n_vocab, out / "suite", n_shards=n_shards, source=Path(path).name,
                               tokenizer_sha256=f"unknown (from {Path(path).name})")
     ident = {"name": Path(path).name, "format": "llama.cpp .kld", "sha256": kld_sha256(Path(path)),
              "scored_from_row": kf.first, "n_vocab": kf.n_vocab}
     writer = StoreWriter(out / "reference", suite, "logits", kf.n_vocab, "float32", ident, dict(KLD_ENGINE),
-                         runtime_identity(), "cpu")
+                         identity.runtime_identity(), "cpu")
     with writer:
         for i in range(kf.n_chunk):
             if writer.done(i):

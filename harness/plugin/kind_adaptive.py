@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from harness.gate.adaptive import write_adaptive
 from harness.plugin.kinds import CaseRun, Payload, Uncollected, Written
 
 if TYPE_CHECKING:
@@ -27,8 +28,6 @@ class Adaptive(Uncollected):
         raise NotImplementedError("adaptive records are sent by the candidate x shard cases")
 
     def write(self, out: Path, payloads: Sequence[Payload], palette_names: Sequence[str] | None) -> Written:
-        from harness.gate.adaptive import write_adaptive
-
         write_adaptive(out, payloads)
         written = Written([out / "adaptive.json", out / "adaptive.md"])
         for r in (r for r in payloads if r["side"] and r["look"] < r["looks"]):

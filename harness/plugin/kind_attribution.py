@@ -12,6 +12,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from harness.attribution.render import write_attribution
+from harness.attribution.run import attribute, request_from
 from harness.plugin.kinds import CaseRun, Payload, Uncollected, Written
 
 if TYPE_CHECKING:
@@ -31,9 +33,6 @@ class Attribution(Uncollected):
         """The marker's attribution of a configured candidate against the configured reference model; written to
         ``<report dir>/attribution/<candidate>/``."""
         import pytest
-
-        from harness.attribution.render import write_attribution
-        from harness.attribution.run import attribute, request_from
 
         mark = request.node.get_closest_marker(self.marker)
         if mark is None or not (mark.args or "candidate" in mark.kwargs):

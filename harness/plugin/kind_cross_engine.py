@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from harness.plugin.kinds import CaseRun, Payload, Uncollected, Written
+from harness.run.cross_engine import from_json_dict, matrix_lines, net_lines, write_cross_engine
 
 if TYPE_CHECKING:
     import pytest
@@ -27,8 +28,6 @@ class CrossEngine(Uncollected):
         raise NotImplementedError("the cross-engine floor is sent by fidelity_tests/test_cross_engine.py")
 
     def write(self, out: Path, payloads: Sequence[Payload], palette_names: Sequence[str] | None) -> Written:
-        from harness.run.cross_engine import from_json_dict, matrix_lines, net_lines, write_cross_engine
-
         written = Written()
         for doc in payloads:
             matrix, rows = from_json_dict(doc)

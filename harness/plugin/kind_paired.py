@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from harness.plugin.kinds import CasePlan, CaseRun, Payload, Written
+from harness.reports.paired import check_paired, paired_report, write_paired
 
 if TYPE_CHECKING:
     import pytest
@@ -31,8 +32,6 @@ class PairCase:
     @classmethod
     def run(cls, session: FidelitySession, a: str, b: str, margin: float, shards: Sequence[int],
             expect: str | None = None) -> PairCase:
-        from harness.reports.paired import paired_report
-
         ca, cb = session.config.candidate(a), session.config.candidate(b)
         rep = paired_report(a, b, [session.positions(ca, s) for s in shards], [session.positions(cb, s) for s in shards],
                             margin=margin, score_from=session.score_from, n_boot=session.config.n_boot)
@@ -41,7 +40,6 @@ class PairCase:
     def check(self) -> None:
         """Internally consistent; equals the declared ``expect`` verdict when the pair declares one."""
         __tracebackhide__ = True
-        from harness.reports.paired import check_paired
 
         problems = check_paired(self.payload, self.expect)
         if problems:
@@ -73,8 +71,6 @@ class Paired:
         return case
 
     def write(self, out: Path, payloads: Sequence[Payload], palette_names: Sequence[str] | None) -> Written:
-        from harness.reports.paired import write_paired
-
         written = Written()
         for rep in payloads:
             path, md_path = write_paired(out, rep)

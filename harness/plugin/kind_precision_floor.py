@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from harness.plugin.kinds import CaseRun, Payload, Uncollected, Written
+from harness.run.precision_floor import precision_floor, write_precision_floor
 
 if TYPE_CHECKING:
     import pytest
@@ -31,8 +32,6 @@ class PrecisionFloor(Uncollected):
         """The marker's measurement of the configured reference; written to ``<report dir>/precision_floor.json``
         and ``.md``."""
         import pytest
-
-        from harness.run.precision_floor import precision_floor, write_precision_floor
 
         mark = request.node.get_closest_marker(self.marker)
         kw = dict(mark.kwargs) if mark is not None else {}

@@ -10,7 +10,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from harness.gate.gate import update_command
 from harness.plugin.kinds import CasePlan, CaseRun, Payload, Written
+from harness.reports.tails import baseline_max_p99, check_tails, tail_report, write_tails
 
 if TYPE_CHECKING:
     import pytest
@@ -30,8 +32,6 @@ class TailCase:
 
     @classmethod
     def run(cls, session: FidelitySession, name: str, shards: Sequence[int]) -> TailCase:
-        from harness.reports.tails import baseline_max_p99, check_tails, tail_report
-
         cand = session.config.candidate(name)
         rep = tail_report(name, [(s, session.positions(cand, s)) for s in shards], session.score_from)
         limit = baseline_max_p99(session.config.baselines, name, shards)
@@ -70,7 +70,6 @@ class Tails:
         monitor = run.monitor
         if monitor is not None and name in monitor.stopped:
             shards = sorted(monitor.seen[name])
-        from harness.gate.gate import update_command
 
         case = run.compute(f"tails of {name}", lambda: TailCase.run(run.session, name, shards))
         case.update_hint = ("if this p99 change is intended, update the baseline with: "
@@ -79,8 +78,6 @@ class Tails:
         return case
 
     def write(self, out: Path, payloads: Sequence[Payload], palette_names: Sequence[str] | None) -> Written:
-        from harness.reports.tails import write_tails
-
         files = write_tails(out, payloads, palette_names)
         return Written(list(files), [f"tails: {out / 'tails.md'}, {out / 'tails.png'}"])
 

@@ -14,6 +14,14 @@ from typing import TYPE_CHECKING, Any
 
 from harness.errors import FidelityError
 from harness.plugin.kinds import CasePlan, CaseRun, Payload, Written
+from harness.reports.windows import (
+    compare_windows,
+    expected_positions,
+    flip_message,
+    planned_windows,
+    window_summary,
+    write_window,
+)
 
 if TYPE_CHECKING:
     import pytest
@@ -31,8 +39,6 @@ class WindowCase:
 
     @classmethod
     def run(cls, session: FidelitySession, k: int, shards: Sequence[int], notes: Sequence[str] = ()) -> WindowCase:
-        from harness.reports.windows import expected_positions, window_summary
-
         base = session.score_from
         n_boot = session.config.n_boot
         summaries, base_summaries = {}, {}
@@ -50,8 +56,6 @@ class WindowCase:
         return cls(payload, expected_positions(n_ctx, session.suite.n_ctx, k))
 
     def comparison(self) -> dict[str, Any]:
-        from harness.reports.windows import compare_windows
-
         p = self.payload
         by_window = {p["base"]: p["base_summaries"], p["k"]: p["summaries"]}
         return compare_windows(p["base"], by_window)
@@ -59,7 +63,6 @@ class WindowCase:
     def check(self) -> None:
         """n_positions follows the window arithmetic; a flip real at both windows (paired difference interval) fails, others warn."""
         __tracebackhide__ = True
-        from harness.reports.windows import flip_message
 
         p = self.payload
         bad = {c: s["n_positions"] for c, s in p["summaries"].items() if s["n_positions"] != self.expected_positions}
@@ -89,8 +92,6 @@ class Window:
     def params(self, plan: CasePlan) -> list[ParameterSet]:
         import pytest
 
-        from harness.reports.windows import planned_windows
-
         run, skipped = planned_windows(plan.n_ctx)
         notes = tuple(note for _, note in skipped)
         params = [pytest.param((k, notes), id=f"window-from{k}") for k in run]
@@ -105,8 +106,6 @@ class Window:
         return case
 
     def write(self, out: Path, payloads: Sequence[Payload], palette_names: Sequence[str] | None) -> Written:
-        from harness.reports.windows import write_window
-
         cmp = write_window(out, payloads)
         return Written([out / "window.json", out / "window.md"], [f"window: {cmp['verdict']} ({out / 'window.md'})"])
 

@@ -11,6 +11,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from harness.gate.baselines import headline_of, identity_sha256, load_baseline_or_none, unused_baselines, write_baseline
+from harness.interchange.suite_manifest import load_any_suite
+from harness.io.jsonio import read_json
+from harness.io.schema import check
+from harness.reports.aggregate import format_ladder, ladder_rows, write_ladder
+from harness.reports.shard import ShardReport, report_shard
+
 
 @dataclass
 class LadderCollector:
@@ -33,8 +40,6 @@ class LadderCollector:
 
     def add(self, payload: dict[str, Any], *, passed: bool, no_baseline: bool = False) -> None:
         """Record one case's report and write ``<report-dir>/<candidate>/shard-<NN>.json`` and ``.md``."""
-        from harness.reports.shard import ShardReport, report_shard
-
         report = ShardReport.from_json_dict(payload, path="<pytest worker payload>")
         shard = report_shard(report)
         self.written += report.write(self.report_dir / report.candidate / f"shard-{shard:02d}.json")
@@ -49,12 +54,7 @@ class LadderCollector:
         ``not_scored``: candidate -> why it has no report (``"failed: ..."`` / ``"skipped: ..."``); every one
         of them that is configured and has no report is listed in ``ladder.md`` / ``ladder.json``
         (``not_measured``)."""
-        from harness.gate.baselines import headline_of, unused_baselines, write_baseline
-        from harness.reports.aggregate import ladder_rows, write_ladder
-        from harness.reports.shard import ShardReport, report_shard
-
         reports = [ShardReport.from_json_dict(p, path="<collected>") for p in self.reports]
-        from harness.interchange.suite_manifest import load_any_suite
 
         # every report is checked against the run's suite, which the ladder's aggregates record
         self.ladder_rows = ladder_rows(reports, self.verdicts, suite=load_any_suite(config.suite, verify=False),
@@ -79,15 +79,11 @@ class LadderCollector:
                                                              ident if isinstance(ident, dict) else None))
         self.unused_baselines = unused_baselines(config.baselines, [c.name for c in config.candidates])
         if not update_baselines:
-            from harness.gate.baselines import load_baseline_or_none
-
             self.without_identity = sorted(b.path for b in (load_baseline_or_none(config.baselines, n)
                                                             for n in sorted(identities)) if b is not None and b.identity is None)
 
     def summary_lines(self) -> list[str]:
         """The ladder as terminal lines, sorted by mean KLD, plus baseline notes."""
-        from harness.reports.aggregate import format_ladder
-
         lines = format_ladder(self.ladder_rows)
         lines.append(f"reports: {self.report_dir}/")
         for p in self.written_baselines:
@@ -106,8 +102,6 @@ class LadderCollector:
 def _precision_floor(report_dir: Path, rows: list[dict[str, Any]]) -> dict[str, Any] | None:
     """The report folder's ``precision_floor.json`` (``-m fidelity_precision_floor``) when it measures the
     ladder's suite and reference, else None (a floor of another suite or reference is never shown)."""
-    from harness.io.jsonio import read_json
-
     path = report_dir / "precision_floor.json"
     if not path.is_file() or not rows:
         return None
@@ -115,7 +109,6 @@ def _precision_floor(report_dir: Path, rows: list[dict[str, Any]]) -> dict[str, 
     comp = rows[0]["aggregate"]["comparability"]
     if floor.get("schema") != "fidelity.precision-floor/1":
         return None
-    from harness.io.schema import check
 
     # a report folder travels: a floor that lies is a named refusal, never a KeyError at the end of a run
     check(floor, {"suite": {"suite_token_sha256": str}, "reference": {"identity": object}}, path)
@@ -129,8 +122,6 @@ def _precision_floor(report_dir: Path, rows: list[dict[str, Any]]) -> dict[str, 
 def same_identity_groups(identities: dict[str, dict[str, Any]]) -> list[list[str]]:
     """Candidates (names, sorted) that share one identity (``{"model": content identity, "engine": ...}``):
     groups of two or more."""
-    from harness.gate.baselines import identity_sha256
-
     by: dict[str, list[str]] = {}
     for name, ident in sorted(identities.items()):
         key = identity_sha256({"model": {k: v for k, v in ident["model"].items() if k != "name"}, "engine": ident.get("engine")})

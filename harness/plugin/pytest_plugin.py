@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from harness.gate.gate import Gate
 from harness.plugin.kinds import ReportKind
 from harness.plugin.registry import REPORT_KINDS
 from harness.plugin.run import PARAMETRIZED, RUN_KEY, FidelityRun, active_run
@@ -136,8 +137,6 @@ def fidelity_scored(request: pytest.FixtureRequest, fidelity_case: tuple[str, in
 @pytest.fixture
 def fidelity_gate(request: pytest.FixtureRequest) -> Any:
     """Checks a scored case against its committed baseline (or records it for an update)."""
-    from harness.gate.gate import Gate
-
     run = active_run(request.config)
     return Gate(baselines=run.plan.config.baselines, update=request.config.getoption("fidelity_update_baselines"),
                 config_path=run.plan.path, selector=run.plan.selector)

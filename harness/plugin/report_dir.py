@@ -38,6 +38,10 @@ from pathlib import Path
 from typing import Any
 
 from harness.errors import VerificationError
+from harness.io.atomic import atomic_write_text, finish_pending
+from harness.io.hashing import sha256_file
+from harness.io.jsonio import read_json, type_name
+from harness.io.owned import check_relative, owned_file, remove_empty_folder, symlink_on_path
 
 #: The stamp a run leaves in its report folder: which suite the reports there measure, and the ledger.
 STAMP = "fidelity-run.json"
@@ -76,9 +80,6 @@ def check_ledger(report_dir: Path) -> dict[str, Any] | None:
     symbolic link, not strict JSON, of another schema, or whose ledger names anything this project does
     not write is a :class:`~harness.errors.VerificationError` naming the stamp, the entry, the expected
     and the found value."""
-    from harness.io.jsonio import read_json, type_name
-    from harness.io.owned import check_relative, symlink_on_path
-
     path = report_dir / STAMP
     if path.is_symlink():
         raise VerificationError(path, "report folder stamp", "a regular file", "a symbolic link")
@@ -115,8 +116,6 @@ def finish_interrupted_writes(report_dir: Path) -> list[Path]:
     (:func:`harness.io.atomic.finish_pending`), then remove the files it staged and never renamed
     (``.<name>.<random>.tmp`` of a name this project writes here, regular files reached without a link).
     Returns the staged files removed."""
-    from harness.io.atomic import finish_pending
-
     removed: list[Path] = []
     if not report_dir.is_dir() or report_dir.is_symlink():
         return removed
@@ -135,8 +134,6 @@ def finish_interrupted_writes(report_dir: Path) -> list[Path]:
 
 
 def _sha256(path: Path) -> str | None:
-    from harness.io.hashing import sha256_file
-
     try:
         return sha256_file(path) if path.is_file() and not path.is_symlink() else None
     except OSError:
@@ -153,8 +150,6 @@ def remove_previous_summaries(report_dir: Path) -> list[str]:
     of listed summaries that were edited since and are kept. A folder a run created (the ledger's
     ``folders``) is removed when left empty. The whole ledger is checked first (:func:`check_ledger`): a
     tampered one raises and nothing is deleted."""
-    from harness.io.owned import owned_file, remove_empty_folder
-
     stamp = check_ledger(report_dir)
     changed, doomed = [], []
     for rel, entry in _ledger(stamp).items():
@@ -190,8 +185,6 @@ def write_stamp(report_dir: Path, suite_sha256: str, config: Path, written: Iter
     did not rewrite); the rest are dropped. ``command``: this run's command line. ``created``: the summary
     folders this run created (:data:`SUMMARY_FOLDERS`); an earlier run's stay listed while they exist.
     Returns the stamp written."""
-    from harness.io.atomic import atomic_write_text
-
     report_dir.mkdir(parents=True, exist_ok=True)
     try:
         old = check_ledger(report_dir)

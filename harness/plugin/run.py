@@ -33,19 +33,40 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import pluggy
 import pytest
 
-from harness.plugin import builtin
+from harness.engines.registry import get_engine
+from harness.errors import FidelityError
+from harness.gate.adaptive import AdaptiveMonitor, threshold_for
+from harness.gate.baselines import headline_of
+from harness.inputs.config import load_config
+from harness.inputs.suite import parse_shard_spec
+from harness.interchange.suite_manifest import load_any_suite
+from harness.plugin import builtin, tracker
+from harness.plugin.junit import headline_numbers, record_on_case, record_on_suite
+from harness.plugin.keywords import add_tag_keywords
 from harness.plugin.kinds import Payload, ReportKind
+from harness.plugin.ladder import LadderCollector
 from harness.plugin.registry import REPORT_KINDS, write_extras
+from harness.plugin.report_dir import (
+    STAMP,
+    SUMMARY_FOLDERS,
+    check_ledger,
+    earlier_shard_reports,
+    finish_interrupted_writes,
+    remove_previous_summaries,
+    summary_folders_present,
+    write_stamp,
+)
+from harness.plugin.step_summary import CASE_MARKERS, ENV, append, failing_case, render
+from harness.reports.aggregate import format_ladder
+from harness.run.ray_executor import RayExecutor, parse_executor, require_ray, scored_shard
+from harness.run.shared_scores import Handover, remove_session_files, shared_dir
+from harness.scoring.threads import apply_default_threads, apply_worker_threads
 
 if TYPE_CHECKING:
     from _pytest.mark.structures import ParameterSet
 
-    from harness.gate.adaptive import AdaptiveMonitor
     from harness.inputs.config import FidelityConfig
-    from harness.plugin.ladder import LadderCollector
-    from harness.run.ray_executor import RayExecutor
     from harness.run.session import FidelitySession, ScoredShard
-    from harness.run.shared_scores import Handover
 
 #: Attributes of a ``TestReport`` that carry a case's payloads home (JSON strings; xdist serializes them).
 PAYLOAD_ATTR = "fidelity_payload"
@@ -110,11 +131,6 @@ class FidelityPlan:
     @classmethod
     def load(cls, config: pytest.Config, path: Path, how: str) -> FidelityPlan:
         """Validate the file, the shard and candidate selections; any problem is a usage error."""
-        from harness.errors import FidelityError
-        from harness.inputs.config import load_config
-        from harness.inputs.suite import parse_shard_spec
-        from harness.interchange.suite_manifest import load_any_suite
-
         try:
             full = load_config(path)
             suite = load_any_suite(full.suite, verify=False)  # the published layout is read in place
@@ -194,8 +210,6 @@ class ConfigCases(pytest.Module):
 def unavailable_engines(config: FidelityConfig, names: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
     """``(name, skip reason)`` of the live candidates among ``names`` whose engine's package is not installed
     (e.g. engine ``vllm`` on a machine without vLLM). Replayed stores need no engine and are never listed."""
-    from harness.engines.registry import get_engine
-
     out = []
     for name in names:
         cand = config.candidate(name)
@@ -235,9 +249,6 @@ _CASE_ID = re.compile(r"::test_fidelity\[([A-Za-z0-9][A-Za-z0-9_.+]*)-shard\d+\]
 def _executor(config: pytest.Config, plan: FidelityPlan) -> RayExecutor | None:
     """``--fidelity-executor``: None for serial; a Ray executor (not yet started) otherwise. Without the
     Ray extra, or combined with pytest-xdist, a usage error that says what to do."""
-    from harness.errors import FidelityError
-    from harness.run.ray_executor import RayExecutor, parse_executor, require_ray
-
     spec = parse_executor(config.getoption("fidelity_executor"))
     if spec.kind == "serial":
         return None
@@ -258,9 +269,6 @@ def check_report_dir(report_dir: Path, plan: FidelityPlan) -> None:
     (:mod:`harness.plugin.report_dir`). A tampered ledger (a path outside the folder, a name this project
     does not write, a symbolic link on the way) and a folder the run writes into that is a symbolic link
     are refused too: a run never deletes or writes outside its report folder."""
-    from harness.errors import FidelityError
-    from harness.plugin.report_dir import STAMP, SUMMARY_FOLDERS, check_ledger
-
     stamp = report_dir / STAMP
     try:
         doc = check_ledger(report_dir)
@@ -283,9 +291,6 @@ def check_report_dir(report_dir: Path, plan: FidelityPlan) -> None:
 def _finish_interrupted_writes(report_dir: Path) -> None:
     """Controller: what a killed earlier run left half-written in the report folder is completed or
     removed before this run writes (:func:`harness.plugin.report_dir.finish_interrupted_writes`)."""
-    from harness.errors import FidelityError
-    from harness.plugin.report_dir import finish_interrupted_writes
-
     try:
         finish_interrupted_writes(report_dir)
     except FidelityError as e:
@@ -342,10 +347,9 @@ class FidelityRun:
                 if other.suffix == ".toml" and other != path:
                     raise pytest.UsageError(f"pytest was pointed at {other} but --fidelity-config names {path}: give one")
         if config.getoption("fidelity_mlflow", None):
-            from harness.plugin.tracker import INSTALL, available
 
-            if not available():
-                raise pytest.UsageError(f"--fidelity-mlflow needs the mlflow package: {INSTALL}")
+            if not tracker.available():
+                raise pytest.UsageError(f"--fidelity-mlflow needs the mlflow package: {tracker.INSTALL}")
         plan = FidelityPlan.load(config, path, how)
         executor = _executor(config, plan)
         if config.getoption("numprocesses", None) and config.getoption("testrunuid", None) is None:
@@ -389,8 +393,6 @@ class FidelityRun:
     def handover(self) -> Handover | None:
         """A worker's hand-over (folder, session id, key): None outside pytest-xdist, or when the controller
         gave no key (the worker then scores what it needs itself)."""
-        from harness.run.shared_scores import Handover
-
         folder = self.shared_scores_dir()
         key = getattr(self.pytest_config, "workerinput", {}).get("fidelity_handover_key")
         if folder is None or not isinstance(key, str):
@@ -403,7 +405,6 @@ class FidelityRun:
             self.pytest_config.getoption("testrunuid", None)
         if not uid:
             return None
-        from harness.run.shared_scores import shared_dir
 
         return shared_dir(self.plan.config.cache_dir, str(uid))
 
@@ -411,8 +412,6 @@ class FidelityRun:
     def monitor(self) -> AdaptiveMonitor | None:
         """The adaptive monitor (``--fidelity-adaptive``), or None."""
         if self._monitor is None and self.pytest_config.getoption("fidelity_adaptive"):
-            from harness.gate.adaptive import AdaptiveMonitor, threshold_for
-
             thresholds = {n: threshold_for(self.plan.config.baselines, n, s) for n, s in self.planned.items()}
             self._monitor = AdaptiveMonitor(planned=self.planned, thresholds=thresholds)
         return self._monitor
@@ -420,8 +419,6 @@ class FidelityRun:
     @property
     def collector(self) -> LadderCollector:
         if self._collector is None:
-            from harness.plugin.ladder import LadderCollector
-
             self._collector = LadderCollector(report_dir=Path(self.pytest_config.getoption("fidelity_report_dir")))
         return self._collector
 
@@ -458,12 +455,10 @@ class FidelityRun:
         self.is_worker = xdist.is_xdist_worker(session)
         if self.is_worker:  # worker ids are "gw0", "gw1", ...: one device per worker
             self.worker_index = int(xdist.get_xdist_worker_id(session).removeprefix("gw"))
-            from harness.scoring.threads import apply_worker_threads
 
             # -n W: each worker gets free cores // W torch threads (harness/scoring/threads.py)
             apply_worker_threads(int(session.config.workerinput.get("workercount", 1)))  # type: ignore[attr-defined]
         else:  # the single process or the controller: the free cores, or FIDELITY_THREADS
-            from harness.scoring.threads import apply_default_threads
 
             apply_default_threads()
 
@@ -481,8 +476,6 @@ class FidelityRun:
 
     def pytest_itemcollected(self, item: pytest.Item) -> None:
         """A candidate's tags become keywords of its cases (``-k TAG``; :mod:`harness.plugin.keywords`)."""
-        from harness.plugin.keywords import add_tag_keywords
-
         add_tag_keywords(item, self.plan.full)
 
     def pytest_generate_tests(self, metafunc: pytest.Metafunc) -> None:
@@ -524,7 +517,6 @@ class FidelityRun:
             self.not_scored.setdefault(case.group(1), "failed: " + _reason_of(report))
         elif case and report.skipped:
             self.not_scored.setdefault(case.group(1), "skipped: " + _reason_of(report))
-        from harness.plugin.step_summary import CASE_MARKERS, failing_case
 
         failed = failing_case(report, CASE_MARKERS)
         if failed is not None:
@@ -533,10 +525,6 @@ class FidelityRun:
             return
         payload = getattr(report, PAYLOAD_ATTR, None)
         if payload is not None:
-            from harness.errors import FidelityError
-            from harness.gate.baselines import headline_of
-            from harness.plugin.junit import headline_numbers, record_on_suite
-
             doc = json.loads(payload)
             try:
                 self.collector.add(doc, passed=report.passed,
@@ -553,15 +541,12 @@ class FidelityRun:
         and a non-zero exit status, never an internal error."""
         if self.is_worker:
             return
-        from harness.errors import FidelityError
 
         if self.executor is not None:
             self.executor.shutdown()
         shared = self.shared_scores_dir()
         if shared is not None and self.handover_key is not None:
             # the workers' hand-over files live exactly as long as the session; only this session's go
-            from harness.run.shared_scores import remove_session_files
-
             remove_session_files(shared, bytes.fromhex(self.handover_key), remove_folder=self.handover_created)
         if (self.collector.reports or self.extras) and self.finish_error is None:
             try:
@@ -577,12 +562,10 @@ class FidelityRun:
     def log_to_mlflow(self, uri: str) -> None:
         """``--fidelity-mlflow``: one MLflow run with this run's numbers, ladder and plots
         (:mod:`harness.plugin.tracker`); a tracking failure is named at the end, never an internal error."""
-        from harness.plugin.tracker import log_run
-
         tags = {"fidelity.config": str(self.plan.path), "fidelity.suite_token_sha256": self.plan.suite_sha256,
                 "fidelity.command": " ".join(["pytest", *self.pytest_config.invocation_params.args])}
         try:
-            rid = log_run(uri, run_name=self.plan.path.name, tags=tags, reports=self.collector.reports,
+            rid = tracker.log_run(uri, run_name=self.plan.path.name, tags=tags, reports=self.collector.reports,
                           rows=self.collector.ladder_rows, files=self.summary_files)
         except Exception as e:  # mlflow raises its own exception types (connection, store, permission)
             self.finish_error = f"--fidelity-mlflow {uri}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
@@ -590,13 +573,6 @@ class FidelityRun:
         self.extra_lines.append(f"mlflow: run {rid} (experiment fidelity) at {uri}")
 
     def _write_summaries(self) -> None:
-        from harness.plugin.report_dir import (
-            earlier_shard_reports,
-            remove_previous_summaries,
-            summary_folders_present,
-            write_stamp,
-        )
-
         report_dir = self.collector.report_dir
         # every run summary in the folder is this run's; shard reports accumulate (report_dir.py). A tampered
         # ledger raises here, before anything is deleted or written.
@@ -660,12 +636,9 @@ class FidelityRun:
     def write_step_summary(self) -> None:
         """On GitHub Actions (``$GITHUB_STEP_SUMMARY`` set): the ladder and the failing cases on the job page
         (:mod:`harness.plugin.step_summary`)."""
-        from harness.plugin.step_summary import ENV, append, render
-
         target = os.environ.get(ENV)
         if not target or self.is_worker:
             return
-        from harness.reports.aggregate import format_ladder
 
         ladder = format_ladder(self.collector.ladder_rows) if self.collector.ladder_rows else []
         notes = [*self.extra_lines, *([f"error: {self.finish_error}"] if self.finish_error else [])]
@@ -690,7 +663,6 @@ class FidelityRun:
         if monitor is not None:
             d = monitor.observe(name, shard, scored.report.metrics)
             self.send(request, "adaptive", {"candidate": name, "shard": shard, **d.record()})
-        from harness.plugin.junit import headline_numbers, record_on_case
 
         record_on_case(self.pytest_config, request.node, headline_numbers(scored.headline))
         request.node.stash[_PAYLOAD] = scored.report.to_json_dict()
@@ -700,7 +672,6 @@ class FidelityRun:
         """In this process, or the case's cluster task (whose positions the session then holds)."""
         if self.executor is None:
             return self.session.score(self.session.config.candidate(name), shard)
-        from harness.run.ray_executor import scored_shard
 
         return scored_shard(self.executor, self.session, name, shard)  # type: ignore[no-any-return]
 
@@ -735,8 +706,6 @@ class _OwnLine:
 def _or_fail(what: str, fn: Callable[[], _T]) -> _T:
     """``fn()``; a :class:`~harness.errors.FidelityError` fails the case with one line ``what: message``
     (raised after the handler, so no chained traceback is shown)."""
-    from harness.errors import FidelityError
-
     try:
         return fn()
     except FidelityError as exc:

@@ -38,7 +38,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from harness.errors import FidelityError
+from harness.capture.loop import capture
+from harness.capture.store import CaptureStore
+from harness.engines.base import EngineOptions
+from harness.engines.registry import get_engine, require
+from harness.errors import FidelityError, VerificationError
+from harness.inputs.config import load_config
+from harness.run.positions_wire import positions_to_bytes
 
 if TYPE_CHECKING:
     from harness.inputs.config import CandidateConfig, FidelityConfig
@@ -80,7 +86,6 @@ _SESSIONS: dict[TaskSpec, FidelitySession] = {}
 
 def _session(spec: TaskSpec) -> FidelitySession:
     if spec not in _SESSIONS:
-        from harness.inputs.config import load_config
         from harness.run.session import FidelitySession, resolve_device
 
         path = Path(spec.config)
@@ -127,12 +132,6 @@ def _live_store(session: FidelitySession, cand: CandidateConfig, shard: int) -> 
     the writer, which removes that leftover (and refuses anything it did not write), and is opened again."""
     import fcntl
 
-    from harness.capture.loop import capture
-    from harness.capture.store import CaptureStore
-    from harness.engines.base import EngineOptions
-    from harness.engines.registry import get_engine, require
-    from harness.errors import VerificationError
-
     assert cand.model is not None
     require(get_engine(cand.engine, str(session.config.path)))
     out = session.live_store_path(cand)
@@ -169,8 +168,6 @@ def run_case(spec: TaskSpec, name: str, shard: int, ready: dict[str, Any] | None
 
     ``ready``: the reference-capture task's result when the reference had to be captured first (Ray
     passes it once that task has finished); its error becomes this case's error."""
-    from harness.run.positions_wire import positions_to_bytes
-
     if ready is not None and "error" in ready:
         return {"schema": RESULT_SCHEMA, "error": str(ready["error"]), "node": str(ready.get("node"))}
     t0 = time.perf_counter()

@@ -35,8 +35,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from harness.errors import FidelityError
+from harness.io.atomic import atomic_write_files, dumps_json
 from harness.metrics.tails import quantile
 from harness.reports.numbers import fmt_g
+from harness.run.shard_inputs import ShardInputs
+from harness.run.verify import check_contexts, check_widths
 
 if TYPE_CHECKING:
     from harness.capture.store import CaptureStore
@@ -181,8 +184,6 @@ def score_pair(*, suite: Suite, shard: int, reference: CaptureStore, candidate: 
     logits: a hidden-state side goes through ``head``) after the width and context joins; returns the
     cell and the per-position scores it summarizes (in the shard's context order)."""
     from harness.run.shard import shard_positions
-    from harness.run.shard_inputs import ShardInputs
-    from harness.run.verify import check_contexts, check_widths
 
     check_widths(suite, reference, candidate, head)
     check_contexts([reference, candidate], suite, [shard])
@@ -290,8 +291,6 @@ def from_json_dict(doc: Mapping[str, Any], where: str = "<cross-engine payload>"
 
 def write_cross_engine(out: str | Path, m: FloorMatrix, rows: Sequence[NetRow]) -> list[Path]:
     """Write ``cross_engine.md`` and ``cross_engine.json`` into ``out`` as one unit."""
-    from harness.io.atomic import atomic_write_files, dumps_json
-
     folder = Path(out)
     folder.mkdir(parents=True, exist_ok=True)
     return atomic_write_files({folder / "cross_engine.md": render_markdown(m, rows),

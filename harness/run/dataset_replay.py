@@ -11,15 +11,18 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from harness.capture.loop import capture
+from harness.dataset.verify import verify_dataset
+from harness.engines.base import EngineOptions
 from harness.errors import FidelityError, VerificationError
+from harness.inputs.dataset_layout import MANIFEST
+from harness.inputs.suite import Suite
+from harness.io.atomic import refuse_overwriting_inputs, removed_on_failure
 
 
 def replay_dataset(dataset: Path, candidate: Path, out: Path, *, shards: str | None = None, score_from: int = 0,
                    name: str | None = None, n_boot: int = 10_000, device: str = "cpu") -> list[Path]:
     """Verify ``dataset``, obtain the candidate's capture, score the reference shards; returns report paths."""
-    from harness.dataset.verify import verify_dataset
-    from harness.inputs.dataset_layout import MANIFEST
-    from harness.inputs.suite import Suite
     from harness.run.replay import replay
 
     doc = verify_dataset(dataset)
@@ -35,11 +38,8 @@ def replay_dataset(dataset: Path, candidate: Path, out: Path, *, shards: str | N
     if not (candidate / "capture.json").is_file():
         if not (candidate / "config.json").is_file():
             raise FidelityError(f"{candidate}: neither a capture store (capture.json) nor a model folder (config.json)")
-        from harness.capture.loop import capture
-        from harness.engines.base import EngineOptions
 
         store = out / "capture"
-    from harness.io.atomic import refuse_overwriting_inputs, removed_on_failure
 
     # never inside the dataset or the candidate (a capture there would corrupt them)
     refuse_overwriting_inputs([out], [dataset, candidate], "replay --dataset --out")

@@ -16,7 +16,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from harness.engines.registry import get_engine
 from harness.errors import FidelityError
+from harness.gate.baselines import headline_of
+from harness.gate.gate import Gate
+from harness.inputs.config import load_config
+from harness.inputs.suite import parse_shard_spec
+from harness.interchange.suite_manifest import load_any_suite
+from harness.io.jsonio import read_json
+from harness.reports.aggregate import ladder_rows, write_ladder
+from harness.reports.shard import ShardReport
+from harness.run.ray_executor import RayExecutor, parse_executor, scored_shard
 
 __all__ = ["STAMP", "LadderOutcome", "run_ladder"]
 
@@ -44,10 +54,6 @@ class LadderOutcome:
 def _select(config: Any, candidates: str | None, shards: str | None) -> tuple[Any, list[int], list[str]]:
     import dataclasses
 
-    from harness.engines.registry import get_engine
-    from harness.inputs.suite import parse_shard_spec
-    from harness.interchange.suite_manifest import load_any_suite
-
     suite = load_any_suite(config.suite, verify=False)
     chosen = parse_shard_spec(shards, len(suite.shards))
     if config.reference_shards is not None:
@@ -70,14 +76,6 @@ def run_ladder(config_path: Path, *, report_dir: Path, executor: str = "serial",
                shards: str | None = None, device: str = "auto", window: int = 0,
                progress: Callable[[str], None] | None = None) -> LadderOutcome:
     """Score, gate and write every selected case (module docstring); ``progress`` receives one line per case."""
-    from harness.gate.baselines import headline_of
-    from harness.gate.gate import Gate
-    from harness.inputs.config import load_config
-    from harness.interchange.suite_manifest import load_any_suite
-    from harness.io.jsonio import read_json
-    from harness.reports.aggregate import ladder_rows, write_ladder
-    from harness.reports.shard import ShardReport
-    from harness.run.ray_executor import RayExecutor, parse_executor, scored_shard
     from harness.run.session import FidelitySession, resolve_device
 
     spec = parse_executor(executor)

@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from harness.errors import FidelityError
+from harness.metrics import ContextLabel
+from harness.metrics.scores import PositionScores
 
 if TYPE_CHECKING:
     from harness.run.shard import ShardPositions
@@ -26,8 +28,6 @@ _SCHEMA = "fidelity.task-positions/1"
 
 
 def _score_fields() -> tuple[str, ...]:
-    from harness.metrics.scores import PositionScores
-
     return tuple(f.name for f in fields(PositionScores))
 
 
@@ -47,8 +47,6 @@ def positions_to_bytes(pos: ShardPositions) -> bytes:
 
 def positions_from_bytes(data: bytes, where: str) -> ShardPositions:
     """Read what :func:`positions_to_bytes` produced; ``where`` names the source in errors."""
-    from harness.metrics import ContextLabel
-    from harness.metrics.scores import PositionScores
     from harness.run.shard import ShardPositions
 
     names = _score_fields()

@@ -38,7 +38,16 @@ from typing import Any
 
 import numpy as np
 
+from harness.capture.store import CaptureStore
+from harness.engines.identity import model_identity
+from harness.engines.transformers import load_model
 from harness.errors import FidelityError
+from harness.inputs.head import load_head
+from harness.inputs.suite import Suite
+from harness.io.atomic import atomic_write_files, dumps_json
+from harness.metrics import ContextLabel, summarize
+from harness.metrics.scores import PositionScores
+from harness.run.verify import check_reference_identity
 
 __all__ = ["SCHEMA", "DEFINITION", "COMPUTE_DTYPES", "precision_floor", "render_precision_floor", "write_precision_floor"]
 
@@ -84,14 +93,6 @@ def precision_floor(*, suite_path: str | Path, model_dir: str | Path, store_path
     """Measure the precision floor of a reference capture (module docstring); returns the JSON-ready result."""
     import torch
 
-    from harness.capture.store import CaptureStore
-    from harness.engines.identity import model_identity
-    from harness.engines.transformers import load_model
-    from harness.inputs.head import load_head
-    from harness.inputs.suite import Suite
-    from harness.metrics import ContextLabel, summarize
-    from harness.metrics.scores import PositionScores
-    from harness.run.verify import check_reference_identity
     from harness.scoring.gemm import gemm_mode
     from harness.scoring.torch_path import gemm_operand, gemm_path, logits_gemm, score_logits
 
@@ -184,8 +185,6 @@ def render_precision_floor(r: dict[str, Any]) -> str:
 
 def write_precision_floor(result: dict[str, Any], out_dir: str | Path) -> list[Path]:
     """Write ``precision_floor.json`` and ``precision_floor.md`` into ``out_dir`` as one unit."""
-    from harness.io.atomic import atomic_write_files, dumps_json
-
     out = Path(out_dir)
     files = {out / "precision_floor.json": dumps_json(result), out / "precision_floor.md": render_precision_floor(result)}
     atomic_write_files(files)

@@ -34,7 +34,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from harness.errors import FidelityError
+from harness.gate.baselines import headline_of
+from harness.reports.shard import ShardReport, report_shard
+from harness.run import cluster_task
 from harness.run.cluster_task import RESULT_SCHEMA, TaskSpec, result_digest
+from harness.run.positions_wire import positions_from_bytes
+from harness.run.task_resources import task_resources
 
 if TYPE_CHECKING:
     from harness.inputs.config import FidelityConfig
@@ -119,9 +124,6 @@ def _failure(result: Any, where: str) -> str | None:
 
 def verify_result(result: Any, name: str, shard: int) -> CaseResult:
     """Check a task's result (digest, report schema and types, candidate and shard) and decode it."""
-    from harness.reports.shard import ShardReport, report_shard
-    from harness.run.positions_wire import positions_from_bytes
-
     where = f"<ray task {name} shard {shard:02d}>"
     error = _failure(result, where)
     if error is not None:
@@ -195,9 +197,6 @@ class RayExecutor:
         """Submit one task per case (the reference capture first, when its store is missing)."""
         import ray
 
-        from harness.run import cluster_task
-        from harness.run.task_resources import task_resources
-
         spec = self.task_spec()
         cluster = {k: float(v) for k, v in ray.cluster_resources().items()}
         gpu = self._gpu(cluster)
@@ -261,8 +260,6 @@ def scored_shard(executor: RayExecutor, session: Any, name: str, shard: int) -> 
     """The case's :class:`~harness.run.session.ScoredShard` from its task, its positions handed to
     ``session`` (a :class:`~harness.run.session.FidelitySession`) so the tail, window and paired cases
     read them instead of scoring again."""
-    from harness.gate.baselines import headline_of
-    from harness.reports.shard import ShardReport
     from harness.run.session import ScoredShard, candidate_size_bytes
 
     out = executor.result(name, shard)

@@ -35,6 +35,8 @@ from harness.capture.store import CaptureStore
 from harness.errors import FidelityError, VerificationError
 from harness.inputs.head import HeadTensor, load_head, sidecar_path
 from harness.inputs.suite import Suite
+from harness.interchange.published_method import method_report, render_method_markdown
+from harness.interchange.suite_manifest import shard_view_digest
 from harness.io.atomic import atomic_write_files, dumps_json, refuse_overwriting_inputs
 from harness.reports.shard import render_markdown
 from harness.run.shard import CandidateMeta, score_shard
@@ -165,8 +167,6 @@ def write_replay(inputs: ReplayInputs, out: str | Path, *, name: str, reference_
         if method == "published":
             if inputs.head is None:
                 raise FidelityError("--method published scores hidden states through the shared head: pass --head")
-            from harness.interchange.published_method import method_report, render_method_markdown
-            from harness.interchange.suite_manifest import shard_view_digest
 
             doc = method_report(suite=inputs.suite, shard=shard, reference=inputs.reference, candidate=inputs.candidate,
                                 head=inputs.head, cand_head=inputs.cand_head, exact=report, score_from=score_from,

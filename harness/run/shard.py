@@ -22,6 +22,7 @@ from harness.planning.design import single_run_resolvable_delta
 from harness.reports.shard import ShardReport, make_comparability
 from harness.run.shard_inputs import ShardInputs
 from harness.run.verify import check_scores_finite
+from harness.scoring import streaming
 
 if TYPE_CHECKING:
     import torch
@@ -111,7 +112,6 @@ def shard_positions(inputs: ShardInputs, *, device: str = "cpu") -> ShardPositio
     import torch
 
     from harness.scoring.scorer import score_hidden, score_logits, scorer_run
-    from harness.scoring.streaming import STREAM_MIN_BYTES, score_hidden_streaming
 
     suite, shard, reference, candidate = inputs.suite, inputs.shard, inputs.reference, inputs.candidate
     head, cand_head = inputs.head, inputs.cand_head
@@ -129,13 +129,13 @@ def shard_positions(inputs: ShardInputs, *, device: str = "cpu") -> ShardPositio
     indices = list(suite.shard_indices(shard))
     rows_per = suite.n_ctx - 1
     targets = torch.from_numpy(suite.tokens[indices, 1:].astype(np.int64).reshape(-1))
-    if reference.kind != "logits" and not mixed and 2 * len(indices) * rows_per * reference.width * 2 > STREAM_MIN_BYTES:
+    if reference.kind != "logits" and not mixed and 2 * len(indices) * rows_per * reference.width * 2 > streaming.STREAM_MIN_BYTES:
         # large shard: prefetch the next contexts while the current ones are scored (bounded memory)
         head = _shared_head(inputs)
         probe = torch.empty(0, reference.width, dtype=getattr(torch, reference.dtype))
         cprobe = torch.empty(0, candidate.width, dtype=getattr(torch, candidate.dtype))
         ran = scorer_run(probe, cprobe, head.weight, None if cand_head is None else cand_head.weight, device=device).as_dict()
-        scores, wait_s, score_s = score_hidden_streaming(
+        scores, wait_s, score_s = streaming.score_hidden_streaming(
             reference, candidate, indices, targets, head.weight,
             None if cand_head is None else cand_head.weight, device=device,
         )

@@ -43,6 +43,10 @@ import numpy as np
 
 from harness.errors import FidelityError, VerificationError
 from harness.io.atomic import atomic_write_bytes
+from harness.io.jsonio import loads_json
+from harness.io.owned import remove_empty_folder
+from harness.metrics import ContextLabel
+from harness.metrics.scores import PositionScores
 from harness.scoring.backends import scoring_env
 
 if TYPE_CHECKING:
@@ -129,8 +133,6 @@ def save_positions(path: Path, pos: ShardPositions, bound: dict[str, Any], key: 
 
 def _read_signed(path: Path, key: bytes) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     """The meta and arrays of a file signed with ``key``; anything else is a VerificationError."""
-    from harness.io.jsonio import loads_json
-
     try:
         with np.load(path, allow_pickle=False) as z:
             names = set(z.files)
@@ -153,8 +155,6 @@ def _read_signed(path: Path, key: bytes) -> tuple[dict[str, Any], dict[str, np.n
 def load_positions(path: Path, bound: dict[str, Any], key: bytes) -> ShardPositions:
     """Read what :func:`save_positions` wrote, believing it only when it is signed with ``key`` and was
     computed from exactly ``bound``; anything else is a VerificationError naming the file."""
-    from harness.metrics import ContextLabel
-    from harness.metrics.scores import PositionScores
     from harness.run.shard import ShardPositions
 
     meta, arrays = _read_signed(path, key)
@@ -207,8 +207,6 @@ def remove_session_files(folder: Path, key: bytes, *, remove_folder: bool) -> li
     folder) also the locks of shards whose scoring failed and the staged files of a killed worker, then the
     folder when nothing else is left. Returns the files left in place (not provably this
     session's)."""
-    from harness.io.owned import remove_empty_folder
-
     if folder.is_symlink() or not folder.is_dir():
         return []
     left = []

@@ -34,7 +34,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from harness.capture.store import width_field
+from harness.engines.identity import model_identity as identify
 from harness.errors import VerificationError
+from harness.inputs.head import sidecar_path
 
 if TYPE_CHECKING:
     from harness.capture.store import CaptureStore
@@ -79,8 +82,6 @@ def check_reference_identity(reference: CaptureStore, *, reference_model: Path |
     """The reference store's model is the configured reference model and the head's source model."""
     found = reference.identity
     if model_identity is None and reference_model is not None and Path(reference_model).is_dir():
-        from harness.engines.identity import model_identity as identify
-
         model_identity = identify(reference_model)
     if model_identity is not None and content_identity(model_identity) != content_identity(found):
         raise VerificationError(
@@ -88,8 +89,6 @@ def check_reference_identity(reference: CaptureStore, *, reference_model: Path |
             describe(model_identity), describe(found), "this store was captured from another model")
     if head is not None and reference.kind == "hidden_states":
         if head.source_model is None:
-            from harness.inputs.head import sidecar_path
-
             raise VerificationError(sidecar_path(head.path), "source_model (the model the shared head was exported from)",
                                     "recorded by `fidelity export-head`", "none (sidecar missing or without source_model)",
                                     "without it the head cannot be tied to the reference store")
@@ -117,8 +116,6 @@ def _check_head_vocab(head: HeadTensor, suite: Suite) -> None:
 def check_widths(suite: Suite, reference: CaptureStore, candidate: CaptureStore, head: HeadTensor | None,
                  cand_head: HeadTensor | None = None) -> None:
     """Every width and vocabulary at the scorer's joins agrees (module docstring)."""
-    from harness.capture.store import width_field
-
     rk, ck = reference.kind, candidate.kind
     if rk == "logits" and ck == "hidden_states":
         # the candidate's logits are formed through its own head, else the shared head
