@@ -20,6 +20,9 @@ from typing import Protocol
 import numpy as np
 
 from harness.allocation.choices import LINEARS, parse_project
+from harness.allocation.gguf_format import gguf_name, quantize, types_and_bytes, unit_weights
+from harness.attribution.sizes import folder_tensor_bytes
+from harness.engines.quantization import layer_recipe, read_quant
 from harness.errors import FidelityError, VerificationError
 
 
@@ -115,15 +118,12 @@ class ProjectFamily:
         return out
 
     def built_bytes(self, model: Path) -> int:
-        from harness.attribution.sizes import folder_tensor_bytes
-
         return sum(folder_tensor_bytes(model).values())
 
     def base_layout(self, base: str) -> dict[str, str]:
         path = Path(base)
         if not path.is_dir():
             return {u: parse_project(base).name for u in self.units}
-        from harness.engines.quantization import layer_recipe, read_quant
 
         q = read_quant(path)
         if q["code_kind"] != "int" or not str(q["method"]).startswith("rtn_sym"):
@@ -154,15 +154,12 @@ class GgufFamily:
         self._bytes: dict[str, dict[str, int]] = {}
         self.written_types: dict[str, dict[str, str]] = {}
         first = self._uniform(choices[0])
-        from harness.allocation.gguf_format import gguf_name, types_and_bytes
 
         _, nbytes = types_and_bytes(first)
         unit_names = {gguf_name(u) for u in self.units}
         self.fixed_bytes = sum(b for n, b in nbytes.items() if n not in unit_names)
 
     def _uniform(self, choice: str) -> Path:
-        from harness.allocation.gguf_format import gguf_name, quantize, types_and_bytes, unit_weights
-
         path = self.work / f"uniform-{choice.lower()}.gguf"
         if choice not in self._weights:
             quantize(self.bf16_gguf, path, {u: choice for u in self.units},
@@ -182,22 +179,17 @@ class GgufFamily:
         return self._bytes[choice][unit]
 
     def build(self, layout: Mapping[str, str], out: Path) -> Path:
-        from harness.allocation.gguf_format import quantize
-
         out.mkdir(parents=True, exist_ok=True)
         return quantize(self.bf16_gguf, out / "model.gguf", layout, token_embedding_type=self.token_embedding_type,
                         threads=self.threads)
 
     def built_bytes(self, model: Path) -> int:
-        from harness.allocation.gguf_format import types_and_bytes
-
         return sum(types_and_bytes(model)[1].values())
 
     def base_layout(self, base: str) -> dict[str, str]:
         path = Path(base)
         if not path.is_file():
             return {u: base.upper() for u in self.units}
-        from harness.allocation.gguf_format import gguf_name, types_and_bytes
 
         types, _ = types_and_bytes(path)
         layout = {u: types[gguf_name(u)] for u in self.units if gguf_name(u) in types}

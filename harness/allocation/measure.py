@@ -23,15 +23,15 @@ import torch
 
 from harness.allocation.family import Family
 from harness.attribution.ablation import AblationModels, capture
+from harness.engines.transformers import load_model
 from harness.errors import FidelityError
+from harness.scoring.scorer import score_hidden
 
 
 class InProcess:
     """The reference model in memory, its capture on ``tokens``, and a scorer for any layout of ``family``."""
 
     def __init__(self, reference: Path, family: Family, tokens: np.ndarray, *, device: str = "cpu") -> None:
-        from harness.engines.transformers import load_model
-
         self.family, self.tokens = family, np.asarray(tokens)
         dev = torch.device(device)
         model = load_model(reference, device="cpu", dtype="bfloat16").to(dev, torch.float32).eval()
@@ -59,8 +59,6 @@ class InProcess:
 
     def score(self, layout: Mapping[str, str]) -> np.ndarray:
         """Per-context KLD sums (float64 ``[n_contexts]``) of a layout against the reference."""
-        from harness.scoring.scorer import score_hidden
-
         self.apply(layout)
         hidden = capture(self.models, self.tokens)
         s = score_hidden(self.ref_hidden, hidden, self.head, self.targets, device=self.models.device)

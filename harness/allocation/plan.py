@@ -39,6 +39,7 @@ from harness.allocation.measure import InProcess, group_variants, with_group
 from harness.allocation.proxy import group_proxy, rank_agreement, unit_errors
 from harness.attribution.effects import INTERVAL_METHOD, INTERVAL_METHOD_TEXT, PairedMeans
 from harness.errors import FidelityError
+from harness.inputs.suite import Suite
 
 SCHEMA = "fidelity.allocation/1"
 EFFECTS = ("measured", "proxy")
@@ -88,8 +89,6 @@ def _estimate(pm: PairedMeans, per_context: np.ndarray, nonnegative: bool = Fals
 
 def allocate(req: AllocationRequest) -> dict[str, Any]:
     """Run the search (module docstring); returns the JSON-ready result (schema :data:`SCHEMA`)."""
-    from harness.inputs.suite import Suite
-
     if req.effects not in EFFECTS:
         raise FidelityError(f"effects {req.effects!r}: expected one of {', '.join(EFFECTS)}")
     t0 = time.perf_counter()

@@ -14,7 +14,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from harness.allocation.gguf_format import tensor_type_lines
+from harness.allocation.outputs import llmcompressor_recipe
 from harness.io.atomic import atomic_write_files
+from harness.reports.plot import kld_vs_size_figure
 
 
 def _g(x: float | None) -> str:
@@ -79,9 +82,6 @@ def render_markdown(r: Mapping[str, Any], check: Mapping[str, Any] | None = None
 
 def proposal_files(r: Mapping[str, Any], out: Path, token_embedding_type: str = "Q8_0") -> dict[Path, str]:
     """Each proposal's layout files (module docstring)."""
-    from harness.allocation.gguf_format import tensor_type_lines
-    from harness.allocation.outputs import llmcompressor_recipe
-
     files: dict[Path, str] = {}
     for p in r["proposals"]:
         folder = out / f"alloc-{p['budget_spec']}"
@@ -102,8 +102,6 @@ def write_allocation(r: Mapping[str, Any], out: Path, check: Mapping[str, Any] |
     files.update(proposal_files(r, out))
     if check is not None:
         import io
-
-        from harness.reports.plot import kld_vs_size_figure
 
         fig, _axes, _labels = kld_vs_size_figure(check["plot_points"])
         buf = io.BytesIO()

@@ -6,7 +6,12 @@ import argparse
 import tempfile
 from pathlib import Path
 
+from harness.allocation.choices import parse_choices
+from harness.allocation.family import Family, GgufFamily, ProjectFamily
+from harness.allocation.render import write_allocation
 from harness.cli.registry import Builder, SubParsers, formatter, positive_int
+from harness.errors import FidelityError
+from harness.run.allocation_check import check_allocation
 
 DEFAULT_CHOICES = {"project": "int3_g32,int4_g64,int4_g32,int5_g32,int8", "gguf": "Q4_0,Q4_1,Q5_0,Q5_1,Q8_0"}
 
@@ -14,11 +19,7 @@ DEFAULT_CHOICES = {"project": "int3_g32,int4_g64,int4_g32,int5_g32,int8", "gguf"
 def _allocate(a: argparse.Namespace) -> int:
     import torch
 
-    from harness.allocation.choices import parse_choices
-    from harness.allocation.family import Family, GgufFamily, ProjectFamily
     from harness.allocation.plan import allocate, request_from_args
-    from harness.allocation.render import write_allocation
-    from harness.errors import FidelityError
 
     if a.threads:
         torch.set_num_threads(a.threads)
@@ -36,8 +37,6 @@ def _allocate(a: argparse.Namespace) -> int:
         result = allocate(req)
         check = None
         if a.check is not None:
-            from harness.run.allocation_check import check_allocation
-
             uniforms = parse_choices(a.family, a.uniforms) if a.uniforms else list(family.choices)
             base_model = Path(a.base) if Path(a.base).exists() else None
             check = check_allocation(a.check, result, family, a.out / "check", uniforms=uniforms, shards=a.check_shards,

@@ -33,6 +33,7 @@ import numpy as np
 
 from harness.errors import FidelityError, VerificationError
 from harness.io.hashing import sha256_bytes, sha256_file
+from harness.io.jsonio import read_json
 from harness.io.schema import Closed, MapOf, Nullable, OneOf, Optional, check
 
 PROVENANCE_FILE = "provenance.json"
@@ -79,8 +80,6 @@ def _attribution(raw: dict[str, Any]) -> Attribution:
 def load_provenance(path: str | Path) -> tuple[Attribution, dict[str, Attribution]]:
     """Read a ``provenance.json`` sidecar (:data:`SIDECAR_SCHEMA`, strict JSON): the default attribution and
     the per-document ones."""
-    from harness.io.jsonio import read_json
-
     path = Path(path)
     if not path.is_file():
         raise FidelityError(f"{path}: provenance sidecar not found")

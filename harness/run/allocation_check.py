@@ -24,13 +24,16 @@ from typing import Any
 
 from harness.allocation.family import Family, layout_bytes
 from harness.errors import FidelityError, VerificationError
+from harness.inputs.config import CandidateConfig, load_config
+from harness.inputs.suite import parse_shard_spec
+from harness.interchange.suite_manifest import load_any_suite
+from harness.reports.aggregate import ladder_rows, write_ladder
+from harness.reports.paired import paired_report
 
 SCHEMA = "fidelity.allocation-check/1"
 
 
 def _candidate(name: str, engine: str, model: Path) -> Any:
-    from harness.inputs.config import CandidateConfig
-
     return CandidateConfig(name, engine, model.resolve(), None, None, None, ("allocation",))
 
 
@@ -38,11 +41,6 @@ def check_allocation(config_path: Path, result: Mapping[str, Any], family: Famil
                      uniforms: Sequence[str] = (), shards: str | None = None, device: str = "cpu",
                      engine: str = "transformers", base_model: Path | None = None, margin: float = 1e-4) -> dict[str, Any]:
     """Build, score and compare (module docstring); shard reports go to ``out/reports/<candidate>/``."""
-    from harness.inputs.config import load_config
-    from harness.inputs.suite import parse_shard_spec
-    from harness.interchange.suite_manifest import load_any_suite
-    from harness.reports.aggregate import ladder_rows, write_ladder
-    from harness.reports.paired import paired_report
     from harness.run.session import FidelitySession
 
     config = load_config(config_path)
