@@ -515,3 +515,99 @@ def test_handover_binding_holds_the_scoring_path(monkeypatch: pytest.MonkeyPatch
         monkeypatch.setenv(var, value)
         assert bound()["scorer"]["env"][var] == value and bound() != base
         monkeypatch.delenv(var)
+
+
+# ----------------------------------------------------------------------------- a planted hand-over, end to end
+
+MARK = "PLANTED-7f3a"
+
+
+def _numbers(doc: Any, where: str = "$") -> dict[str, float]:
+    """Every number of a JSON document by its path (timings and paths of files left out)."""
+    out: dict[str, float] = {}
+    if isinstance(doc, dict):
+        for k, v in doc.items():
+            if k not in ("timing", "created", "load_s", "score_s", "scorer_run", "source"):
+                out.update(_numbers(v, f"{where}.{k}"))
+    elif isinstance(doc, list):
+        for i, v in enumerate(doc):
+            out.update(_numbers(v, f"{where}[{i}]"))
+    elif isinstance(doc, (int, float)) and not isinstance(doc, bool):
+        out[where] = float(doc)
+    return out
+
+
+@pytest.mark.slow  # a real -n 2 run of the tiny project (two workers start torch), after the shared serial run
+def test_xdist_run_never_believes_a_planted_handover(fidelity_run: Path, tmp_path: Path) -> None:
+    """Before a ``pytest -n 2`` run with a known ``--testrunuid``, its hand-over folder is planted with: for every
+    shard of ``good``, a forgery identical to what the workers compute -- the exact binding (session, identities,
+    store contents, suite, shard, window, scorer, heads) -- but with KLD 0 and a marker, signed with another key
+    (what a killed earlier session of the same id leaves); a truncated file for ``bad`` shard 0; for ``bad`` shard 1
+    a symbolic link to a forged file outside. The run's reports equal the serial run's (``-n 0``) numbers, no
+    report holds the marker, the linked file outside is untouched, and the run passes."""
+    import dataclasses
+    import os
+    import subprocess
+    import sys
+
+    from harness.inputs.config import load_config
+    from harness.run.session import FidelitySession
+    from harness.run.shared_scores import binding, load_positions, save_positions, shared_dir
+
+    root = tmp_path / "p"
+    shutil.copytree(fidelity_run, root, symlinks=True)
+    uid = "planted0run"
+    config = load_config(root / "fidelity.toml")
+    folder = shared_dir(config.cache_dir, uid)
+    folder.mkdir(parents=True)
+    session = FidelitySession(config=config)
+    forged_key = b"k" * 32
+
+    def forged(name: str, shard: int) -> tuple[Any, dict[str, Any]]:
+        cand = config.candidate(name)
+        pos, inputs = session.positions(cand, shard), session.shard_inputs(cand, shard)
+        bound = binding(session=uid, candidate=name, suite=inputs.suite, shard=shard, reference=inputs.reference,
+                        cand_store=inputs.candidate, head=inputs.head, cand_head=inputs.cand_head,
+                        window=inputs.score_from, device=session.device)
+        zero = np.zeros_like(pos.scores.kld)
+        fake = dataclasses.replace(pos, scores=dataclasses.replace(pos.scores, kld=zero, kld_rev=zero, jsd_bits=zero),
+                                   scorer_run={"planted": MARK})
+        return fake, bound
+
+    for shard in range(4):
+        fake, bound = forged("good", shard)
+        save_positions(folder / f"good-shard{shard:02d}.npz", fake, bound, forged_key)
+        assert float(load_positions(folder / f"good-shard{shard:02d}.npz", bound, forged_key).scores.kld.max()) == 0.0
+    fake, bound = forged("bad", 0)
+    save_positions(folder / "bad-shard00.npz", fake, bound, forged_key)
+    (folder / "bad-shard00.npz").write_bytes((folder / "bad-shard00.npz").read_bytes()[:300])
+    victim = tmp_path / "outside" / "victim.npz"
+    victim.parent.mkdir()
+    fake, bound = forged("bad", 1)
+    save_positions(victim, fake, bound, forged_key)
+    victim_bytes = victim.read_bytes()
+    os.symlink(victim, folder / "bad-shard01.npz")
+
+    out = subprocess.run([sys.executable, "-m", "pytest", "fidelity.toml", "-q", "-p", "no:cacheprovider", "-n", "2",
+                          "--testrunuid", uid, "-m", "fidelity or fidelity_tails", "--fidelity-report-dir", "par"],
+                         cwd=root, capture_output=True, text=True, check=False)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    serial, par = root / "reports", root / "par"
+    compared = 0
+    for name in ("good", "bad"):
+        for shard in range(4):
+            want = _numbers(json.loads((serial / name / f"shard-{shard:02d}.json").read_text())["metrics"])
+            got = _numbers(json.loads((par / name / f"shard-{shard:02d}.json").read_text())["metrics"])
+            assert got.keys() == want.keys()
+            for k, v in want.items():
+                assert got[k] == pytest.approx(v, rel=1e-5, abs=1e-12), (name, shard, k)
+            assert got["$.kld.mean"] > 0
+            compared += len(want)
+    want_t, got_t = (_numbers(json.loads((d / "tails.json").read_text())["candidates"]) for d in (serial, par))
+    # (the serial run wrote the baselines as it ran, so its tails have no baseline p99 to compare with: compared where both have it)
+    assert set(want_t) <= set(got_t) and all(got_t[k] == pytest.approx(v, rel=1e-5, abs=1e-12) for k, v in want_t.items())
+    compared += len(want_t)
+    assert compared > 500
+    leaked = [p for p in par.rglob("*") if p.is_file() and MARK.encode() in p.read_bytes()]
+    assert leaked == []
+    assert victim.read_bytes() == victim_bytes
