@@ -32,16 +32,12 @@ import numpy as np
 import torch
 
 from harness.attribution.formats import SUPPORTED, candidate_format, compressed_tensors_weights, torchao_weights
-from harness.engines.transformers import load_model, parse_dtype
+from harness.engines.transformers import head_inputs, load_model, parse_dtype
 from harness.errors import FidelityError, VerificationError
 from harness.scoring.scorer import score_hidden
 
 #: Contexts per forward pass.
 BATCH = 16
-
-
-class _Stop(Exception):
-    """Raised by the capture hook to end a forward pass at the LM head's input."""
 
 
 @dataclass
@@ -150,29 +146,11 @@ def load_models(reference_dir: str | Path, candidate_dir: str | Path, *, device:
 
 def capture(models: AblationModels, tokens: np.ndarray, batch: int = BATCH) -> torch.Tensor:
     """LM-head inputs ``[n_contexts * (n_ctx - 1), hidden]`` of the model as it is now (rows 0 .. n_ctx-2)."""
-    model = models.model
-    grabbed: list[torch.Tensor] = []
-
-    def hook(_m: torch.nn.Module, args: tuple[Any, ...]) -> None:
-        grabbed.append(args[0].detach()[:, :-1])
-        raise _Stop
-
-    handle = model.get_output_embeddings().register_forward_pre_hook(hook)  # type: ignore[operator]
     parts = []
-    try:
-        with torch.inference_mode():
-            for i in range(0, len(tokens), batch):
-                ids = torch.as_tensor(np.asarray(tokens[i : i + batch], dtype=np.int64), device=models.device)
-                grabbed.clear()
-                try:
-                    model(input_ids=ids, use_cache=False)
-                except _Stop:
-                    pass
-                if len(grabbed) != 1:
-                    raise FidelityError(f"LM head was called {len(grabbed)} times in one forward pass; expected once")
-                parts.append(grabbed[0].reshape(-1, grabbed[0].shape[-1]))
-    finally:
-        handle.remove()
+    for i in range(0, len(tokens), batch):
+        ids = torch.as_tensor(np.asarray(tokens[i : i + batch], dtype=np.int64), device=models.device)
+        h = head_inputs(models.model, ids)[:, :-1]
+        parts.append(h.reshape(-1, h.shape[-1]))
     return torch.cat(parts)
 
 

@@ -216,21 +216,33 @@ def _as_input(model: torch.nn.Module, token_ids: np.ndarray | torch.Tensor | Seq
     return ids.to(device)
 
 
-def capture_hidden_batch(model: torch.nn.Module, contexts: np.ndarray | torch.Tensor | Sequence[Sequence[int]]) -> list[torch.Tensor]:
-    """Post-final-norm hidden states (the LM head's input) of ``B`` equal-length contexts in one
-    forward pass: ``B`` tensors ``[n_ctx-1, hidden]`` bf16 on CPU."""
+class _Stop(Exception):
+    """Raised by :func:`head_inputs`' hook to end a forward pass at the LM head's input."""
+
+
+def head_inputs(model: torch.nn.Module, ids: torch.Tensor, *, stop: bool = True) -> torch.Tensor:
+    """The LM head's input ``[batch, n_ctx, hidden]`` of one forward pass over ``ids`` ``[batch, n_ctx]``
+    (post-final-norm hidden states, as the model computed them): the one capture point of every path that
+    reads hidden states from a transformers model. ``stop``: end the pass there (the head itself is not
+    run); ``False`` runs the whole forward pass (the engine's capture, whose hooks — accelerate's
+    offloading — expect a pass to finish). A head called other than once, or on other rows than the
+    tokens (``logits_to_keep``), is a :class:`~harness.errors.FidelityError`."""
     import torch
 
-    ids = _as_input(model, contexts)
     grabbed: list[torch.Tensor] = []
 
-    def hook(_module: torch.nn.Module, args: tuple[Any, ...]) -> None:
+    def hook(_module: torch.nn.Module, args: tuple[torch.Tensor, ...]) -> None:
         grabbed.append(args[0].detach())
+        if stop:
+            raise _Stop
 
     handle = model.get_output_embeddings().register_forward_pre_hook(hook)  # type: ignore[operator]
     try:
         with torch.inference_mode():
-            model(input_ids=ids, use_cache=False)
+            try:
+                model(input_ids=ids, use_cache=False)
+            except _Stop:
+                pass
     finally:
         handle.remove()
     if len(grabbed) != 1:
@@ -238,6 +250,15 @@ def capture_hidden_batch(model: torch.nn.Module, contexts: np.ndarray | torch.Te
     h = grabbed[0]
     if h.shape[:2] != ids.shape:
         raise FidelityError(f"LM head saw {list(h.shape[:2])} rows for {list(ids.shape)} tokens (logits_to_keep?)")
+    return h
+
+
+def capture_hidden_batch(model: torch.nn.Module, contexts: np.ndarray | torch.Tensor | Sequence[Sequence[int]]) -> list[torch.Tensor]:
+    """Post-final-norm hidden states (the LM head's input) of ``B`` equal-length contexts in one
+    forward pass: ``B`` tensors ``[n_ctx-1, hidden]`` bf16 on CPU."""
+    import torch
+
+    h = head_inputs(model, _as_input(model, contexts), stop=False)
     return [h[b, :-1].to(device="cpu", dtype=torch.bfloat16).contiguous() for b in range(h.shape[0])]
 
 

@@ -40,7 +40,7 @@ import numpy as np
 
 from harness.capture.store import CaptureStore
 from harness.engines.identity import model_identity
-from harness.engines.transformers import load_model
+from harness.engines.transformers import head_inputs, load_model
 from harness.errors import FidelityError
 from harness.inputs.head import load_head
 from harness.inputs.suite import Suite
@@ -59,33 +59,6 @@ COMPUTE_DTYPES = ("float64", "float32")
 #: Contexts per forward pass.
 BATCH = 8
 
-
-class _Stop(Exception):
-    """Raised by the capture hook to end a forward pass at the LM head's input."""
-
-
-def _head_inputs(model: Any, ids: Any) -> Any:
-    """The LM head's input ``[batch, n_ctx, hidden]`` of one forward pass (the head itself is not run)."""
-    import torch
-
-    grabbed: list[torch.Tensor] = []
-
-    def hook(_m: torch.nn.Module, args: tuple[Any, ...]) -> None:
-        grabbed.append(args[0].detach())
-        raise _Stop
-
-    handle = model.get_output_embeddings().register_forward_pre_hook(hook)
-    try:
-        with torch.inference_mode():
-            try:
-                model(input_ids=ids, use_cache=False)
-            except _Stop:
-                pass
-    finally:
-        handle.remove()
-    if len(grabbed) != 1:
-        raise FidelityError(f"LM head was called {len(grabbed)} times in one forward pass; expected once")
-    return grabbed[0]
 
 
 def precision_floor(*, suite_path: str | Path, model_dir: str | Path, store_path: str | Path, head_path: str | Path,
@@ -120,7 +93,7 @@ def precision_floor(*, suite_path: str | Path, model_dir: str | Path, store_path
         chunk = indices[i : i + BATCH]
         toks = np.asarray(suite.tokens[chunk], dtype=np.int64)
         ids = torch.from_numpy(toks)
-        hi = _head_inputs(model, ids)[:, :-1].reshape(-1, w_hi.shape[1])
+        hi = head_inputs(model, ids)[:, :-1].reshape(-1, w_hi.shape[1])
         with torch.inference_mode():
             hi_logits = (hi @ w_hi.t()).float()
             ref_hidden = store.load_rows(chunk)

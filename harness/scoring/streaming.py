@@ -21,19 +21,37 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
 
-__all__ = ["Prefetcher", "chunk_indices", "score_hidden_streaming", "STREAM_MIN_BYTES", "CHUNK_BYTES"]
+if TYPE_CHECKING:
+    import torch
+
+    from harness.metrics.scores import PositionScores
+
+__all__ = ["Prefetcher", "RowSource", "chunk_indices", "score_hidden_streaming", "STREAM_MIN_BYTES", "CHUNK_BYTES"]
 
 #: Shards whose two captures together exceed this are streamed by ``shard_positions``.
 STREAM_MIN_BYTES = 256 * 1024 * 1024
 #: Target bytes per chunk and store (bf16 hidden states): ~12 contexts of 511 rows at hidden 5120.
 CHUNK_BYTES = 64 * 1024 * 1024
 
-_END = object()
+#: An item the prefetcher loads (a chunk of context indices) and the value it loads for it.
+Item = TypeVar("Item")
+Value = TypeVar("Value")
 
 
-class Prefetcher:
+class RowSource(Protocol):
+    """What the streaming scorer reads of a capture: its ``(rows per context, width)`` shape and the rows
+    of some contexts as one ``[len(indices) * rows, width]`` tensor, in context order
+    (:class:`harness.capture.store.CaptureStore` is one)."""
+
+    @property
+    def shape(self) -> tuple[int, int]: ...
+
+    def load_rows(self, indices: Sequence[int]) -> torch.Tensor: ...
+
+
+class Prefetcher(Generic[Item, Value]):
     """Iterate ``load(item)`` for ``items`` in order, computed ``depth`` items ahead on a thread.
 
     Yields ``(item, value)``. An exception in ``load`` is re-raised in the consumer at that
@@ -42,19 +60,20 @@ class Prefetcher:
     it) so the thread is stopped and joined.
     """
 
-    def __init__(self, load: Callable[[Any], Any], items: Sequence[Any], depth: int = 2) -> None:
+    def __init__(self, load: Callable[[Item], Value], items: Sequence[Item], depth: int = 2) -> None:
         if depth < 1:
             raise ValueError(f"depth: expected >= 1, found {depth}")
         self._load = load
         self._items = list(items)
-        self._q: queue.Queue[Any] = queue.Queue(maxsize=depth)
+        #: ``(item, value)``, the error ``load`` raised, or ``None`` after the last item
+        self._q: queue.Queue[tuple[Item, Value] | BaseException | None] = queue.Queue(maxsize=depth)
         self._stop = threading.Event()
         self.wait_s = 0.0
         self.load_s = 0.0
         self._thread = threading.Thread(target=self._run, name="fidelity-prefetch", daemon=True)
         self._thread.start()
 
-    def _put(self, obj: Any) -> bool:
+    def _put(self, obj: tuple[Item, Value] | BaseException | None) -> bool:
         while not self._stop.is_set():
             try:
                 self._q.put(obj, timeout=0.1)
@@ -71,25 +90,24 @@ class Prefetcher:
                 t0 = time.perf_counter()
                 value = self._load(it)
                 self.load_s += time.perf_counter() - t0
-                if not self._put((it, value, None)):
+                if not self._put((it, value)):
                     return
         except BaseException as e:  # noqa: BLE001  (re-raised in the consumer)
-            self._put((None, None, e))
+            self._put(e)
             return
-        self._put(_END)
+        self._put(None)
 
-    def __iter__(self) -> Iterator[tuple[Any, Any]]:
+    def __iter__(self) -> Iterator[tuple[Item, Value]]:
         try:
             while True:
                 t0 = time.perf_counter()
                 got = self._q.get()
                 self.wait_s += time.perf_counter() - t0
-                if got is _END:
+                if got is None:
                     return
-                it, value, err = got
-                if err is not None:
-                    raise err
-                yield it, value
+                if isinstance(got, BaseException):
+                    raise got
+                yield got
         finally:
             self.close()
 
@@ -97,7 +115,7 @@ class Prefetcher:
         self._stop.set()
         self._thread.join()
 
-    def __enter__(self) -> Prefetcher:
+    def __enter__(self) -> Prefetcher[Item, Value]:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -112,18 +130,21 @@ def chunk_indices(indices: Sequence[int], rows_per_context: int, row_bytes: int,
 
 
 def score_hidden_streaming(
-    reference: Any,
-    candidate: Any,
+    reference: RowSource,
+    candidate: RowSource,
     indices: Sequence[int],
-    targets: Any,
-    head: Any,
-    cand_head: Any = None,
+    targets: torch.Tensor,
+    head: torch.Tensor,
+    cand_head: torch.Tensor | None = None,
     *,
     device: str = "cpu",
     chunk_bytes: int | None = None,
     depth: int = 2,
-    **score_kw: Any,
-) -> tuple[Any, float, float]:
+    tile_rows: int | None = None,
+    chunk_rows: int | None = None,
+    threads: int | None = None,
+    backend: str | None = None,
+) -> tuple[PositionScores, float, float]:
     """Score contexts ``indices`` of two hidden-state stores chunk by chunk with prefetching.
 
     ``targets`` is the ``[len(indices) * rows]`` tensor of next-token ids (rows in context
@@ -142,7 +163,7 @@ def score_hidden_streaming(
     score_s = 0.0
     pos = 0
 
-    def load(chunk: list[int]) -> tuple[Any, Any]:
+    def load(chunk: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
         return reference.load_rows(chunk), candidate.load_rows(chunk)
 
     pf = Prefetcher(load, chunks, depth)
@@ -150,7 +171,8 @@ def score_hidden_streaming(
         for chunk, (ref, cnd) in pf:
             t0 = time.perf_counter()
             n = len(chunk) * rows
-            s = score_hidden(ref, cnd, head, targets[pos : pos + n], cand_head=cand_head, device=device, **score_kw)
+            s = score_hidden(ref, cnd, head, targets[pos : pos + n], cand_head=cand_head, device=device,
+                             tile_rows=tile_rows, chunk_rows=chunk_rows, threads=threads, backend=backend)
             for name, arr in s.to_dict().items():
                 getattr(out, name)[pos : pos + n] = arr
             pos += n
