@@ -5,7 +5,11 @@ Large base log-prob files are published as ``<name>.kld.part-000``, ``-001``, ..
 
 file: the name of the whole file the parts make up, in order.
 bytes: its size; sha256: its sha256 (of the parts' bytes, in order).
-parts: ``[{"name", "bytes", "sha256"}]`` in file order; names are plain file names beside the manifest.
+parts: ``[{"name", "bytes", "sha256"}]`` in file order; names are plain file names beside the manifest,
+each listed once; a part may not be a symbolic link out of the manifest's folder.
+
+Every key is required and no other is allowed (:data:`MANIFEST_SCHEMA`): a digest of another type, or
+none, is refused rather than skipped.
 
 Opening checks every part's presence and byte count against the manifest, the total against the
 size the ``.kld`` header implies, and (:func:`parts_sha256`, used where a content identity is
@@ -16,6 +20,7 @@ reads that may straddle two parts (:class:`ChunkRows`); no joined copy is ever w
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +31,7 @@ import numpy as np
 from harness.errors import FidelityError, VerificationError
 from harness.io.atomic import atomic_write_bytes, atomic_write_json
 from harness.io.jsonio import read_json
+from harness.io.schema import Closed, OneOf, check
 
 SCHEMA = "fidelity.kld-parts/1"
 SUFFIX = ".parts.json"
@@ -77,35 +83,53 @@ class PartedFile:
                     yield part, block
 
 
+#: The manifest as the harness reads it (harness.io.schema): closed, this version, every digest present.
+MANIFEST_SCHEMA = Closed({"schema": OneOf(SCHEMA), "file": str, "bytes": int, "sha256": str,
+                          "parts": [Closed({"name": str, "bytes": int, "sha256": str})]})
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+
+
+def _digest(manifest: Path, where: str, value: str) -> str:
+    if not _HEX64.match(value):
+        raise VerificationError(manifest, where, "64 lower-case hex digits", repr(value))
+    return value
+
+
 def open_parts(manifest: Path) -> PartedFile:
-    """Read a parts manifest and check every part's presence and byte count (module docstring)."""
+    """Read a parts manifest (:data:`MANIFEST_SCHEMA`) and check every part's presence and byte count (module
+    docstring): each part a regular file in the manifest's folder (not a link out of it), listed once."""
     doc: dict[str, Any] = read_json(manifest)
-    if doc.get("schema") != SCHEMA:
-        raise VerificationError(manifest, "schema", SCHEMA, doc.get("schema"))
-    entries = doc.get("parts")
-    if not isinstance(entries, list) or not entries:
-        raise VerificationError(manifest, "parts", "a non-empty list of {name, bytes, sha256}", type(entries).__name__)
-    parts, sizes, shas = [], [], []
+    check(doc, MANIFEST_SCHEMA, manifest)
+    entries = doc["parts"]
+    if not entries:
+        raise VerificationError(manifest, "parts", "a non-empty list of {name, bytes, sha256}", "an empty list")
+    whole = _digest(manifest, "sha256", doc["sha256"])
+    folder = manifest.parent.resolve()
+    parts, sizes, shas, seen = [], [], [], set()
     for i, e in enumerate(entries):
-        name = e.get("name") if isinstance(e, dict) else None
-        if not isinstance(name, str) or not name or "/" in name or "\\" in name or name in (".", ".."):
+        name = e["name"]
+        if not name or "/" in name or "\\" in name or name in (".", ".."):
             raise VerificationError(manifest, f"parts[{i}].name", "a plain file name beside the manifest", name)
-        want = e.get("bytes")
-        if not isinstance(want, int) or isinstance(want, bool) or want < 0:
+        if name in seen:
+            raise VerificationError(manifest, f"parts[{i}].name", "each part once", f"{name} listed again")
+        seen.add(name)
+        want = e["bytes"]
+        if want < 0:
             raise VerificationError(manifest, f"parts[{i}].bytes", "an integer >= 0", want)
+        shas.append(_digest(manifest, f"parts[{i}].sha256", e["sha256"]))
         p = manifest.parent / name
+        if p.is_symlink() and p.resolve().parent != folder:
+            raise VerificationError(p, f"part of {doc['file']}", f"a file in {folder}", f"a symbolic link to {p.resolve()}")
         if not p.is_file():
-            raise VerificationError(p, "part of " + str(doc.get("file")), "present", "missing")
+            raise VerificationError(p, f"part of {doc['file']}", "present", "missing")
         if p.stat().st_size != want:
             raise VerificationError(p, "byte count (the manifest's)", want, p.stat().st_size, "a truncated or wrong part")
         parts.append(p)
         sizes.append(want)
-        shas.append(e.get("sha256") if isinstance(e.get("sha256"), str) else None)
-    total = doc.get("bytes")
+    total = doc["bytes"]
     if total != sum(sizes):
         raise VerificationError(manifest, "bytes (the sum of the parts)", sum(sizes), total)
-    return PartedFile(manifest, str(doc.get("file")), tuple(parts), tuple(sizes),
-                      doc.get("sha256") if isinstance(doc.get("sha256"), str) else None, tuple(shas))
+    return PartedFile(manifest, doc["file"], tuple(parts), tuple(sizes), whole, tuple(shas))
 
 
 def parts_sha256(pf: PartedFile) -> str:
