@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from harness.capture.store import CaptureStore, StoreWriter
+from harness.capture.store import MANIFEST, CaptureStore, StoreWriter
 from harness.engines import identity as engine_identity
 from harness.engines.base import STORE_DTYPES, EngineOptions
 from harness.engines.registry import get_engine, require
@@ -36,8 +36,8 @@ def _check_finite_output(model: Path, engine: str, kind: str, index: int, out: A
         row = int(torch.nonzero(~finite)[0][0]) if out.dim() >= 2 else 0
         raise FidelityError(
             f"{model}: the model's own {kind} output is not finite: {bad} NaN/Inf value(s) in context {index} "
-            f"(first at row {row}) through engine {engine!r}. The checkpoint or its engine produces them (broken "
-            "weights, an overflowing activation); nothing of this context was written."
+            f"(first at row {row}, the prediction after token {row}) through engine {engine!r}. The checkpoint or its "
+            "engine produces them (broken weights, an overflowing activation); nothing of this context was written."
         )
 
 
@@ -80,6 +80,12 @@ def capture(
                 f"({suite.root / 'suite.json'}): token ids could exceed the model's embedding"
             )
         width = loaded.hidden_size if kind == "hidden_states" else loaded.vocab_size
+        # a new store: the first context is run and checked before the store's folder or any of its files exist,
+        # so a model whose output is NaN/Inf (broken weights) is refused having written nothing
+        probe: dict[int, Any] = {}
+        if indices and not (Path(out) / MANIFEST).exists():
+            probe[indices[0]] = loaded.forward(suite.tokens[indices[0]], kind)
+            _check_finite_output(model, eng.name, kind, indices[0], probe[indices[0]])
         writer = StoreWriter(out, suite, kind, width, STORE_DTYPES[kind], ident, loaded.identity(), engine_identity.runtime_identity(), loaded.device)
         with writer:
             todo = [i for i in indices if not writer.done(i)]
@@ -90,7 +96,7 @@ def capture(
                 for b0 in range(0, len(todo), batch):
                     group = todo[b0 : b0 + batch]
                     if batch == 1:
-                        rows = [loaded.forward(suite.tokens[group[0]], kind)]
+                        rows = [probe.pop(group[0]) if group[0] in probe else loaded.forward(suite.tokens[group[0]], kind)]
                     else:
                         rows = loaded.forward_batch([suite.tokens[i] for i in group], kind)
                     if len(rows) != len(group):
