@@ -32,6 +32,17 @@ def test_vllm_capture_matches_the_reference(tmp_path: Path) -> None:
 
     store = capture("vllm", ROOT / "fixtures" / "model", ROOT / "fixtures" / "suite", tmp_path / "v", shards=[0], progress=False)
 
+    import torch
+
+    # vLLM's in-process CPU worker replaces torch.set_num_threads with a no-op; the engine puts it back,
+    # so the thread counts this process sets afterwards (the scorer's, FIDELITY_THREADS) still take effect.
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(before + 1)
+        assert torch.get_num_threads() == before + 1
+    finally:
+        torch.set_num_threads(before)
+
     klds, top1 = [], []
 
     from safetensors.torch import load_file as load_t

