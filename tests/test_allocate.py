@@ -220,3 +220,19 @@ def test_gguf_overrides_write_the_types_asked(tmp_path: Path) -> None:
     assert fam.built_bytes(path) == layout_bytes(fam, layout)
     lines = tensor_type_lines(layout, "Q8_0")
     assert len(lines) == len(layout) + 1 and "--tensor-type '^blk\\.0\\.attn_q\\.weight$=q8_0'" in lines
+
+
+def _check(diff: float, lo: float, hi: float) -> dict[str, object]:
+    return {"proposals": [{"candidate": "alloc-x", "on_disk_bytes": 100, "measured_kld": {"value": 1.0},
+                           "comparator": {"candidate": "uniform-x", "on_disk_bytes": 100, "measured_kld": {"value": 1.0},
+                                          "paired": {"diff": diff, "ci95": [lo, hi]}}}]}
+
+
+def test_marker_fails_a_worse_proposal() -> None:
+    from harness.plugin.kind_allocate import verdict_problems
+
+    assert verdict_problems(_check(-0.2, -0.3, -0.1), "better") == []
+    assert verdict_problems(_check(0.0, -0.1, 0.1), None) == []  # not worse: passes without expect
+    assert "not shown better" in verdict_problems(_check(0.0, -0.1, 0.1), "better")[0]
+    assert "the proposal is worse" in verdict_problems(_check(0.2, 0.1, 0.3), None)[0]
+    assert "no uniform layout" in verdict_problems({"proposals": [{"candidate": "alloc-y"}]}, None)[0]

@@ -35,6 +35,8 @@ _PROJECT_RE = re.compile(r"^int([2-8])(?:_g(\d+))?$")
 _LAYER_RE = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 #: ggml types a GGUF layout may choose (block-32 types: they fit rows of any multiple of 32).
 GGUF_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0")
+#: The choices a search offers when none are given, per family.
+DEFAULT_CHOICES = {"project": "int3_g32,int4_g64,int4_g32,int5_g32,int8", "gguf": ",".join(GGUF_TYPES)}
 
 
 @dataclass(frozen=True)

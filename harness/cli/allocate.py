@@ -6,14 +6,13 @@ import argparse
 import tempfile
 from pathlib import Path
 
-from harness.allocation.choices import parse_choices
+from harness.allocation.choices import DEFAULT_CHOICES, parse_choices
 from harness.allocation.family import Family, GgufFamily, ProjectFamily
 from harness.allocation.render import write_allocation
 from harness.cli.registry import Builder, SubParsers, formatter, positive_int
 from harness.errors import FidelityError
+from harness.inputs.config import load_config
 from harness.run.allocation_check import check_allocation
-
-DEFAULT_CHOICES = {"project": "int3_g32,int4_g64,int4_g32,int5_g32,int8", "gguf": "Q4_0,Q4_1,Q5_0,Q5_1,Q8_0"}
 
 
 def _allocate(a: argparse.Namespace) -> int:
@@ -39,7 +38,7 @@ def _allocate(a: argparse.Namespace) -> int:
         if a.check is not None:
             uniforms = parse_choices(a.family, a.uniforms) if a.uniforms else list(family.choices)
             base_model = Path(a.base) if Path(a.base).exists() else None
-            check = check_allocation(a.check, result, family, a.out / "check", uniforms=uniforms, shards=a.check_shards,
+            check = check_allocation(load_config(a.check), result, family, a.out / "check", uniforms=uniforms, shards=a.check_shards,
                                      engine="transformers" if a.family == "project" else "llamacpp",
                                      base_model=base_model)
         paths = write_allocation(result, a.out, check)

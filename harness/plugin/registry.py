@@ -11,6 +11,7 @@ from pathlib import Path
 
 from harness.plugin import (
     kind_adaptive,
+    kind_allocate,
     kind_attribution,
     kind_cross_engine,
     kind_paired,
@@ -28,6 +29,7 @@ REPORT_KINDS: tuple[ReportKind, ...] = (
     kind_cross_engine.KIND,
     kind_adaptive.KIND,
     kind_attribution.KIND,
+    kind_allocate.KIND,
     kind_precision_floor.KIND,
 )
 

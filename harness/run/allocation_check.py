@@ -24,7 +24,7 @@ from typing import Any
 
 from harness.allocation.family import Family, layout_bytes
 from harness.errors import FidelityError, VerificationError
-from harness.inputs.config import CandidateConfig, load_config
+from harness.inputs.config import CandidateConfig, FidelityConfig
 from harness.inputs.suite import parse_shard_spec
 from harness.interchange.suite_manifest import load_any_suite
 from harness.reports.aggregate import ladder_rows, write_ladder
@@ -37,13 +37,13 @@ def _candidate(name: str, engine: str, model: Path) -> Any:
     return CandidateConfig(name, engine, model.resolve(), None, None, None, ("allocation",))
 
 
-def check_allocation(config_path: Path, result: Mapping[str, Any], family: Family, out: Path, *,
+def check_allocation(config: FidelityConfig, result: Mapping[str, Any], family: Family, out: Path, *,
                      uniforms: Sequence[str] = (), shards: str | None = None, device: str = "cpu",
                      engine: str = "transformers", base_model: Path | None = None, margin: float = 1e-4) -> dict[str, Any]:
-    """Build, score and compare (module docstring); shard reports go to ``out/reports/<candidate>/``."""
+    """Build, score and compare (module docstring) with the suite and reference of ``config`` (a
+    :class:`~harness.inputs.config.FidelityConfig`); shard reports go to ``out/reports/<candidate>/``."""
     from harness.run.session import FidelitySession
 
-    config = load_config(config_path)
     built: dict[str, Path] = {}
     predicted_bytes: dict[str, int] = {}
     for p in result["proposals"]:
@@ -122,7 +122,7 @@ def check_allocation(config_path: Path, result: Mapping[str, Any], family: Famil
             wins.append({"proposed": p["candidate"], "versus": u, "diff": rep["kld_mean"]["diff"],
                          "ci95": rep["kld_mean"]["ci95"], "verdict": rep["verdict_named"],
                          "proposed_bytes": p["on_disk_bytes"], "versus_bytes": by_name[u]["size_bytes"]})
-    return {"schema": SCHEMA, "family": family.name, "engine": engine, "shards": chosen, "config": str(config_path),
+    return {"schema": SCHEMA, "family": family.name, "engine": engine, "shards": chosen, "config": str(config.path),
             "candidates": {n: {"model": str(m), "on_disk_bytes": by_name[n]["size_bytes"],
                                "mean_kld": by_name[n]["mean_kld"], "ci95": by_name[n]["ci95"]} for n, m in built.items()},
             "proposals": proposals, "pairs": wins,

@@ -1,0 +1,26 @@
+"""Layout search as a gate (``pytest fidelity_tests -m fidelity_allocate``; slow: a search on shard 0, two builds, six captures on the held-out shards 1-3).
+
+The marker searches a layout for the budget (effects measured on shard 0), builds it and the uniform layout whose
+bytes set the budget, scores both as ordinary candidates (here on shards 1-3, which the search did not see), and
+fails unless the proposal is no worse on the same positions (with ``expect="better"``: unless it is better, its
+paired interval below zero).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.mark.fidelity_allocate(base="int4_g32", budget="int4_g32", choices="int3_g32,int4_g32,int5_g32", by="layer",
+                               check_shards="1-3",
+                               expect="better")
+def test_int4_budget_spent_better(fidelity_allocation: dict[str, Any]) -> None:
+    """At int4_g32's bytes the layout beats uniform int4_g32, and its built bytes are the predicted bytes."""
+    (p,) = fidelity_allocation["check"]["proposals"]
+    assert p["built_bytes"] == p["predicted_bytes"] <= p["budget_bytes"]
+    assert abs(p["on_disk_bytes"] / p["comparator"]["on_disk_bytes"] - 1) < 0.02
+    assert p["comparator"]["paired"]["ci95"][1] < 0
