@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
@@ -24,6 +24,16 @@ from harness.allocation.gguf_format import gguf_name, quantize, types_and_bytes,
 from harness.attribution.sizes import folder_tensor_bytes
 from harness.engines.quantization import layer_recipe, read_quant
 from harness.errors import FidelityError, VerificationError
+
+if TYPE_CHECKING:
+    from types import ModuleType
+
+
+def _pf() -> ModuleType:
+    """:mod:`harness.allocation.project_format`, imported on first use (it loads torch and safetensors)."""
+    from harness.allocation import project_format
+
+    return project_format
 
 
 class Family(Protocol):
@@ -77,16 +87,14 @@ class ProjectFamily:
     name = "project"
 
     def __init__(self, reference: Path, choices: list[str]) -> None:
-        from harness.allocation.project_format import fixed_bytes, source_tensors
-
         self.reference = Path(reference)
         self.choices = choices
-        self.source = source_tensors(self.reference)
+        self.source = _pf().source_tensors(self.reference)
         self.units = sorted(k.removesuffix(".weight") for k in self.source
                             if k.endswith(".weight") and k.removesuffix(".weight").rsplit(".", 1)[-1] in LINEARS)
         if not self.units:
             raise FidelityError(f"{self.reference}: no decoder-layer linear weights ({', '.join(LINEARS)}) to quantize")
-        self.fixed_bytes = fixed_bytes(self.source, set(self.units))
+        self.fixed_bytes = int(_pf().fixed_bytes(self.source, set(self.units)))
         self._w: dict[tuple[str, str], np.ndarray] = {}
 
     def _ref(self, unit: str) -> np.ndarray:
@@ -94,27 +102,21 @@ class ProjectFamily:
         return out
 
     def weight(self, unit: str, choice: str) -> np.ndarray:
-        from harness.allocation.project_format import effective
-
         key = (unit, choice)
         if key not in self._w:
-            self._w[key] = effective(self._ref(unit), parse_project(choice))
+            self._w[key] = _pf().effective(self._ref(unit), parse_project(choice))
         return self._w[key]
 
     def unit_bytes(self, unit: str, choice: str) -> int:
-        from harness.allocation.project_format import unit_bytes
-
         shape = tuple(self.source[unit + ".weight"].shape)
-        return unit_bytes((int(shape[0]), int(shape[1])), parse_project(choice))
+        return int(_pf().unit_bytes((int(shape[0]), int(shape[1])), parse_project(choice)))
 
     def build(self, layout: Mapping[str, str], out: Path) -> Path:
-        from harness.allocation.project_format import build
-
         counts: dict[str, int] = {}
         for c in layout.values():
             counts[c] = counts.get(c, 0) + 1
         base = max(sorted(counts), key=lambda c: counts[c])
-        build(self.reference, out, layout, base)
+        _pf().build(self.reference, out, layout, base)
         return out
 
     def built_bytes(self, model: Path) -> int:
@@ -143,11 +145,9 @@ class GgufFamily:
 
     def __init__(self, reference: Path, bf16_gguf: Path, choices: list[str], work: Path, *,
                  token_embedding_type: str = "Q8_0", threads: int = 1) -> None:
-        from harness.allocation.project_format import source_tensors
-
         self.reference, self.bf16_gguf, self.work = Path(reference), Path(bf16_gguf), Path(work)
         self.choices, self.token_embedding_type, self.threads = choices, token_embedding_type, threads
-        source = source_tensors(self.reference)
+        source = _pf().source_tensors(self.reference)
         self.units = sorted(k.removesuffix(".weight") for k in source
                             if k.endswith(".weight") and k.removesuffix(".weight").rsplit(".", 1)[-1] in LINEARS)
         self._weights: dict[str, dict[str, tuple[str, np.ndarray]]] = {}

@@ -19,7 +19,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from harness.allocation.choices import DEFAULT_CHOICES, parse_choices
+from harness.allocation.family import Family, GgufFamily, ProjectFamily
+from harness.allocation.render import write_allocation
 from harness.plugin.kinds import CaseRun, Payload, Uncollected, Written
+from harness.run.allocation_check import check_allocation
 
 if TYPE_CHECKING:
     import pytest
@@ -60,11 +64,7 @@ class Allocation(Uncollected):
         """The marker's search, built and checked; written to ``<report dir>/allocation/<test name>/``."""
         import pytest
 
-        from harness.allocation.choices import DEFAULT_CHOICES, parse_choices
-        from harness.allocation.family import Family, GgufFamily, ProjectFamily
-        from harness.allocation.plan import request_from_args
-        from harness.allocation.render import write_allocation
-        from harness.run.allocation_check import check_allocation
+        from harness.allocation.plan import allocate, request_from_args  # torch: loaded when a search runs
 
         mark = request.node.get_closest_marker(self.marker)
         kw = dict(mark.kwargs) if mark is not None else {}
@@ -87,8 +87,6 @@ class Allocation(Uncollected):
             req = request_from_args(cfg.reference.model, cfg.suite, family, str(kw["base"]), str(kw["budget"]),
                                     grouping=str(kw.get("by", "block")), shards=kw.get("shards", "0"),
                                     n_boot=int(kw.get("n_boot", cfg.n_boot)), progress=False)
-            from harness.allocation.plan import allocate
-
             result = allocate(req)
             budgets = [b for b in req.budgets if b != "base"]
             uniforms = parse_choices(fam_name, kw["uniforms"]) if kw.get("uniforms") else budgets
