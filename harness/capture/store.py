@@ -5,7 +5,7 @@ Layout of a store folder::
     capture.json              manifest, schema "fidelity.capture/1"
     ctx-000000.safetensors    one tensor per context, named after the store's kind
     ctx-000001.safetensors
-    .lock                     flock(2) lock file used by writers
+    .lock                     the writers' lock file (filelock)
 
 ``capture.json`` fields:
 
@@ -31,7 +31,6 @@ mismatch, truncated/corrupt safetensors, wrong tensor name, dtype or shape, NaN/
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import re
@@ -40,6 +39,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from filelock import FileLock
 
 from harness.errors import FidelityError, OutputError, VerificationError
 from harness.io.atomic import atomic_write_bytes, atomic_write_json
@@ -287,7 +288,7 @@ class StoreWriter:
       whose header differs (another model, suite, engine, device, runtime, kind, width or dtype)
       is refused: captures are never mixed.
     * Each context file is written to a temporary name and renamed; the manifest is rewritten
-      atomically after every file. Both happen under an exclusive ``flock`` on ``.lock``, and the
+      atomically after every file. Both happen under an exclusive lock on ``.lock`` (filelock), and the
       manifest is re-read under that lock, so two processes capturing into one store merge their
       work instead of overwriting it. Temporaries left by a killed writer are removed on open.
     * ``done(index)`` is true when the context is listed and its file's sha256 matches: a re-run
@@ -330,12 +331,13 @@ class StoreWriter:
             "runtime": runtime,
             "device": device,
         }
-        self._lock_fd: int | None = None
+        self._lock: FileLock | None = None
 
     def __enter__(self) -> StoreWriter:
         try:
             self.root.mkdir(parents=True, exist_ok=True)
-            self._lock_fd = os.open(self.root / LOCK, os.O_RDWR | os.O_CREAT, 0o666)
+            os.close(os.open(self.root / LOCK, os.O_RDWR | os.O_CREAT, 0o666))  # a folder it cannot write: named here
+            self._lock = FileLock(self.root / LOCK, mode=0o666)
         except OSError as e:
             raise OutputError(self.root, "cannot create the capture store", f"{type(e).__name__}: {e.strerror or e}") from None
         with self._locked():
@@ -381,18 +383,13 @@ class StoreWriter:
         p.unlink()
 
     def __exit__(self, *exc: object) -> None:
-        if self._lock_fd is not None:
-            os.close(self._lock_fd)
-            self._lock_fd = None
+        self._lock = None
 
     @contextmanager
     def _locked(self) -> Iterator[None]:
-        assert self._lock_fd is not None, "use StoreWriter as a context manager"
-        fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
-        try:
+        assert self._lock is not None, "use StoreWriter as a context manager"
+        with self._lock:
             yield
-        finally:
-            fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
 
     def _manifest(self) -> dict[str, Any]:
         doc: dict[str, Any] = read_json(self.root / MANIFEST)

@@ -38,6 +38,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from filelock import FileLock
+
 from harness.capture.loop import capture
 from harness.capture.store import CaptureStore
 from harness.engines.base import EngineOptions
@@ -122,7 +124,7 @@ def _check_candidate(config: FidelityConfig, name: str) -> None:
                                 "reach the candidate's model or store at the same path (a shared file system)")
 
 
-def _live_store(session: FidelitySession, cand: CandidateConfig, shard: int) -> Any:
+def _live_store(session: FidelitySession, cand: CandidateConfig, shard: int) -> CaptureStore:
     """The live candidate's capture store holding ``shard``, captured here when it does not yet.
 
     The tasks of one candidate share one store (as a serial run's shards do). A task checks, captures and
@@ -130,27 +132,21 @@ def _live_store(session: FidelitySession, cand: CandidateConfig, shard: int) -> 
     another writes it, and a task killed mid-write leaves only what the next writer removes on open (an
     unlisted context file of an interrupted write): the store then fails verification once, is handed to
     the writer, which removes that leftover (and refuses anything it did not write), and is opened again."""
-    import fcntl
-
     assert cand.model is not None
     require(get_engine(cand.engine, str(session.config.path)))
     out = session.live_store_path(cand)
     out.parent.mkdir(parents=True, exist_ok=True)
-    with open(out.parent / f".{out.name}.task-lock", "a+b") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            store = None
-            if (out / "capture.json").exists():
-                try:
-                    store = CaptureStore.open(out, session.suite, verify=True)
-                except VerificationError:
-                    store = None
-            if store is None or store.missing(session.shard_indices(shard)):
-                store = capture(cand.engine, cand.model, session.suite, out, shards=[shard],
-                                options=EngineOptions(device=session.device, engine_options=cand.options), progress=False,
-                                identity=session.candidate_identity(cand))
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+    with FileLock(out.parent / f".{out.name}.task-lock"):
+        store = None
+        if (out / "capture.json").exists():
+            try:
+                store = CaptureStore.open(out, session.suite, verify=True)
+            except VerificationError:
+                store = None
+        if store is None or store.missing(session.shard_indices(shard)):
+            store = capture(cand.engine, cand.model, session.suite, out, shards=[shard],
+                            options=EngineOptions(device=session.device, engine_options=cand.options), progress=False,
+                            identity=session.candidate_identity(cand))
     return store
 
 

@@ -27,7 +27,6 @@ the folder only when it created it and it is left empty.
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import hmac
 import io
@@ -40,6 +39,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from filelock import FileLock
 
 from harness.errors import FidelityError, VerificationError
 from harness.io.atomic import atomic_write_bytes
@@ -186,19 +186,15 @@ def scored_once(handover: Handover, name: str, shard: int, bound: dict[str, Any]
         raise FidelityError(f"shared positions: expected a candidate name usable as a file name, found {name!r}")
     folder.mkdir(parents=True, exist_ok=True)
     target = folder / f"{name}-shard{shard:02d}.npz"
-    with open(folder / f"{name}-shard{shard:02d}.lock", "a+b") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            if target.is_file() and not target.is_symlink():
-                try:
-                    return load_positions(target, bound, handover.key)
-                except VerificationError:
-                    pass  # not believed: scored again below, and the file replaced
-            pos = score()
-            save_positions(target, pos, bound, handover.key)
-            return pos
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+    with FileLock(folder / f"{name}-shard{shard:02d}.lock"):
+        if target.is_file() and not target.is_symlink():
+            try:
+                return load_positions(target, bound, handover.key)
+            except VerificationError:
+                pass  # not believed: scored again below, and the file replaced
+        pos = score()
+        save_positions(target, pos, bound, handover.key)
+        return pos
 
 
 def remove_session_files(folder: Path, key: bytes, *, remove_folder: bool) -> list[Path]:
