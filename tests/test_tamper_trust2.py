@@ -669,11 +669,24 @@ def test_plan_search_never_reports_its_cap_as_the_answer() -> None:
 # ----------------------------------------------------------------------------- 6. one strict reader, one schema per file
 
 
+def _tail(**over: Any) -> dict[str, Any]:
+    """A tail report of the shape ``tails.json`` holds (numbers arbitrary: only the schema is read here)."""
+    stats = {"n_positions": 4, "percentiles": {"p50": 0.1, "p90": 0.2, "p99": 0.3, "p99.9": 0.3}, "cvar1": 0.3, "max": 0.3,
+             "exceedance": {"0.0001": 4}}
+    rep = {"schema": "fidelity.tails/1", "candidate": "a", "score_from": 0, "shards": [{"shard": 0, **stats}],
+           "cumulative": {**stats, "quantile_bounds": {k: [0.0, 1.0] for k in ("p50", "p90", "p99", "p99.9")},
+                          "exceedance_histogram_bounds": {"0.0001": [4, 4]}},
+           "ccdf": {"x": [1e-3], "y": [0.5]}}
+    return {**rep, **over}
+
+
 @pytest.mark.parametrize("doc, pattern", [
-    ({"candidates": "x"}, r"tails\.json: candidates: expected an array of an object \{candidate, ccdf, cumulative\}, found a string 'x'"),
-    ({"candidates": [{"candidate": "a", "ccdf": {"x": [1e-3], "y": ["0.5"]}, "cumulative": {}}]},
+    ({"schema": "fidelity.tails/1", "candidates": "x"},
+     r"tails\.json: candidates: expected an array of an object \{schema, candidate, .*\} \(no other key\), found a string 'x'"),
+    ({"schema": "fidelity.tails/1", "candidates": [_tail(ccdf={"x": [1e-3], "y": ["0.5"]})]},
      r"tails\.json: candidates\[0\]\.ccdf\.y\[0\]: expected a finite number, found a string '0\.5'"),
-    ({"candidates": [{"candidate": "a", "ccdf": {"x": [], "y": []}}]}, r"tails\.json: candidates\[0\]\.cumulative: expected present, found missing"),
+    ({"schema": "fidelity.tails/1", "candidates": [{k: v for k, v in _tail().items() if k != "cumulative"}]},
+     r"tails\.json: candidates\[0\]\.cumulative: expected present, found missing"),
 ])
 def test_publish_refuses_a_lying_summary_by_name(tmp_path: Path, doc: Any, pattern: str) -> None:
     from harness.reports.publish import TAILS_SCHEMA, _read_json

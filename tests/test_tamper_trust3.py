@@ -681,3 +681,77 @@ def test_kld_parts_manifest_that_lies_is_refused(kld_parts: Path, tmp_path: Path
     capsys.readouterr()
     assert main(["kld", "import", str(kld_parts), "--out", str(tmp_path / "imp")]) == 1
     assert not (tmp_path / "imp").exists()
+
+
+# ----------------------------------------------------------------------------- tails.json re-derived by publish
+
+
+def _edit_tails(doc: dict[str, Any], case: str) -> None:
+    c = doc["candidates"][0]
+    if case == "shard_p99":
+        c["shards"][1]["percentiles"]["p99"] *= 0.5
+    elif case == "ccdf":
+        c["ccdf"]["y"][-1] *= 0.1
+    elif case == "cum_exceedance":
+        c["cumulative"]["exceedance"][next(iter(c["cumulative"]["exceedance"]))] += 1
+    elif case == "cum_p99":
+        c["cumulative"]["percentiles"]["p99"] = c["cumulative"]["quantile_bounds"]["p99"][1] * 2
+    elif case == "extra":
+        c["verdict"] = "pass"
+    elif case == "problems":
+        c["problems"] = []
+        c["max_p99_baseline"] = 1e-12
+
+
+@pytest.mark.slow  # one run of the tiny project (shared fixture), then publish
+@pytest.mark.parametrize("case, pattern", [
+    ("shard_p99", r"tails\.json: candidates\[0\]\.shards\[1\]\.percentiles\.p99: expected [\d.e-]+ \(shard 1's report\), found"),
+    ("ccdf", r"tails\.json: candidates\[0\]\.ccdf: expected what the shard reports' summed histograms give, found other values"),
+    ("cum_exceedance", r"tails\.json: candidates\[0\]\.cumulative\.exceedance: expected \{.*\} \(the shards' sums\), found"),
+    ("cum_p99", r"tails\.json: candidates\[0\]\.cumulative\.percentiles\.p99: expected within \[.*\] \(the summed histograms\), found"),
+    ("extra", r"tails\.json: candidates\[0\]\.verdict: expected no such key \(known: schema, candidate, .*\), found present"),
+    ("problems", r"tails\.json: candidates\[0\]\.problems: expected \['bad: p99 >= .* > max 1e-12 \(max_p99 of its baseline\)'\], found \[\]"),
+])
+def test_publish_refuses_tails_that_do_not_follow_from_the_shard_reports(fidelity_run: Path, tmp_path: Path, case: str,
+                                                                       pattern: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """``publish`` puts a run's tail reports into results.json and draws tails.png from them: every figure a shard
+    report also holds must be its, the cumulative ones must add up and the CCDF and brackets must be what the
+    summed histograms give -- else refused by name and nothing published. A run's own tails.json publishes."""
+    from harness.cli.main import main
+    from harness.reports.publish import _read_tails, load_reports
+
+    root = tmp_path / "p"
+    shutil.copytree(fidelity_run, root, symlinks=True)
+    reps = root / "reports"
+    groups = load_reports([reps])
+    assert _read_tails(reps / "tails.json", groups)["candidates"]  # the run's own file passes
+    doc = json.loads((reps / "tails.json").read_text())
+    assert doc["candidates"][0]["candidate"] == "bad"
+    _edit_tails(doc, case)
+    (reps / "tails.json").write_text(json.dumps(doc))
+    with pytest.raises(VerificationError, match=pattern):
+        _read_tails(reps / "tails.json", groups)
+    assert main(["publish", "--reports", str(reps), "--config", str(root / "fidelity.toml"), "--out", str(tmp_path / "pub")]) == 1
+    assert "tails.json: candidates[0]" in capsys.readouterr().err
+    assert not (tmp_path / "pub").exists()
+
+
+@pytest.mark.slow  # one run of the tiny project (shared fixture), then publish and verify
+def test_verify_refuses_resealed_results_with_edited_tails(fidelity_run: Path, tmp_path: Path,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    from harness.cli.main import main
+    from harness.reports.publish import write_checksums
+
+    root = tmp_path / "p"
+    shutil.copytree(fidelity_run, root, symlinks=True)
+    pub = tmp_path / "pub"
+    assert main(["publish", "--reports", str(root / "reports"), "--config", str(root / "fidelity.toml"), "--out", str(pub)]) == 0
+    res = json.loads((pub / "results.json").read_text())
+    res["candidates"]["good"]["tails"]["cumulative"]["max"] *= 0.5
+    (pub / "results.json").write_text(json.dumps(res))
+    (pub / "checksums.txt").unlink()
+    write_checksums(pub)
+    capsys.readouterr()
+    assert main(["verify", str(pub)]) != 0
+    got = capsys.readouterr()
+    assert "results.json: candidates.good.tails.cumulative: expected " in got.out + got.err

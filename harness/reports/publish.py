@@ -46,6 +46,8 @@ from harness.reports.numbers import fmt_opt
 from harness.reports.plot import pareto_front, plot_ccdf, plot_kld_vs_size
 from harness.reports.shard import ShardReport, report_shard
 from harness.reports.suite_shape import SuiteShape
+from harness.reports.tails import FILE_SCHEMA as TAILS_FILE_SCHEMA
+from harness.reports.tails import REPORT_SCHEMA, verify_tail_report
 from harness.reports.units import size_text
 
 SCHEMA_RESULTS = "fidelity.results/1"
@@ -95,9 +97,7 @@ def write_aggregates(out_dir: str | Path, groups: dict[str, list[Any]], aggs: di
 
 
 #: What a published set reads from a run's summaries (harness.io.schema): a summary that lies is a named refusal.
-TAILS_SCHEMA = {"candidates": [{"candidate": str, "ccdf": {"x": [float], "y": [float]},
-                                "cumulative": {"percentiles": {"p50": float, "p90": float, "p99": float, "p99.9": float},
-                                               "cvar1": float, "max": float}}]}
+TAILS_SCHEMA = TAILS_FILE_SCHEMA
 WINDOW_SCHEMA = {"verdict": str, "windows": MapOf({"candidates": MapOf({"mean_kld": Nullable(float),
                                                                         "rel_change_mean_kld": Nullable(float)})})}
 PAIRED_SCHEMA = {"a": str, "b": str, "verdict_named": str, "margin": float,
@@ -114,6 +114,24 @@ def _read_json(path: Path, schema: Any = object) -> Any:
 
 def _context_rows(groups: dict[str, list[Any]]) -> dict[str, dict[int, list[dict[str, Any]]]]:
     return {name: {report_shard(r): list(r.metrics["contexts"]) for r in reps} for name, reps in groups.items()}
+
+
+def _check_tails(reps: list[Any], path: Any, where: str, groups: dict[str, list[Any]]) -> None:
+    for i, rep in enumerate(reps):
+        reports = groups.get(rep["candidate"])
+        if not reports:
+            raise VerificationError(path, f"{where}[{i}].candidate", f"a candidate with shard reports ({', '.join(groups)})",
+                                    rep["candidate"])
+        verify_tail_report(rep, path, f"{where}[{i}]", {report_shard(r): r.metrics for r in reports})
+
+
+def _read_tails(path: Path, groups: dict[str, list[Any]]) -> dict[str, Any]:
+    """A run's ``tails.json`` ({} when absent), checked against its schema and re-derived from the shard reports."""
+    doc = _read_json(path, TAILS_SCHEMA)
+    if doc is None:
+        return {}
+    _check_tails(doc["candidates"], path, "candidates", groups)
+    return dict(doc)
 
 
 def _read_adaptive(path: Path, groups: dict[str, list[Any]]) -> Any:
@@ -421,7 +439,7 @@ def publish(reports_dir: str | Path, out_dir: str | Path, *, config: Any = None,
             bp = baseline_path(Path(baselines_dir), name)
             if bp.is_file():
                 baselines[name] = Baseline.load(bp, name)
-    tails_doc = _read_json(reports_dir / "tails.json", TAILS_SCHEMA) or {}
+    tails_doc = _read_tails(reports_dir / "tails.json", groups)
     extras = {
         "tails": {t["candidate"]: t for t in tails_doc.get("candidates", [])},
         "window": _read_json(reports_dir / "window.json", WINDOW_SCHEMA),
@@ -499,6 +517,12 @@ def rederive_set(root: str | Path) -> list[str]:
         baselines = {n: Baseline.from_json(b, rp, n) for n, b in recorded.items() if b is not None}
         extras = {"tails": {n: c.get("tails") for n, c in cands.items() if c.get("tails")}, "window": res.get("window"),
                   "paired": res.get("paired") or [], "adaptive": res.get("adaptive")}
+        for name, c in cands.items():
+            if c.get("tails") is not None:
+                check(c["tails"], REPORT_SCHEMA, rp, f"candidates.{name}.tails")
+                if c["tails"]["candidate"] != name:
+                    raise VerificationError(rp, f"candidates.{name}.tails.candidate", name, c["tails"]["candidate"])
+                verify_tail_report(c["tails"], rp, f"candidates.{name}.tails", {report_shard(r): r.metrics for r in groups[name]})
         if extras["adaptive"] is not None:
             check_adaptive(extras["adaptive"], f"{rp}: adaptive", _context_rows(groups))
         required = res.get("n_shards_required")

@@ -23,13 +23,16 @@ every shard's limit.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import json
+import math
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from harness.gate.baselines import load_baseline_or_none
 from harness.io.atomic import atomic_write_files, dumps_json
+from harness.io.schema import Closed, MapOf, Nullable, OneOf, Optional
 from harness.metrics.histogram import EDGES, LogHistogram, exceedance_counts
 from harness.metrics.positions import layout
 from harness.metrics.tails import cvar, quantile
@@ -124,6 +127,92 @@ def check_tails(rep: dict[str, Any], max_p99: float | None = None) -> list[str]:
         lo = cum["quantile_bounds"]["p99"][0]
         out.append(f"{name}: p99 >= {lo:.6g} (bin-bounded, all shards) > max {max_p99:.6g} (max_p99 of its baseline)")
     return out
+
+
+_STATS: dict[str, Any] = {"n_positions": int, "percentiles": Closed({name: float for name, _q in PERCENTILES}),
+                          "cvar1": float, "max": float, "exceedance": MapOf(int)}
+#: One candidate's tail report as ``tails.json`` holds it and ``publish`` reads it back (harness.io.schema).
+REPORT_SCHEMA = Closed({
+    "schema": OneOf(SCHEMA), "candidate": str, "score_from": int,
+    "shards": [Closed({"shard": int, **_STATS})],
+    "cumulative": Closed({**_STATS, "quantile_bounds": Closed({name: [float] for name, _q in PERCENTILES}),
+                          "exceedance_histogram_bounds": MapOf([int])}),
+    "ccdf": Closed({"x": [float], "y": [float]}),
+    "max_p99_baseline": Optional(Nullable(float)), "problems": Optional([str]),
+})
+#: ``tails.json``.
+FILE_SCHEMA = Closed({"schema": OneOf(SCHEMA), "candidates": [REPORT_SCHEMA]})
+
+
+def _close(a: float, b: float) -> bool:
+    return math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-300)
+
+
+def verify_tail_report(rep: dict[str, Any], path: Any, where: str, metrics: Mapping[int, Mapping[str, Any]]) -> None:
+    """Refuse a tail report (``rep``, at ``where`` in ``path``, already matching :data:`REPORT_SCHEMA`) that does
+    not follow from its candidate's shard reports (``metrics``: shard index -> the report's ``metrics``).
+
+    Per shard, the exact statistics a shard report also holds (positions, p50, p99, p99.9, CVaR1%, max,
+    exceedance counts) must be equal, and p90 must lie in the shard histogram's bracket. Cumulative: positions,
+    max and exceedance counts add up; the brackets and the CCDF are re-derived from the summed histograms; the
+    exact pooled percentiles lie in their brackets and CVaR1% between the p99 bracket's low end and the max;
+    ``problems`` is what :func:`check_tails` finds."""
+    from harness.errors import VerificationError
+
+    hist = LogHistogram()
+    for j, s in enumerate(rep["shards"]):
+        at = f"{where}.shards[{j}]"
+        m = metrics.get(s["shard"])
+        if m is None:
+            raise VerificationError(path, f"{at}.shard", f"a shard {rep['candidate']} has a report for ({sorted(metrics)})", s["shard"])
+        if m.get("score_from") != rep["score_from"]:
+            raise VerificationError(path, f"{where}.score_from", f"{m.get('score_from')} (its shard reports')", rep["score_from"])
+        if "histogram" not in m or "exceedance" not in m:
+            raise VerificationError(path, at, "a shard report with a histogram and exceedance counts to check it against",
+                                    "a report without them")
+        k = m["kld"]
+        want = {"n_positions": m["n_positions"], "percentiles.p50": k["median"], "percentiles.p99": k["p99"],
+                "percentiles.p99.9": k["p999"], "cvar1": k["cvar1"], "max": k["max"]}
+        got = {"n_positions": s["n_positions"], **{f"percentiles.{n}": s["percentiles"][n] for n in ("p50", "p99", "p99.9")},
+               "cvar1": s["cvar1"], "max": s["max"]}
+        for key, w in want.items():
+            if w is None or not _close(float(got[key]), float(w)):
+                raise VerificationError(path, f"{at}.{key}", f"{w!r} (shard {s['shard']}'s report)", got[key])
+        if s["exceedance"] != m["exceedance"]:
+            raise VerificationError(path, f"{at}.exceedance", f"{m['exceedance']} (shard {s['shard']}'s report)", s["exceedance"])
+        h = LogHistogram(np.asarray(m["histogram"]["counts"], dtype=np.int64))
+        lo, hi = h.quantile_bounds(0.9)
+        if not max(lo, 0.0) <= s["percentiles"]["p90"] <= min(hi, s["max"]):
+            raise VerificationError(path, f"{at}.percentiles.p90", f"within [{lo:.6g}, {hi:.6g}] (shard {s['shard']}'s histogram)",
+                                    s["percentiles"]["p90"])
+        hist = hist + h
+    cum, at = rep["cumulative"], f"{where}.cumulative"
+    shards = rep["shards"]
+    derived: dict[str, Any] = {
+        "n_positions": hist.total, "max": max((s["max"] for s in shards), default=None),
+        "exceedance": {t: sum(s["exceedance"].get(t, 0) for s in shards) for t in cum["exceedance"]},
+    }
+    if not shards or cum["n_positions"] != derived["n_positions"] or not _close(cum["max"], derived["max"]):
+        raise VerificationError(path, at, f"{derived['n_positions']} positions, max {derived['max']!r} (the shards')",
+                                f"{cum['n_positions']} positions, max {cum['max']!r}")
+    if cum["exceedance"] != derived["exceedance"] or set(cum["exceedance"]) != set(shards[0]["exceedance"]):
+        raise VerificationError(path, f"{at}.exceedance", f"{derived['exceedance']} (the shards' sums)", cum["exceedance"])
+    bounds = {name: [max(lo, 0.0), min(hi, cum["max"])] for name, q in PERCENTILES for lo, hi in [hist.quantile_bounds(q)]}
+    checks = (("quantile_bounds", bounds), ("exceedance_histogram_bounds", exceedance_brackets(hist, cum["exceedance"])),
+              ("ccdf", ccdf_points(hist)))
+    for key, want_v in checks:
+        got_v = rep["ccdf"] if key == "ccdf" else cum[key]
+        if json.dumps(want_v, sort_keys=True) != json.dumps(got_v, sort_keys=True):
+            raise VerificationError(path, f"{where}.{key}" if key == "ccdf" else f"{at}.{key}",
+                                    "what the shard reports' summed histograms give", "other values")
+    for name, exact in cum["percentiles"].items():
+        lo, hi = bounds[name]
+        if not lo <= exact <= hi:
+            raise VerificationError(path, f"{at}.percentiles.{name}", f"within [{lo:.6g}, {hi:.6g}] (the summed histograms)", exact)
+    if not bounds["p99"][0] <= cum["cvar1"] <= cum["max"]:
+        raise VerificationError(path, f"{at}.cvar1", f"within [{bounds['p99'][0]:.6g}, {cum['max']:.6g}] (p99 bracket .. max)", cum["cvar1"])
+    if "problems" in rep and rep["problems"] != check_tails(rep, rep.get("max_p99_baseline")):
+        raise VerificationError(path, f"{where}.problems", check_tails(rep, rep.get("max_p99_baseline")), rep["problems"])
 
 
 def baseline_max_p99(baselines_dir: Any, candidate: str, shards: Sequence[int]) -> float | None:
