@@ -11,6 +11,7 @@ measured (group, choice) (:func:`rank_agreement`, ``scipy.stats``).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -41,12 +42,17 @@ def group_proxy(errors: Mapping[str, Mapping[str, float]], units: Sequence[str],
 
 
 def rank_agreement(proxy: Sequence[float], measured: Sequence[float]) -> dict[str, Any]:
-    """Spearman's ρ and Kendall's τ (with their p-values) between proxy and measured effects."""
+    """Spearman's ρ and Kendall's τ (with their p-values) between proxy and measured effects; None where undefined
+    (fewer than three pairs, or one side constant)."""
     from scipy.stats import kendalltau, spearmanr
 
     if len(proxy) < 3:
         return {"n": len(proxy), "spearman": None, "kendall": None}
     rho = spearmanr(proxy, measured)
     tau = kendalltau(proxy, measured)
-    return {"n": len(proxy), "spearman": float(rho.statistic), "spearman_p": float(rho.pvalue),
-            "kendall": float(tau.statistic), "kendall_p": float(tau.pvalue)}
+
+    def num(x: float) -> float | None:  # undefined (a constant side): None, never NaN in a report
+        return float(x) if math.isfinite(float(x)) else None
+
+    return {"n": len(proxy), "spearman": num(rho.statistic), "spearman_p": num(rho.pvalue),
+            "kendall": num(tau.statistic), "kendall_p": num(tau.pvalue)}

@@ -69,6 +69,11 @@ def render_markdown(r: Mapping[str, Any], check: Mapping[str, Any] | None = None
                     f"| {c['candidate']} ({c['on_disk_bytes']} bytes, ×{c['size_ratio']:.4f}) | {_ci(c['measured_kld'])} | "
                     f"{_ci({'value': c['paired']['diff'], 'ci95': c['paired']['ci95']})} | {c['paired']['verdict']} |")
             lines.append(f"| {p['candidate']} | {p['on_disk_bytes']} | {_ci(p['predicted_kld'])} | {_ci(p['measured_kld'])} " + pair)
+        for p in check["proposals"]:
+            h = (p.get("comparator") or {}).get("paired_held_out")
+            if h is not None:
+                lines.append(f"- {p['candidate']} vs {p['comparator']['candidate']} on the shards the search did not see "
+                             f"({h['shards']}): {_ci({'value': h['diff'], 'ci95': h['ci95']})}, {h['verdict']}")
         lines += ["", "Every proposal against every uniform layout at least as large (paired, same positions):", "",
                   "| proposed | versus | bytes (proposed / versus) | diff [95% CI] | verdict |", "|---|---|---|---|---|"]
         for w in check["pairs"]:

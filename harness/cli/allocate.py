@@ -15,6 +15,10 @@ from harness.inputs.config import load_config
 from harness.run.allocation_check import check_allocation
 
 
+def _iv(ci: list[float] | None) -> str:
+    return "[not estimable]" if ci is None else f"[{ci[0]:.4e}, {ci[1]:.4e}]"
+
+
 def _allocate(a: argparse.Namespace) -> int:
     import torch
 
@@ -43,8 +47,10 @@ def _allocate(a: argparse.Namespace) -> int:
                                      base_model=base_model)
         paths = write_allocation(result, a.out, check)
     ra = result["proxy"]["rank_agreement"]
+    agree = ("undefined" if ra["spearman"] is None or ra["kendall"] is None
+             else f"Spearman {ra['spearman']:.3f}, Kendall {ra['kendall']:.3f}")
     print(f"effects: {len(result['effects'])} measured (group, choice) pairs on {result['n_contexts']} contexts; proxy rank "
-          f"agreement Spearman {ra['spearman']:.3f}, Kendall {ra['kendall']:.3f}")
+          f"agreement {agree}")
     for p in result["proposals"]:
         print(f"budget {p['budget_spec']} ({p['budget_bytes']} bytes): predicted KLD {p['predicted_kld']['value']:.4e}, "
               f"in process {p['in_process_kld']['value']:.4e}, bytes {p['predicted_bytes']}")
@@ -52,10 +58,13 @@ def _allocate(a: argparse.Namespace) -> int:
         c = p.get("comparator")
         line = f"{p['candidate']}: measured {p['measured_kld']['value']:.4e} ({p['on_disk_bytes']} bytes)"
         if c is not None:
-            ci = c["paired"]["ci95"]
             line += (f" vs {c['candidate']} {c['measured_kld']['value']:.4e} ({c['on_disk_bytes']} bytes): diff "
-                     f"{c['paired']['diff']:.4e} [{ci[0]:.4e}, {ci[1]:.4e}], {c['paired']['verdict']}")
+                     f"{c['paired']['diff']:.4e} {_iv(c['paired']['ci95'])}, {c['paired']['verdict']}")
         print(line)
+        h = (c or {}).get("paired_held_out")
+        if h is not None:
+            print(f"  on the shards the search did not see {h['shards']}: diff {h['diff']:.4e} {_iv(h['ci95'])}, "
+                  f"{h['verdict']}")
     print("written: " + ", ".join(str(p) for p in paths if p.suffix in (".md", ".png")))
     return 0
 

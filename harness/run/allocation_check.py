@@ -12,12 +12,14 @@ shards; each proposal is then compared with its comparator on the same positions
 Per proposal the result holds the predicted mean KLD (the search's base KLD plus the summed effects, measured
 in process on the search's shards), the measured mean KLD with its interval (this module, all shards
 selected), the measured KLD on the search's own shards (in-sample) and the paired comparison with the
-comparator of the same size.
+comparator of the same size -- on all selected shards, and on those the search did not measure its effects on
+(``paired_held_out``, when both kinds are selected).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -31,6 +33,12 @@ from harness.reports.aggregate import ladder_rows, write_ladder
 from harness.reports.paired import paired_report
 
 SCHEMA = "fidelity.allocation-check/1"
+
+
+def _mean_kld(positions: Sequence[Any]) -> float:
+    """Token-mean KLD over the scored positions of some shards (compensated sum)."""
+    values = [float(v) for p in positions for v in p.scores.kld]
+    return math.fsum(values) / len(values)
 
 
 def _candidate(name: str, engine: str, model: Path) -> Any:
@@ -96,9 +104,8 @@ def check_allocation(config: FidelityConfig, result: Mapping[str, Any], family: 
             "measured_kld": {"value": by_name[name]["mean_kld"], "ci95": by_name[name]["ci95"], "shards": chosen},
         }
         if search_shards:
-            own = paired_report(name, name, [session.positions(cand, s) for s in search_shards],
-                                [session.positions(cand, s) for s in search_shards], margin=margin)
-            row["measured_kld_search_shards"] = {"value": own["independent_kld_means"]["a"], "shards": search_shards}
+            row["measured_kld_search_shards"] = {"value": _mean_kld([session.positions(cand, s) for s in search_shards]),
+                                                 "shards": search_shards}
         comp = comparators.get(name)
         if comp is not None:
             cc = cfg.candidate(comp)
@@ -109,6 +116,12 @@ def check_allocation(config: FidelityConfig, result: Mapping[str, Any], family: 
                                  "size_ratio": by_name[name]["size_bytes"] / by_name[comp]["size_bytes"],
                                  "paired": {"diff": rep["kld_mean"]["diff"], "ci95": rep["kld_mean"]["ci95"],
                                             "verdict": rep["verdict_named"], "margin": margin}}
+            held_out = [s for s in chosen if s not in result["suite"]["shards"]]
+            if held_out and len(held_out) < len(chosen):  # the shards the search did not measure its effects on
+                rep = paired_report(name, comp, [session.positions(cand, s) for s in held_out],
+                                    [session.positions(cc, s) for s in held_out], margin=margin, n_boot=cfg.n_boot)
+                row["comparator"]["paired_held_out"] = {"shards": held_out, "diff": rep["kld_mean"]["diff"],
+                                                        "ci95": rep["kld_mean"]["ci95"], "verdict": rep["verdict_named"]}
         proposals.append(row)
     wins = []
     for p in proposals:
