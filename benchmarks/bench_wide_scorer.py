@@ -1,23 +1,30 @@
 """The exact scorer at 27B widths: hidden 5,120, vocabulary 248,320, one 2,048-token context.
 
-Side by side in one run, repetitions interleaved, each figure the median (min, max):
+Side by side in one run, repetitions interleaved, each figure the median (min, max) of its
+repetitions and each ratio taken within one repetition:
 
-* ``bare``    -- the two bare bf16 GEMMs ``h @ head.T`` of one context (reference and candidate),
+* ``bare``     -- the two bare bf16 GEMMs ``h @ head.T`` of one context (reference and candidate),
   bf16 logits, one call per side: the hardware's fastest product (inexact, the floor);
-* ``gemm``    -- the scorer's own two GEMMs alone (fp32 logits, its GEMM path and tiling);
-* ``scorer``  -- ``score_hidden``: both GEMMs and every metric;
-* ``onednn``  -- (``--onednn``) oneDNN's bf16 mode for fp32 matmuls on a ``1/8`` vocabulary
-  slice, against the bare bf16 GEMM on the same slice (the previous CPU path; a whole widened
-  head would not fit the memory budget).
+* ``gemm``     -- the scorer's own two GEMMs alone (fp32 logits, its GEMM path and tiling);
+* ``eager``    -- ``score_hidden`` with the eager metric pass (``FIDELITY_METRIC_KERNEL=eager``);
+* ``inductor`` -- ``score_hidden`` with the compiled metric kernel (``FIDELITY_METRIC_KERNEL=inductor``;
+  compiled once before the timed repetitions, the compile time reported apart);
+* ``onednn``   -- (``--onednn``) oneDNN's bf16 mode for fp32 matmuls on a ``1/8`` vocabulary
+  slice, against the bare bf16 GEMM on the same slice (the previous CPU path).
+
+Every figure is taken twice: wall-clock seconds, and the process's CPU seconds
+(``time.process_time``, every thread). On a machine whose cores are shared with other jobs, wall
+time measures the scheduler as much as the code; CPU time of a one-thread run (``--threads 1``)
+measures the work. With more threads, CPU time also counts OpenMP threads spinning at barriers.
+The load average is printed before and after.
 
 Exactness: the scorer's mean KLD over ``--check-rows`` rows against float64 logits (computed
-in vocabulary chunks), relative difference. Memory: peak resident set of the process.
+in vocabulary chunks), relative difference, for both metric passes. Memory: peak resident set.
 
-    python benchmarks/bench_wide_scorer.py                       # 2,047 rows, 3 repetitions
-    python benchmarks/bench_wide_scorer.py --rows 512 --reps 2   # a quarter of a context
+    python benchmarks/bench_wide_scorer.py --threads 1              # 2,047 rows, 2 repetitions
+    python benchmarks/bench_wide_scorer.py --rows 512 --reps 1     # a quarter of a context
 
-Needs about 2.5 GB for the head, 1 GB for the bare GEMMs' output and the scorer's tiles
-(``2 x tile_rows x vocab`` fp32: 0.5 GB at 256 rows).
+Needs about 2.5 GB for the head, 1 GB for the bare GEMMs' output and 1 GB for the scorer's tiles.
 """
 
 from __future__ import annotations
@@ -30,7 +37,10 @@ import resource
 import statistics
 import sys
 import time
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -41,44 +51,48 @@ from harness.scoring.bench import make_inputs  # noqa: E402
 from harness.scoring.gemm import gemm_mode  # noqa: E402
 from harness.scoring.scorer import bare_gemms, score_hidden, scorer_run  # noqa: E402
 
+#: A wall-clock and a CPU-time reading, seconds.
+Timing = tuple[float, float]
+
 
 def _sync(dev: torch.device) -> None:
     if dev.type == "cuda":
         torch.cuda.synchronize(dev)
 
 
-def _bare(ref: torch.Tensor, cand: torch.Tensor, head: torch.Tensor, out: torch.Tensor) -> float:
-    dev = head.device
+def _timed(fn: Callable[[], object], dev: torch.device) -> Timing:
+    """(wall seconds, process CPU seconds) of ``fn()``."""
     _sync(dev)
-    t0 = time.perf_counter()
+    w0, c0 = time.perf_counter(), time.process_time()
+    fn()
+    _sync(dev)
+    return time.perf_counter() - w0, time.process_time() - c0
+
+
+def _bare(ref: torch.Tensor, cand: torch.Tensor, head: torch.Tensor, out: torch.Tensor) -> None:
     torch.mm(ref, head.t(), out=out)
     torch.mm(cand, head.t(), out=out)
-    _sync(dev)
-    return time.perf_counter() - t0
 
 
-def _timed_scorer(ref: torch.Tensor, cand: torch.Tensor, head: torch.Tensor, y: torch.Tensor, tile: int | None) -> float:
-    dev = head.device
-    _sync(dev)
-    t0 = time.perf_counter()
-    score_hidden(ref, cand, head, y, tile_rows=tile, backend="torch")
-    _sync(dev)
-    return time.perf_counter() - t0
+def _score(kernel: str, ref: torch.Tensor, cand: torch.Tensor, head: torch.Tensor, y: torch.Tensor,
+           tile: int | None) -> object:
+    os.environ["FIDELITY_METRIC_KERNEL"] = kernel
+    return score_hidden(ref, cand, head, y, tile_rows=tile, backend="torch")
 
 
-def _onednn_slice(ref: torch.Tensor, head: torch.Tensor) -> tuple[float, float]:
-    """(bare bf16, oneDNN bf16-mode fp32) seconds for one side on a 1/8 vocabulary slice."""
+def _onednn_slice(ref: torch.Tensor, head: torch.Tensor) -> tuple[Timing, Timing]:
+    """(bare bf16, oneDNN bf16-mode fp32) timings for one side on a 1/8 vocabulary slice."""
     w = head[: head.shape[0] // 8]
     wf, hf = w.float(), ref.float()
     out_b = torch.empty(ref.shape[0], w.shape[0], dtype=torch.bfloat16)
     out_f = torch.empty(ref.shape[0], w.shape[0])
-    t0 = time.perf_counter()
-    torch.mm(ref, w.t(), out=out_b)
-    t1 = time.perf_counter()
-    with gemm_mode("onednn-bf16"):
-        torch.mm(hf, wf.t(), out=out_f)
-    t2 = time.perf_counter()
-    return t1 - t0, t2 - t1
+    bare = _timed(lambda: torch.mm(ref, w.t(), out=out_b), head.device)
+
+    def onednn() -> None:
+        with gemm_mode("onednn-bf16"):
+            torch.mm(hf, wf.t(), out=out_f)
+
+    return bare, _timed(onednn, head.device)
 
 
 def _float64_kld(ref: torch.Tensor, cand: torch.Tensor, head: torch.Tensor, chunk: int = 8192) -> np.ndarray:
@@ -95,86 +109,106 @@ def _float64_kld(ref: torch.Tensor, cand: torch.Tensor, head: torch.Tensor, chun
     return (lp.exp() * (lp - lq)).sum(1).numpy()
 
 
-def _mmm(xs: list[float]) -> str:
-    return f"{statistics.median(xs):.2f} s ({min(xs):.2f}-{max(xs):.2f})"
-
-
-def _ratio(a: list[float], b: list[float]) -> list[float]:
-    return [x / y for x, y in zip(a, b, strict=True)]
+def _mmm(xs: list[float], fmt: str = "{:.2f}") -> str:
+    return f"{fmt.format(statistics.median(xs))} ({fmt.format(min(xs))}-{fmt.format(max(xs))})"
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     p.add_argument("--rows", type=int, default=2047, help="scored rows (one context of 2,048 tokens: 2,047)")
     p.add_argument("--hidden", type=int, default=5120)
     p.add_argument("--vocab", type=int, default=248_320)
-    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--reps", type=int, default=2)
     p.add_argument("--tile-rows", type=int, default=None, help="scorer tile (default: the scorer's own)")
-    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's, one per core)")
     p.add_argument("--check-rows", type=int, default=4, help="rows checked against float64 (0: skip)")
+    p.add_argument("--kernels", default="eager,inductor", help="metric passes to time (eager, inductor)")
     p.add_argument("--onednn", action="store_true", help="also time oneDNN's bf16 mode on a vocabulary slice")
     p.add_argument("--device", default="cpu")
     p.add_argument("--json", type=Path, default=None, help="also write the figures here")
     a = p.parse_args(argv)
     if a.threads:
         torch.set_num_threads(a.threads)
+    kernels = [k.strip() for k in a.kernels.split(",") if k.strip()]
     dev = torch.device(a.device)
+    load_before = os.getloadavg()
     t_make = time.perf_counter()
     ref, cand, head, y = make_inputs(a.rows, a.hidden, a.vocab, device=dev)
     t_make = time.perf_counter() - t_make
     run = scorer_run(ref, cand, head, device=dev, backend="torch")
     out_bf16 = torch.empty(a.rows, a.vocab, dtype=torch.bfloat16, device=dev)
+    compile_s: dict[str, float] = {}
     with torch.inference_mode():
         _bare(ref[:64], cand[:64], head, out_bf16[:64])  # warm-up (thread pools, kernels)
-        score_hidden(ref[:64], cand[:64], head, y[:64], tile_rows=a.tile_rows, backend="torch")
-        t_bare: list[float] = []
-        t_gemm: list[float] = []
-        t_score: list[float] = []
-        t_slice: list[tuple[float, float]] = []
+        for k in kernels:  # warm-up; the first inductor call compiles the metric kernel
+            compile_s[k] = _timed(partial(_score, k, ref[:64], cand[:64], head, y[:64], a.tile_rows), dev)[0]
+        names = ["bare", "gemm", *kernels]
+        steps: dict[str, Callable[[], object]] = {
+            "bare": lambda: _bare(ref, cand, head, out_bf16),
+            "gemm": lambda: bare_gemms(ref, cand, head, tile_rows=a.tile_rows),
+            **{k: partial(_score, k, ref, cand, head, y, a.tile_rows) for k in kernels},
+        }
+        t: dict[str, list[Timing]] = {n: [] for n in names}
+        t_slice: list[tuple[Timing, Timing]] = []
         for _ in range(a.reps):
-            t_bare.append(_bare(ref, cand, head, out_bf16))
-            t_gemm.append(bare_gemms(ref, cand, head, tile_rows=a.tile_rows))
-            t_score.append(_timed_scorer(ref, cand, head, y, a.tile_rows))
+            for n in names:
+                t[n].append(_timed(steps[n], dev))
             if a.onednn and dev.type == "cpu":
                 t_slice.append(_onednn_slice(ref, head))
-    del out_bf16
-    rel = float("nan")
+    rel: dict[str, float] = {}
     if a.check_rows:
-        k = min(a.check_rows, a.rows)
-        s = score_hidden(ref[:k], cand[:k], head, y[:k], tile_rows=a.tile_rows, backend="torch")
-        exact = _float64_kld(ref[:k], cand[:k], head)
-        rel = abs(float(s.kld.mean()) - float(exact.mean())) / float(exact.mean())
+        k_rows = min(a.check_rows, a.rows)
+        exact = _float64_kld(ref[:k_rows], cand[:k_rows], head)
+        for k in kernels:
+            s = _score(k, ref[:k_rows], cand[:k_rows], head, y[:k_rows], a.tile_rows)
+            rel[k] = abs(float(s.kld.mean()) - float(exact.mean())) / float(exact.mean())  # type: ignore[attr-defined]
+    os.environ.pop("FIDELITY_METRIC_KERNEL", None)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB -> GiB
     flops = 4.0 * a.rows * a.hidden * a.vocab
-    fig = {
+    load_after = os.getloadavg()
+    seconds = {clock: {n: [x[i] for x in t[n]] for n in names} for i, clock in enumerate(("wall", "cpu"))}
+    ratios = {clock: {f"{n}_over_bare": [x / b for x, b in zip(seconds[clock][n], seconds[clock]["bare"], strict=True)]
+                      for n in names if n != "bare"} for clock in seconds}
+    fig: dict[str, Any] = {
         "geometry": {"rows": a.rows, "hidden": a.hidden, "vocab": a.vocab, "tile_rows": a.tile_rows},
         "machine": {"cpu": platform.processor() or platform.machine(), "threads": torch.get_num_threads(),
-                    "load_average": os.getloadavg(), "torch": torch.__version__, "device": str(dev)},
+                    "load_average_before": load_before, "load_average_after": load_after,
+                    "torch": torch.__version__, "device": str(dev)},
         "scorer": run.as_dict(),
-        "seconds": {"bare_bf16": t_bare, "scorer_gemms": t_gemm, "scorer": t_score},
-        "ratios": {"scorer_over_bare": _ratio(t_score, t_bare), "gemms_over_bare": _ratio(t_gemm, t_bare),
-                   "metric_share": [1 - g / s for g, s in zip(t_gemm, t_score, strict=True)]},
-        "bare_tflops": [flops / t / 1e12 for t in t_bare],
+        "metric_kernels": kernels,
+        "seconds": seconds,
+        "ratios": ratios,
+        "metric_pass_over_bare": {clock: {k: [(s_ - g) / b for s_, g, b in zip(seconds[clock][k], seconds[clock]["gemm"],
+                                                                              seconds[clock]["bare"], strict=True)]
+                                          for k in kernels} for clock in seconds},
+        "bare_tflops_wall": [flops / x for x in seconds["wall"]["bare"]],
+        "warmup_s": compile_s,
         "mean_kld_rel_diff_vs_float64": rel,
         "peak_rss_gib": peak,
         "input_build_s": t_make,
     }
     if t_slice:
-        fig["onednn_slice"] = {"bare_bf16": [b for b, _ in t_slice], "onednn_bf16_mode": [o for _, o in t_slice],
-                               "ratio": [o / b for b, o in t_slice]}
-    print(f"geometry: {a.rows} rows x hidden {a.hidden} x vocab {a.vocab}; scorer {run.backend}/{run.gemm}; "
-          f"tile_rows {a.tile_rows or 'default'}; threads {torch.get_num_threads()}; load {os.getloadavg()[0]:.1f}")
-    print(f"two bare bf16 GEMMs (bf16 logits)   {_mmm(t_bare)}  ({statistics.median(fig['bare_tflops']):.2f} TFLOP/s)")
-    print(f"scorer's two GEMMs (fp32 logits)    {_mmm(t_gemm)}")
-    print(f"scorer, every metric                {_mmm(t_score)}")
-    r = fig["ratios"]
-    for name in ("scorer_over_bare", "gemms_over_bare", "metric_share"):
-        xs = r[name]
-        print(f"{name:35s} {statistics.median(xs):.3f} ({min(xs):.3f}-{max(xs):.3f})")
+        fig["onednn_slice"] = {"cpu_ratio": [o[1] / b[1] for b, o in t_slice], "wall_ratio": [o[0] / b[0] for b, o in t_slice]}
+    print(f"geometry: {a.rows} rows x hidden {a.hidden} x vocab {a.vocab}; GEMM path {run.gemm}; "
+          f"tile_rows {a.tile_rows or 'default'}; threads {torch.get_num_threads()}")
+    print(f"load average before {load_before[0]:.1f}, after {load_after[0]:.1f} ({os.cpu_count()} cores)")
+    labels = {"bare": "two bare bf16 GEMMs (bf16 logits)", "gemm": f"scorer's two GEMMs ({run.gemm}, fp32)",
+              "eager": "scorer, eager metric pass", "inductor": "scorer, compiled metric kernel"}
+    print(f"{'':44s} {'wall s':>20s} {'CPU s':>20s} {'wall / bare':>20s} {'CPU / bare':>20s}")
+    for n in names:
+        rw = ratios["wall"].get(f"{n}_over_bare", [1.0])
+        rc = ratios["cpu"].get(f"{n}_over_bare", [1.0])
+        print(f"{labels.get(n, n):44s} {_mmm(seconds['wall'][n]):>20s} {_mmm(seconds['cpu'][n]):>20s} "
+              f"{_mmm(rw, '{:.3f}'):>20s} {_mmm(rc, '{:.3f}'):>20s}")
+    for k in kernels:
+        mp = fig["metric_pass_over_bare"]
+        print(f"metric pass ({k}) / bare: wall {_mmm(mp['wall'][k], '{:.3f}')}, CPU {_mmm(mp['cpu'][k], '{:.3f}')}")
+    print(f"bare GEMMs {statistics.median(fig['bare_tflops_wall']) / 1e12:.2f} TFLOP/s (wall); warm-up / compile s: "
+          + ", ".join(f"{k} {v:.1f}" for k, v in compile_s.items()))
     if t_slice:
-        xs = fig["onednn_slice"]["ratio"]
-        print(f"oneDNN bf16 mode / bare, 1/8 vocab   {statistics.median(xs):.3f} ({min(xs):.3f}-{max(xs):.3f})")
-    print(f"mean KLD vs float64 ({a.check_rows} rows): relative difference {rel:.2e}")
+        print(f"oneDNN bf16 mode / bare, 1/8 vocab: CPU {_mmm(fig['onednn_slice']['cpu_ratio'], '{:.3f}')}")
+    for k, r in rel.items():
+        print(f"mean KLD vs float64 ({a.check_rows} rows), {k}: relative difference {r:.2e}")
     print(f"peak RSS {peak:.2f} GiB")
     if a.json:
         a.json.write_text(json.dumps(fig, indent=2, sort_keys=True) + "\n")

@@ -157,3 +157,17 @@ def test_scorer_dispatches_to_the_compiled_kernel_at_scale(monkeypatch: pytest.M
     for k in FLOAT_FIELDS:
         np.testing.assert_allclose(getattr(s, k), want[k], rtol=2e-5, atol=2e-7, err_msg=k)
         np.testing.assert_allclose(getattr(s, k), getattr(eager, k), rtol=2e-5, atol=2e-7, err_msg=k)
+
+
+@pytest.mark.parametrize("ties", [1, 2, 9, 10, 11, 40])
+def test_argmax_from_top_k_is_the_lowest_id_of_the_maximum(ties: int) -> None:
+    """The compiled path's argmax (from the top-10 set) equals numpy's first-occurrence argmax, also
+    when ten or more entries share the maximum (the top-10 set then need not hold the lowest one)."""
+    g = torch.Generator().manual_seed(ties)
+    x = torch.randn(5, 700, generator=g)
+    for r in range(5):
+        cols = torch.randperm(700, generator=g)[:ties]
+        x[r, cols] = 9.0 + r  # the maximum, shared by `ties` entries
+    top = torch.topk(x, 10, dim=1).indices  # a set of the 10 largest (which of tied entries: unspecified)
+    am = metric_kernel.argmax_from_top(x, top, x.amax(1))
+    assert am.tolist() == x.numpy().argmax(1).tolist()

@@ -89,7 +89,7 @@ MEMORY_BUDGET_BYTES = 1024 * 1024 * 1024
 CPU_CHUNK_BYTES = 6 * 1024 * 1024
 #: Logits (both sides, fp32) per call of the compiled metric kernel on a CPU: the chunk is read
 #: from memory once and stays in the last-level cache while its top-k sets and gathers reread it.
-COMPILED_CHUNK_BYTES = 32 * 1024 * 1024
+COMPILED_CHUNK_BYTES = 8 * 1024 * 1024
 _LN2 = math.log(2.0)
 
 
@@ -233,15 +233,17 @@ def _metrics_chunk_compiled(ref: torch.Tensor, cand: torch.Tensor, targets: torc
     (:func:`harness.scoring.metric_kernel.row_stats`, the same formulas); the gathers at the target
     and argmax columns and the top-k sets are eager (exact index operations)."""
     ref, cand = ref.float(), cand.float()
-    st, mx_a, am_a, mx_b, am_b = metric_kernel.compiled_row_stats(ref, cand)
+    st, mx_a, mx_b = metric_kernel.compiled_row_stats(ref, cand)
     kld, s_a, s_min, j_min, j_sum, rev_neg, ent_neg, ln_a, s_b = st
+    k_max = min(max(TOPK), ref.shape[1])
+    top_a = _topk_ids(ref, k_max)
+    top_b = _topk_ids(cand, k_max)
+    am_a = metric_kernel.argmax_from_top(ref, top_a, mx_a)
+    am_b = metric_kernel.argmax_from_top(cand, top_b, mx_b)
     yi = targets.view(-1, 1)
     nll_a = ln_a - (ref.gather(1, yi).view(-1) - mx_a).double()  # X[t], X = x - max x in fp32 as in the eager pass
     nll_b = s_b.log() - (cand.gather(1, yi).view(-1) - mx_b).double()
     y_top = (cand.gather(1, am_a.view(-1, 1)).view(-1) - mx_b).double()
-    k_max = min(max(TOPK), ref.shape[1])
-    top_a = _topk_ids(ref, k_max)
-    top_b = _topk_ids(cand, k_max)
     stats = torch.stack([kld, s_a, s_min, j_min, j_sum, nll_a, nll_b, rev_neg, ent_neg, ln_a, y_top, s_b])
     _write_scores(stats, am_a, am_b, top_a, top_b, k_max, out, start)
 
