@@ -21,6 +21,7 @@ from harness.engines.base import STORE_DTYPES, EngineOptions
 from harness.engines.registry import get_engine, require
 from harness.errors import FidelityError
 from harness.inputs.suite import Suite as SuiteCls
+from harness.io.jsonio import JSONObject
 
 if TYPE_CHECKING:
     from harness.inputs.suite import Suite
@@ -50,7 +51,7 @@ def capture(
     kind: str | None = None,
     options: EngineOptions | None = None,
     progress: bool = True,
-    identity: dict[str, Any] | None = None,
+    identity: JSONObject | None = None,
 ) -> CaptureStore:
     """Capture ``suite`` contexts (all, or the given shards) of ``model`` through ``engine`` into the
     store at ``out``; ``kind`` defaults to the engine's first kind. Resumable: contexts already in the

@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from harness.io.jsonio import JSONObject
+
 if TYPE_CHECKING:
     import numpy as np
     import torch
@@ -92,7 +94,7 @@ class Engine(Protocol):
         """True when the engine's package imports."""
         ...
 
-    def model_identity(self, model: Path) -> dict[str, Any]:
+    def model_identity(self, model: Path) -> JSONObject:
         """Identity of the model by content (cache keys and store headers)."""
         ...
 

@@ -19,6 +19,7 @@ from harness.engines.hub import hub_origin
 from harness.engines.quantization import is_quantized_checkpoint, quantization_identity
 from harness.errors import FidelityError
 from harness.io.hashing import sha256_bytes, sha256_file
+from harness.io.jsonio import JSONObject
 
 #: Suffixes of weight files that count towards a model's identity.
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
@@ -30,7 +31,7 @@ def weight_files(model_dir: str | Path) -> list[Path]:
     return sorted(p for p in root.iterdir() if p.is_file() and p.name.endswith(WEIGHT_SUFFIXES))
 
 
-def model_identity(model_dir: str | Path) -> dict[str, Any]:
+def model_identity(model_dir: str | Path) -> JSONObject:
     """Identity of a model folder by content.
 
     name: folder name (informative only).
@@ -79,6 +80,6 @@ def runtime_identity() -> dict[str, str]:
     return out
 
 
-def identity_key(d: dict[str, Any]) -> str:
+def identity_key(d: JSONObject) -> str:
     """Stable cache key: sha256 of the canonical JSON (sorted keys, compact) of ``d``."""
     return sha256_bytes(json.dumps(d, sort_keys=True, separators=(",", ":"), allow_nan=False).encode("utf-8"))

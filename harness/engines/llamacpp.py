@@ -29,9 +29,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from harness.engines.base import EngineOptions
-from harness.engines.options import OptionSpec, validate_options
+from harness.engines.options import OptionSpec, int_option, validate_options
 from harness.errors import FidelityError
 from harness.io.hashing import sha256_file
+from harness.io.jsonio import JSONObject
 
 if TYPE_CHECKING:
     import numpy as np
@@ -77,13 +78,13 @@ def check_gguf(path: str | Path) -> Path:
     return p
 
 
-def gguf_identity(path: str | Path) -> dict[str, Any]:
+def gguf_identity(path: str | Path) -> JSONObject:
     """Identity of a GGUF file by content."""
     p = check_gguf(path)
     return {"name": p.name, "format": "gguf", "sha256": sha256_file(p), "bytes": p.stat().st_size}
 
 
-def engine_identity(extra_bufts: bool | None = None, options: Mapping[str, Any] | None = None) -> dict[str, str]:
+def engine_identity(extra_bufts: bool | None = None, options: Mapping[str, object] | None = None) -> dict[str, str]:
     """Version, CPU features, numerics-relevant settings; the candidate's options (canonical JSON) when given."""
     opts = dict(options or {})
     llama_cpp = _import()
@@ -126,7 +127,7 @@ def _no_extra_bufts(llama_cpp: Any) -> Iterator[bool | None]:
 
 
 def load_model(
-    path: str | Path, n_ctx: int, threads: int | None = None, hidden: bool = False, options: Mapping[str, Any] | None = None
+    path: str | Path, n_ctx: int, threads: int | None = None, hidden: bool = False, options: Mapping[str, object] | None = None
 ) -> tuple[Any, bool | None]:
     """A ``llama_cpp.Llama`` for ``path`` with all-position logits, one batch per context; with
     ``hidden`` also per-token embeddings without pooling (the output of the final norm).
@@ -134,9 +135,9 @@ def load_model(
     llama_cpp = _import()
     p = check_gguf(path)
     opts = dict(options or {})
-    threads = opts.get("threads", threads)
-    n_batch = int(opts.get("n_batch", n_ctx))
-    n_ubatch = int(opts.get("n_ubatch", n_batch if "n_batch" in opts else n_ctx))
+    threads = int_option(opts, "threads", threads)
+    n_batch = int_option(opts, "n_batch", n_ctx)
+    n_ubatch = int_option(opts, "n_ubatch", n_batch if "n_batch" in opts else n_ctx)
     if n_ubatch > n_batch:
         raise FidelityError(f"{p}: engine 'llamacpp' options: n_ubatch ({n_ubatch}) may not exceed n_batch ({n_batch})")
     extra_kw: dict[str, Any] = {}
@@ -146,7 +147,7 @@ def load_model(
         try:
             model = llama_cpp.Llama(
                 model_path=str(p), n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch, logits_all=True,
-                n_threads=threads, n_threads_batch=threads, n_gpu_layers=int(opts.get("n_gpu_layers", 0)), verbose=False,
+                n_threads=threads, n_threads_batch=threads, n_gpu_layers=int_option(opts, "n_gpu_layers", 0), verbose=False,
                 seed=0, flash_attn=bool(opts.get("flash_attn", False)), **extra_kw,
             )
         except (ValueError, RuntimeError) as e:
@@ -187,7 +188,7 @@ def capture_hidden(model: Any, token_ids: np.ndarray | Sequence[int]) -> Any:
 class LlamaCppLoaded:
     """A GGUF model loaded through llama.cpp (see :class:`harness.engines.base.LoadedModel`)."""
 
-    def __init__(self, model: Any, extra_bufts: bool | None, options: Mapping[str, Any] | None = None) -> None:
+    def __init__(self, model: Any, extra_bufts: bool | None, options: Mapping[str, object] | None = None) -> None:
         self.model = model
         self.extra_bufts = extra_bufts
         self.options = dict(options or {})
@@ -222,7 +223,7 @@ class LlamaCppEngine:
     def available(self) -> bool:
         return available()
 
-    def model_identity(self, model: Path) -> dict[str, Any]:
+    def model_identity(self, model: Path) -> JSONObject:
         return gguf_identity(model)
 
     def load(self, model: Path, n_ctx: int, kind: str, options: EngineOptions) -> LlamaCppLoaded:

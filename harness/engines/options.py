@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TypeVar
 
 from harness.errors import FidelityError
 
@@ -51,12 +51,33 @@ class OptionSpec:
     choices: tuple[str, ...] = ()
 
 
+_D = TypeVar("_D")
+
+
+def int_option(options: Mapping[str, object], key: str, default: _D) -> int | _D:
+    """A validated integer option (``default`` when absent); anything else is a FidelityError naming it."""
+    value = options.get(key, default)
+    if value is default:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise FidelityError(f"engine option {key!r}: expected an integer, found {value!r}")
+    return value
+
+
+def table_option(options: Mapping[str, object], key: str) -> dict[str, object]:
+    """A validated table option (empty when absent); anything else is a FidelityError naming it."""
+    value = options.get(key, {})
+    if not isinstance(value, dict):
+        raise FidelityError(f"engine option {key!r}: expected a table, found {value!r}")
+    return {str(k): v for k, v in value.items()}
+
+
 def describe_options(specs: Mapping[str, OptionSpec]) -> str:
     """``name (kind)`` for every option, comma-separated (for error messages and help)."""
     return ", ".join(f"{k} ({v.kind})" for k, v in sorted(specs.items())) or "none"
 
 
-def _check_table(engine: str, key: str, value: Any) -> dict[str, Any]:
+def _check_table(engine: str, key: str, value: object) -> dict[str, str | int | float]:
     if not isinstance(value, dict):
         raise FidelityError(f"engine {engine!r} option {key!r}: expected a table, found {type(value).__name__} {value!r}")
     for k, v in value.items():
@@ -65,15 +86,15 @@ def _check_table(engine: str, key: str, value: Any) -> dict[str, Any]:
     return dict(sorted(value.items()))
 
 
-def _check_one(engine: str, key: str, spec: OptionSpec, value: Any) -> Any:
+def _check_one(engine: str, key: str, spec: OptionSpec, value: object) -> bool | int | float | str | dict[str, str | int | float]:
     where = f"engine {engine!r} option {key!r}"
     if spec.kind == "bool":
         if not isinstance(value, bool):
             raise FidelityError(f"{where}: expected true or false, found {value!r}")
         return value
     if spec.kind in ("int", "float"):
-        ok = isinstance(value, int) if spec.kind == "int" else isinstance(value, (int, float))
-        if isinstance(value, bool) or not ok or (isinstance(value, float) and not math.isfinite(value)):
+        if (isinstance(value, bool) or not isinstance(value, (int, float)) or (spec.kind == "int" and not isinstance(value, int))
+                or (isinstance(value, float) and not math.isfinite(value))):
             raise FidelityError(f"{where}: expected {'an integer' if spec.kind == 'int' else 'a finite number'}, found {value!r}")
         if (spec.minimum is not None and value < spec.minimum) or (spec.maximum is not None and value > spec.maximum):
             lo = "-inf" if spec.minimum is None else f"{spec.minimum:g}"
@@ -91,13 +112,13 @@ def _check_one(engine: str, key: str, spec: OptionSpec, value: Any) -> Any:
     return value
 
 
-def validate_options(engine: str, specs: Mapping[str, OptionSpec], raw: Any) -> dict[str, Any]:
+def validate_options(engine: str, specs: Mapping[str, OptionSpec], raw: object) -> dict[str, object]:
     """The options of ``raw`` checked against ``specs`` (sorted by name); a FidelityError names the problem."""
     if raw is None:
         return {}
     if not isinstance(raw, Mapping):
         raise FidelityError(f"engine {engine!r} options: expected a table, found {type(raw).__name__}")
-    out: dict[str, Any] = {}
+    out: dict[str, object] = {}
     for key in sorted(raw):
         if key not in specs:
             import difflib

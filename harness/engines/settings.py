@@ -39,6 +39,8 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from harness.io.jsonio import JSONObject
+
 TORCH_ENV = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "ONEDNN_DEFAULT_FPMATH_MODE",
              "DNNL_DEFAULT_FPMATH_MODE", "NVIDIA_TF32_OVERRIDE", "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE", "PYTORCH_TUNABLEOP_ENABLED")
 TRANSFORMERS_ENV = ("USE_HUB_KERNELS", "TRANSFORMERS_DISABLE_DEEPGEMM_LINEAR")
@@ -57,7 +59,7 @@ ENGINE_ENV: dict[str, tuple[str, ...]] = {
 _NO_TORCH = ("llamacpp",)
 
 
-def numeric_settings(engine: str, environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+def numeric_settings(engine: str, environ: Mapping[str, str] | None = None) -> JSONObject:
     """The settings (module docstring) ``engine`` captures under now: ``env`` (the chosen variables that are
     set, by name) and, for torch engines, torch's ``float32_matmul_precision``."""
     env = os.environ if environ is None else environ

@@ -9,16 +9,17 @@ pre-hook. For decoder LMs that is the post-final-norm hidden state; the test sui
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from harness.engines.base import EngineOptions
 from harness.engines.compressed_config import check_compressed_tensors
 from harness.engines.identity import model_identity
-from harness.engines.options import OptionSpec, validate_options
+from harness.engines.options import OptionSpec, int_option, table_option, validate_options
 from harness.engines.quantization import QUANT_FILE, is_quantized_checkpoint
 from harness.errors import FidelityError
+from harness.io.jsonio import JSONObject
 
 if TYPE_CHECKING:
     import numpy as np
@@ -118,7 +119,7 @@ def check_quantization_package(root: Path) -> None:
         )
 
 
-def check_loading_info(root: Path, info: dict[str, Any]) -> None:
+def check_loading_info(root: Path, info: Mapping[str, Iterable[object]]) -> None:
     """Refuse a load that left weights missing (randomly initialised) or ignored stored tensors: transformers
     reports them in ``output_loading_info`` and would otherwise run a partly random model silently."""
     problems = []
@@ -139,7 +140,7 @@ def load_model(
     device: str = "cpu",
     dtype: str | torch.dtype = "bfloat16",
     trust_remote_code: bool = False,
-    options: Mapping[str, Any] | None = None,
+    options: Mapping[str, object] | None = None,
 ) -> torch.nn.Module:
     """Load a causal LM in eval mode from safetensors; quantized checkpoints (``quantization.json``)
     go to ``harness.engines.quantized.load_quantized``. ``options`` (validated :data:`OPTIONS`):
@@ -168,7 +169,7 @@ def load_model(
     if "device_map" in opts:
         kw["device_map"] = opts["device_map"]
         if "max_memory" in opts:  # accelerate names GPUs by integer index
-            kw["max_memory"] = {(int(k) if str(k).isdigit() else k): v for k, v in opts["max_memory"].items()}
+            kw["max_memory"] = {(int(k) if str(k).isdigit() else k): v for k, v in table_option(opts, "max_memory").items()}
     if "attn_implementation" in opts:
         kw["attn_implementation"] = opts["attn_implementation"]
     try:
@@ -292,7 +293,7 @@ def capture_logits(model: torch.nn.Module, token_ids: np.ndarray | torch.Tensor 
     return capture_logits_batch(model, ids[None])[0]
 
 
-def engine_identity(options: Mapping[str, Any] | None = None) -> dict[str, str]:
+def engine_identity(options: Mapping[str, object] | None = None) -> dict[str, str]:
     """Engine name and version; the candidate's options (canonical JSON) when any were given."""
     import transformers
 
@@ -305,13 +306,13 @@ def engine_identity(options: Mapping[str, Any] | None = None) -> dict[str, str]:
 class TransformersLoaded:
     """A transformers model loaded for capture (see :class:`harness.engines.base.LoadedModel`)."""
 
-    def __init__(self, model: torch.nn.Module, device: str, options: Mapping[str, Any] | None = None) -> None:
+    def __init__(self, model: torch.nn.Module, device: str, options: Mapping[str, object] | None = None) -> None:
         self.model: torch.nn.Module | None = model
         self.hidden_size = model_hidden_size(model)
         self.vocab_size = model_vocab_size(model)
         self.device = device
         self.options = dict(options or {})
-        self.batch_size = int(self.options.get("batch_size", 1))
+        self.batch_size = int_option(self.options, "batch_size", 1)
 
     def identity(self) -> dict[str, str]:
         return engine_identity(self.options)
@@ -347,7 +348,7 @@ class TransformersEngine:
             return False
         return True
 
-    def model_identity(self, model: Path) -> dict[str, Any]:
+    def model_identity(self, model: Path) -> JSONObject:
         return model_identity(model)
 
     def load(self, model: Path, n_ctx: int, kind: str, options: EngineOptions) -> TransformersLoaded:

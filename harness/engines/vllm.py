@@ -29,10 +29,11 @@ from typing import TYPE_CHECKING, Any
 from harness.engines.base import EngineOptions
 from harness.engines.compressed_config import check_compressed_tensors
 from harness.engines.identity import model_identity
-from harness.engines.options import OptionSpec, validate_options
+from harness.engines.options import OptionSpec, int_option, validate_options
 from harness.engines.settings import VLLM_ENV
 from harness.engines.transformers import check_model_dir
 from harness.errors import FidelityError
+from harness.io.jsonio import JSONObject
 
 if TYPE_CHECKING:
     import numpy as np
@@ -77,14 +78,14 @@ class VllmLoaded:
     """A model loaded in an in-process vLLM engine (see :class:`harness.engines.base.LoadedModel`)."""
 
     def __init__(self, llm: Any, hidden_size: int, vocab_size: int, dtype: str, device: str,
-                 options: Mapping[str, Any] | None = None) -> None:
+                 options: Mapping[str, object] | None = None) -> None:
         self.llm = llm
         self.hidden_size = hidden_size
         self.vocab_size = vocab_size
         self.dtype = dtype
         self.device = device
         self.options = dict(options or {})
-        self.batch_size = int(self.options.get("batch_size", 1))
+        self.batch_size = int_option(self.options, "batch_size", 1)
 
     def identity(self) -> dict[str, str]:
         import vllm
@@ -133,7 +134,7 @@ class VllmEngine:
     def available(self) -> bool:
         return available()
 
-    def model_identity(self, model: Path) -> dict[str, Any]:
+    def model_identity(self, model: Path) -> JSONObject:
         return model_identity(model)
 
     def load(self, model: Path, n_ctx: int, kind: str, options: EngineOptions) -> VllmLoaded:

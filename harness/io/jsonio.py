@@ -17,9 +17,14 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeAlias
 
 from harness.errors import VerificationError
+
+#: A JSON value as the reader returns it (an object's keys are strings).
+JSON: TypeAlias = "None | bool | int | float | str | list[JSON] | dict[str, JSON]"
+#: A JSON object: the identities, manifests and records the harness writes and reads back.
+JSONObject: TypeAlias = "dict[str, JSON]"
 
 #: JSON type names used in messages, by Python type.
 _TYPE_NAMES = {dict: "an object", list: "an array", str: "a string", int: "an integer", float: "a number", bool: "true/false"}

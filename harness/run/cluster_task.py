@@ -34,9 +34,10 @@ import json
 import os
 import socket
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from filelock import FileLock
 
@@ -150,7 +151,7 @@ def _live_store(session: FidelitySession, cand: CandidateConfig, shard: int) -> 
     return store
 
 
-def capture_reference(spec: TaskSpec) -> dict[str, Any]:
+def capture_reference(spec: TaskSpec) -> dict[str, object]:
     """Capture the reference store when it is missing (once, before the candidates' tasks), verify it."""
     try:
         _ = _session(spec).reference
@@ -159,7 +160,7 @@ def capture_reference(spec: TaskSpec) -> dict[str, Any]:
     return {"schema": RESULT_SCHEMA, "node": _node()}
 
 
-def run_case(spec: TaskSpec, name: str, shard: int, ready: dict[str, Any] | None = None) -> dict[str, Any]:
+def run_case(spec: TaskSpec, name: str, shard: int, ready: Mapping[str, object] | None = None) -> dict[str, object]:
     """Capture (when needed) and score ``name`` x ``shard``; return its report and positions.
 
     ``ready``: the reference-capture task's result when the reference had to be captured first (Ray

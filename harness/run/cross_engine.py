@@ -36,6 +36,7 @@ import numpy as np
 
 from harness.errors import FidelityError
 from harness.io.atomic import atomic_write_files, dumps_json
+from harness.io.jsonio import JSONObject
 from harness.metrics.tails import quantile
 from harness.reports.numbers import fmt_g
 from harness.run.shard_inputs import ShardInputs
@@ -255,7 +256,7 @@ def render_markdown(m: FloorMatrix, rows: Sequence[NetRow]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def to_json_dict(m: FloorMatrix, rows: Sequence[NetRow]) -> dict[str, Any]:
+def to_json_dict(m: FloorMatrix, rows: Sequence[NetRow]) -> JSONObject:
     """``cross_engine.json`` (module docstring)."""
     return {
         "schema": SCHEMA, "shard": m.shard, "floor_row": m.floor_row, "engines": list(m.engines), "direction": DIRECTION,

@@ -114,7 +114,7 @@ class CaseResult:
     node: str
 
 
-def _failure(result: Any, where: str) -> str | None:
+def _failure(result: object, where: str) -> str | None:
     """The task's own error, or None; a result of another shape is a FidelityError."""
     if not isinstance(result, dict) or result.get("schema") != RESULT_SCHEMA:
         raise FidelityError(f"{where}: expected a {RESULT_SCHEMA} result, found {type(result).__name__}")
@@ -122,12 +122,13 @@ def _failure(result: Any, where: str) -> str | None:
     return None if error is None else str(error)
 
 
-def verify_result(result: Any, name: str, shard: int) -> CaseResult:
+def verify_result(result: object, name: str, shard: int) -> CaseResult:
     """Check a task's result (digest, report schema and types, candidate and shard) and decode it."""
     where = f"<ray task {name} shard {shard:02d}>"
     error = _failure(result, where)
     if error is not None:
         raise FidelityError(error)
+    assert isinstance(result, dict)  # _failure refused anything else
     text, data, digest = result.get("report"), result.get("positions"), result.get("sha256")
     if not isinstance(text, str) or not isinstance(data, bytes) or not isinstance(digest, str):
         raise FidelityError(f"{where}: expected report text, positions bytes and sha256, found "

@@ -29,7 +29,6 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from harness.capture.store import CaptureStore
 from harness.errors import FidelityError, VerificationError
@@ -38,6 +37,7 @@ from harness.inputs.suite import Suite
 from harness.interchange.published_method import method_report, render_method_markdown
 from harness.interchange.suite_manifest import shard_view_digest
 from harness.io.atomic import atomic_write_files, dumps_json, refuse_overwriting_inputs
+from harness.io.jsonio import JSONObject
 from harness.reports.shard import render_markdown
 from harness.run.shard import CandidateMeta, score_shard
 from harness.run.shard_inputs import ShardInputs
@@ -146,7 +146,7 @@ def replay(
 
 def write_replay(inputs: ReplayInputs, out: str | Path, *, name: str, reference_name: str, score_from: int = 0,
                  n_boot: int = 10_000, device: str = "cpu", own_inputs: Sequence[Path] = (),
-                 custody: dict[str, Any] | None = None, method: str = "exact") -> list[Path]:
+                 custody: JSONObject | None = None, method: str = "exact") -> list[Path]:
     """Score every shard of verified ``inputs``, then write all reports at once; returns the JSON paths.
 
     ``custody``: the published digests of a dataset read in another layout, kept in every report's

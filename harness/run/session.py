@@ -30,7 +30,7 @@ from harness.inputs.head import HeadTensor, load_head
 from harness.inputs.published_layout import LAYOUT, scan_layout
 from harness.inputs.suite import Suite
 from harness.interchange.dataset import PublishedDataset, open_published
-from harness.io.jsonio import get_int, read_json
+from harness.io.jsonio import JSONObject, get_int, read_json
 from harness.reports.shard import ShardReport
 from harness.run.shard import CandidateMeta, ShardPositions, score_shard, shard_positions
 from harness.run.shard_inputs import ShardInputs, verified
@@ -139,7 +139,7 @@ class FidelitySession:
         return self._published
 
     @property
-    def custody(self) -> dict[str, Any] | None:
+    def custody(self) -> JSONObject | None:
         """The published digests of a dataset read in the published layout (every report's ``comparability.custody``)."""
         return None if self.published is None else dict(self.published.custody)
 
@@ -232,7 +232,7 @@ class FidelitySession:
         for name, shard in cases:
             self._planned.setdefault(name, set()).add(shard)
 
-    def candidate_identity(self, cand: CandidateConfig) -> dict[str, Any]:
+    def candidate_identity(self, cand: CandidateConfig) -> JSONObject:
         """A live candidate's identity by content, from its engine, computed once per run."""
         if cand.name not in self._identities:
             assert cand.model is not None

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, TypedDict
 import numpy as np
 
 from harness.errors import FidelityError
+from harness.io.jsonio import JSONObject
 from harness.metrics import ContextLabel, summarize
 from harness.metrics.scores import PositionScores
 from harness.planning.design import single_run_resolvable_delta
@@ -39,7 +40,7 @@ def score_shard(
     n_boot: int = 10_000,
     device: str = "cpu",
     positions: ShardPositions | None = None,
-    custody: dict[str, object] | None = None,
+    custody: JSONObject | None = None,
 ) -> ShardReport:
     """Score one shard of verified ``inputs`` and build its :class:`~harness.reports.shard.ShardReport`
     (window: ``inputs.score_from``).

@@ -36,15 +36,16 @@ import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict, cast
 
 import numpy as np
 from filelock import FileLock
 
 from harness.errors import FidelityError, VerificationError
 from harness.io.atomic import atomic_write_bytes
-from harness.io.jsonio import loads_json
+from harness.io.jsonio import JSONObject, loads_json
 from harness.io.owned import remove_empty_folder
+from harness.io.schema import Closed, MapOf, Nullable, check
 from harness.metrics import ContextLabel
 from harness.metrics.scores import PositionScores
 from harness.scoring.backends import scoring_env
@@ -92,7 +93,7 @@ def store_content_sha256(store: Any, indices: list[int]) -> str:
 
 
 def binding(*, session: str, candidate: str, suite: Any, shard: int, reference: Any, cand_store: Any,
-            head: Any, cand_head: Any, window: int, device: str) -> dict[str, Any]:
+            head: Any, cand_head: Any, window: int, device: str) -> JSONObject:
     """Everything the positions of ``candidate`` x ``shard`` were computed from (module docstring)."""
     from harness.run.shard import SCORER_SETTINGS
 
@@ -116,7 +117,7 @@ def _signature(key: bytes, meta: str, arrays: dict[str, np.ndarray]) -> str:
     return mac.hexdigest()
 
 
-def save_positions(path: Path, pos: ShardPositions, bound: dict[str, Any], key: bytes) -> None:
+def save_positions(path: Path, pos: ShardPositions, bound: JSONObject, key: bytes) -> None:
     """Write ``pos`` to ``path`` (.npz) atomically: arrays as arrays, the rest (with ``bound``, what they
     were computed from) as one JSON string, and the signature over both."""
     meta = json.dumps({
@@ -131,7 +132,28 @@ def save_positions(path: Path, pos: ShardPositions, bound: dict[str, Any], key: 
     atomic_write_bytes(path, buf.getvalue())
 
 
-def _read_signed(path: Path, key: bytes) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+class _Meta(TypedDict):
+    """The JSON part of a hand-over file (:func:`save_positions`)."""
+
+    schema: str
+    binding: JSONObject
+    #: ``[index, source cluster, stratum]`` per context
+    labels: list[list[int | str]]
+    mode: str
+    head_sha256: str | None
+    cand_head_sha256: str | None
+    load_s: float
+    score_s: float
+    scorer_run: dict[str, str]
+
+
+#: :class:`_Meta` as a schema (harness.io.schema): what a signed file's JSON part must hold.
+_META_SCHEMA = Closed({"schema": str, "binding": MapOf(object), "labels": [[object]], "mode": str,
+                       "head_sha256": Nullable(str), "cand_head_sha256": Nullable(str), "load_s": float,
+                       "score_s": float, "scorer_run": MapOf(str)})
+
+
+def _read_signed(path: Path, key: bytes) -> tuple[_Meta, dict[str, np.ndarray]]:
     """The meta and arrays of a file signed with ``key``; anything else is a VerificationError."""
     try:
         with np.load(path, allow_pickle=False) as z:
@@ -146,13 +168,14 @@ def _read_signed(path: Path, key: bytes) -> tuple[dict[str, Any], dict[str, np.n
         raise VerificationError(path, "shared positions", "a .npz of plain arrays", f"{type(e).__name__}: {e}") from None
     if not hmac.compare_digest(signature, _signature(key, meta_text, arrays)):
         raise VerificationError(path, "shared positions signature", "signed by this session", "another signature")
-    meta: dict[str, Any] = loads_json(meta_text, path)
+    meta: JSONObject = loads_json(meta_text, path)
     if meta.get("schema") != _SCHEMA:
         raise VerificationError(path, "shared positions schema", _SCHEMA, repr(meta.get("schema")))
-    return meta, arrays
+    check(meta, _META_SCHEMA, path)
+    return cast(_Meta, meta), arrays  # checked above, and signed by this session (save_positions wrote it)
 
 
-def load_positions(path: Path, bound: dict[str, Any], key: bytes) -> ShardPositions:
+def load_positions(path: Path, bound: JSONObject, key: bytes) -> ShardPositions:
     """Read what :func:`save_positions` wrote, believing it only when it is signed with ``key`` and was
     computed from exactly ``bound``; anything else is a VerificationError naming the file."""
     from harness.run.shard import ShardPositions
@@ -176,7 +199,7 @@ def load_positions(path: Path, bound: dict[str, Any], key: bytes) -> ShardPositi
     )
 
 
-def scored_once(handover: Handover, name: str, shard: int, bound: dict[str, Any],
+def scored_once(handover: Handover, name: str, shard: int, bound: JSONObject,
                 score: Callable[[], ShardPositions]) -> ShardPositions:
     """The positions of ``name`` x ``shard``: read from the session's folder when a worker of this session
     already scored them from exactly ``bound``, else scored here (under the lock, so no two workers score

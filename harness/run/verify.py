@@ -38,6 +38,7 @@ from harness.capture.store import width_field
 from harness.engines.identity import model_identity as identify
 from harness.errors import VerificationError
 from harness.inputs.head import sidecar_path
+from harness.io.jsonio import JSONObject
 
 if TYPE_CHECKING:
     from harness.capture.store import CaptureStore
@@ -48,12 +49,12 @@ if TYPE_CHECKING:
 LABEL_FIELDS = ("name",)
 
 
-def content_identity(identity: dict[str, Any]) -> dict[str, Any]:
+def content_identity(identity: JSONObject) -> JSONObject:
     """An identity without its label fields (what two copies of one model share)."""
     return {k: v for k, v in identity.items() if k not in LABEL_FIELDS}
 
 
-def describe(identity: dict[str, Any]) -> str:
+def describe(identity: JSONObject) -> str:
     """A short, human-readable rendering of an identity for messages."""
     parts = []
     if "name" in identity:
@@ -72,13 +73,13 @@ def _manifest(store: CaptureStore) -> Path:
     return store.root / "capture.json"
 
 
-def _comparable(identity: dict[str, Any]) -> bool:
+def _comparable(identity: JSONObject) -> bool:
     """Identities by content of a model folder (config and weight hashes) can be compared."""
     return "config_sha256" in identity and isinstance(identity.get("weights"), dict)
 
 
 def check_reference_identity(reference: CaptureStore, *, reference_model: Path | None = None,
-                             model_identity: dict[str, Any] | None = None, head: HeadTensor | None = None) -> None:
+                             model_identity: JSONObject | None = None, head: HeadTensor | None = None) -> None:
     """The reference store's model is the configured reference model and the head's source model."""
     found = reference.identity
     if model_identity is None and reference_model is not None and Path(reference_model).is_dir():
@@ -194,7 +195,7 @@ def check_contexts(stores: Sequence[CaptureStore], suite: Suite, shards: Sequenc
 
 def verify_joins(*, suite: Suite, reference: CaptureStore, candidate: CaptureStore, head: HeadTensor | None,
                  cand_head: HeadTensor | None = None, score_from: int = 0, shards: Sequence[int] | None = None,
-                 reference_model: Path | None = None, reference_identity: dict[str, Any] | None = None) -> None:
+                 reference_model: Path | None = None, reference_identity: JSONObject | None = None) -> None:
     """Run every join check of the module docstring (replay and the pytest session both call this)."""
     check_window(suite, [reference, candidate], score_from)
     check_reference_identity(reference, reference_model=reference_model, model_identity=reference_identity, head=head)

@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from harness.io.jsonio import JSONObject
 from harness.metrics import ContextLabel, summarize
 from harness.metrics.bootstrap import TailData, draw_cluster_weights, ratio_replicates, tail_replicates
 from harness.metrics.scores import PositionScores
@@ -97,7 +98,7 @@ def _status_kib(name: str) -> int:
 
 
 def child_memory(n: int, hidden: int, vocab: int, tile_rows: int | None, threads: int, device: str = "cpu",
-                 backend: str | None = None) -> dict[str, Any]:
+                 backend: str | None = None) -> JSONObject:
     """Run in the child: peak extra memory of one ``score_hidden`` call (module docstring)."""
     torch.set_num_threads(threads)
     ref, cand, head, targets = make_inputs(n, hidden, vocab, device=device)
@@ -126,7 +127,7 @@ def child_memory(n: int, hidden: int, vocab: int, tile_rows: int | None, threads
 
 
 def measure_memory(n: int, hidden: int, vocab: int, *, tile_rows: int | None = None, threads: int = 1,
-                   device: str = "cpu", backend: str | None = None) -> dict[str, Any]:
+                   device: str = "cpu", backend: str | None = None) -> JSONObject:
     """Peak extra memory of scoring ``n`` positions, measured in a fresh child process."""
     cmd = [sys.executable, "-m", "harness.scoring.bench", "--_child-memory", str(n), "--hidden", str(hidden), "--vocab", str(vocab),
            "--threads", str(threads), "--device", device]
@@ -225,7 +226,7 @@ class BenchResult:
         ratio = flops_per_position(shape[1], shape[0]) / flops_per_position(self.hidden, self.vocab)
         return positions / self.positions_per_s * ratio
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONObject:
         d = asdict(self)
         d.update(positions_per_s=self.positions_per_s, projection_seed_candidate_s=self.projection_s(),
                  ratios={k: _stats(v) for k, v in self.ratios().items()})

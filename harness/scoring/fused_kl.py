@@ -91,6 +91,7 @@ import torch
 import triton
 import triton.language as tl
 
+from harness.io.jsonio import JSONObject
 from harness.metrics.scores import PositionScores
 from harness.scoring.backends import interpreting
 from harness.scoring.torch_path import TOPK as TOPK_REPORTED
@@ -349,7 +350,7 @@ def _env_blocks() -> tuple[int, int, int, int, int] | None:
     return a, b, c, d, e
 
 
-def _launch_args(blocks: tuple[int, int, int, int, int] | None, dev: torch.device, w: torch.Tensor, K: int) -> dict[str, Any]:
+def _launch_args(blocks: tuple[int, int, int, int, int] | None, dev: torch.device, w: torch.Tensor, K: int) -> JSONObject:
     interp = interpreting()
     if blocks is None and not interp and dev.type == "cuda":
         blocks = _env_blocks()
