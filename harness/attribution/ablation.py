@@ -32,6 +32,7 @@ import numpy as np
 import torch
 
 from harness.attribution.formats import SUPPORTED, candidate_format, compressed_tensors_weights, torchao_weights
+from harness.attribution.groups import layer_index, split_unit
 from harness.engines.transformers import head_inputs, load_model, parse_dtype
 from harness.errors import FidelityError, VerificationError
 from harness.scoring.scorer import score_hidden
@@ -62,18 +63,38 @@ class AblationModels:
     _live: dict[str, str] = field(default_factory=dict)  # param -> "ref" | "cand" currently in the model
 
     def set_variant(self, restored: Iterable[str]) -> None:
-        """Put the reference's values into ``restored`` parameters and the candidate's into the rest."""
-        want = set(restored)
-        unknown = want - set(self.params)
-        if unknown:
-            raise FidelityError(f"not a differing parameter: {sorted(unknown)[:3]}")
+        """Put the reference's values into ``restored`` units and the candidate's into the rest.
+
+        A unit is a differing parameter, or one expert's slice ``p[e]`` of a fused experts tensor
+        (:func:`harness.attribution.groups.split_unit`): the block ``p[e]`` takes the reference's
+        values, the other experts of ``p`` keep the candidate's.
+        """
+        whole: set[str] = set()
+        rows: dict[str, set[int]] = {}
+        known = set(self.params)
+        for unit in restored:
+            p, e = split_unit(unit)
+            if p not in known or (e is not None and not (self.ref_values[p].ndim == 3 and e < self.ref_values[p].shape[0])):
+                raise FidelityError(f"not a differing parameter (or an expert slice of one): {unit}")
+            if e is None:
+                whole.add(p)
+            else:
+                rows.setdefault(p, set()).add(e)
         named = dict(self.model.named_parameters())
         with torch.no_grad():
             for p in self.params:
-                side = "ref" if p in want else "cand"
-                if self._live.get(p) != side:
+                picked = sorted(rows.get(p, ()))
+                full = p in whole or len(picked) == (self.ref_values[p].shape[0] if picked else -1)
+                side = "ref" if full else "cand" if not picked else "ref rows " + ",".join(map(str, picked))
+                if self._live.get(p) == side:
+                    continue
+                if side in ("ref", "cand"):
                     named[p].copy_((self.ref_values if side == "ref" else self.cand_values)[p])
-                    self._live[p] = side
+                else:
+                    mixed = self.cand_values[p].clone()
+                    mixed[picked] = self.ref_values[p][picked]
+                    named[p].copy_(mixed)
+                self._live[p] = side
 
     def head_weight(self) -> torch.Tensor:
         head = self.model.get_output_embeddings()  # type: ignore[operator]
@@ -152,6 +173,37 @@ def capture(models: AblationModels, tokens: np.ndarray, batch: int = BATCH) -> t
         h = head_inputs(models.model, ids)[:, :-1]
         parts.append(h.reshape(-1, h.shape[-1]))
     return torch.cat(parts)
+
+
+def routing_counts(models: AblationModels, tokens: np.ndarray, batch: int = BATCH) -> dict[int, np.ndarray]:
+    """Per layer, how often each routed expert is among its router's top-k picks over the scored positions
+    (rows 0 .. n_ctx-2 of every context) of the model as it is now; empty for a model without routers.
+
+    A router is a module ``layers.<i>.mlp.gate`` whose output is ``(logits, weights, indices)`` (the
+    Qwen-MoE families' top-k router); the counts are of ``indices``.
+    """
+    counts: dict[int, np.ndarray] = {}
+    handles = []
+    n_rows = tokens.shape[1]
+
+    def hook(layer: int) -> Any:
+        def grab(module: torch.nn.Module, _args: tuple[Any, ...], out: Any) -> None:
+            idx = out[2].reshape(-1, n_rows, out[2].shape[-1])[:, :-1].reshape(-1)
+            n = int(getattr(module, "num_experts", 0)) or int(out[0].shape[-1])
+            counts[layer] = counts.get(layer, np.zeros(n, np.int64)) + np.bincount(idx.cpu().numpy(), minlength=n)
+        return grab
+
+    for name, module in models.model.named_modules():
+        layer = layer_index(name)
+        if layer is not None and name.endswith(".mlp.gate") and hasattr(module, "top_k"):
+            handles.append(module.register_forward_hook(hook(layer)))
+    if handles:
+        try:
+            capture(models, tokens, batch)
+        finally:
+            for h in handles:
+                h.remove()
+    return counts
 
 
 @dataclass

@@ -11,10 +11,22 @@ Groupings:
   forms its own group named after its module (``embed_tokens``).
 * ``kind`` -- one group per module kind, the module's own name (``q_proj``, ``k_proj``, ``v_proj``,
   ``o_proj``, ``gate_proj``, ``up_proj``, ``down_proj``; ``embed_tokens``, ``norm`` ...).
+* ``expert`` -- mixtures of experts: one group per routed expert of each layer (``layer 2 expert 5``)
+  plus one group of every other differing parameter (``outside the routed experts``: attention, router,
+  shared expert ...). Experts stored fused (one 3-D tensor per projection and layer,
+  ``mlp.experts.gate_up_proj`` ``[experts, out, in]``) are split into *slices*: a group's members are
+  then units ``<param>[<expert>]`` (see :func:`split_unit`), which the ablation restores row block by
+  row block. Per layer, not per expert index across layers: expert 5 of layer 0 and of layer 2 share
+  nothing but a number, each layer's router picks among its own.
 * globs -- one group per user pattern (:func:`fnmatch.fnmatchcase` on the parameter name; the
   pattern is the group's name). Globs may overlap and may leave parameters out.
 
-``layer`` and ``kind`` are *partitions*: every differing parameter is in exactly one group, so the
+Kinds of mixture-of-experts modules (:func:`moe_kind`): ``router`` (``mlp.gate``, the per-layer top-k
+router), ``experts.gate_up_proj`` / ``experts.down_proj`` (the routed experts, per projection; fused or
+one linear per expert alike: ``experts.gate_proj`` ...), ``shared_expert.<proj>`` (the always-on shared
+expert) and ``shared_expert_gate`` (its sigmoid gate).
+
+``layer``, ``kind`` and ``expert`` are *partitions*: every differing parameter is in exactly one group, so the
 group effects can be compared with the whole (see :mod:`harness.attribution.effects`).
 """
 
@@ -27,8 +39,13 @@ from dataclasses import dataclass
 
 from harness.errors import FidelityError
 
-GROUPINGS = ("layer", "kind")
+GROUPINGS = ("layer", "kind", "expert")
 _LAYER_RE = re.compile(r"(?:^|\.)layers\.(\d+)\.")
+_UNIT_RE = re.compile(r"^(.+)\[(\d+)\]$")
+_EXPERT_RE = re.compile(r"\.mlp\.experts\.(?:(\d+)\.)?(\w+?)(?:\.weight)?$")
+_SHARED_RE = re.compile(r"\.mlp\.shared_expert\.(\w+)\.weight$")
+#: The outside-the-experts group of the ``expert`` grouping.
+NON_EXPERT = "outside the routed experts"
 
 
 @dataclass(frozen=True)
@@ -57,9 +74,44 @@ def module_of(param: str) -> str:
     return param.rsplit(".", 1)[0] if "." in param else param
 
 
+def layer_index(name: str) -> int | None:
+    """The decoder layer a parameter or module name lies in (``model.layers.2.mlp`` -> 2), else None."""
+    m = _LAYER_RE.search(name + ".")
+    return int(m.group(1)) if m else None
+
+
+def split_unit(unit: str) -> tuple[str, int | None]:
+    """``"p[3]"`` -> ``("p", 3)`` (expert 3 of the fused tensor ``p``); a whole parameter -> ``(p, None)``."""
+    m = _UNIT_RE.match(unit)
+    return (m.group(1), int(m.group(2))) if m else (unit, None)
+
+
+def fused_experts(param: str) -> bool:
+    """True for a fused routed-experts tensor (``...mlp.experts.gate_up_proj``: no ``.weight`` suffix)."""
+    m = _EXPERT_RE.search(param)
+    return bool(m) and m.group(1) is None and not param.endswith(".weight")  # type: ignore[union-attr]
+
+
+def moe_kind(param: str) -> str | None:
+    """The mixture-of-experts kind of a parameter or unit (module docstring), or None for other modules."""
+    name = split_unit(param)[0]
+    if name.endswith(".mlp.shared_expert_gate.weight"):
+        return "shared_expert_gate"
+    if name.endswith(".mlp.gate.weight"):
+        return "router"
+    m = _SHARED_RE.search(name)
+    if m:
+        return f"shared_expert.{m.group(1)}"
+    m = _EXPERT_RE.search(name)
+    if m:
+        return f"experts.{m.group(2)}"
+    return None
+
+
 def module_kind(param: str) -> str:
-    """The module's own name (``model.layers.0.self_attn.q_proj.weight`` -> ``q_proj``)."""
-    return module_of(param).rsplit(".", 1)[-1]
+    """The module's own name (``model.layers.0.self_attn.q_proj.weight`` -> ``q_proj``); the kinds of
+    :func:`moe_kind` for a mixture of experts' router, experts and shared expert."""
+    return moe_kind(param) or module_of(param).rsplit(".", 1)[-1]
 
 
 def _layer_key(param: str) -> tuple[int, str]:
@@ -93,6 +145,36 @@ def by_kind(params: Sequence[str]) -> Grouping:
     return Grouping("kind", _collect(names, order), True)
 
 
+def by_expert(params: Sequence[str], experts: dict[str, int]) -> Grouping:
+    """One group per routed expert of each layer plus :data:`NON_EXPERT` (module docstring).
+
+    ``experts`` gives the number of experts of every fused tensor among ``params`` (its first
+    dimension); such a tensor contributes one unit ``p[e]`` to each expert's group.
+    """
+    names: dict[str, list[str]] = {}
+    order: dict[str, tuple[int, str]] = {}
+
+    def add(layer: int, expert: int, unit: str) -> None:
+        name = f"layer {layer} expert {expert}"
+        names.setdefault(name, []).append(unit)
+        order[name] = (layer * 4096 + expert, name)
+
+    for p in params:
+        m, lm = _EXPERT_RE.search(p), _LAYER_RE.search(p)
+        if m and lm and p in experts:
+            for e in range(experts[p]):
+                add(int(lm.group(1)), e, f"{p}[{e}]")
+        elif m and lm and m.group(1) is not None:
+            add(int(lm.group(1)), int(m.group(1)), p)
+        else:
+            names.setdefault(NON_EXPERT, []).append(p)
+            order[NON_EXPERT] = (1 << 40, NON_EXPERT)
+    if not any(n != NON_EXPERT for n in names):
+        raise FidelityError("--by expert: none of the parameters that differ between reference and candidate is a "
+                            f"routed expert (e.g. {', '.join(sorted(params)[:3])})")
+    return Grouping("expert", _collect(names, order), True)
+
+
 def by_globs(params: Sequence[str], patterns: Sequence[str]) -> Grouping:
     """One group per glob pattern; a pattern that matches no differing parameter is an error."""
     groups = []
@@ -111,8 +193,10 @@ def by_globs(params: Sequence[str], patterns: Sequence[str]) -> Grouping:
     return Grouping("glob", tuple(groups), partition)
 
 
-def make_groupings(params: Sequence[str], rules: Sequence[str], globs: Sequence[str] = ()) -> list[Grouping]:
-    """The groupings asked for: ``rules`` from :data:`GROUPINGS`, plus one glob grouping when ``globs`` is given."""
+def make_groupings(params: Sequence[str], rules: Sequence[str], globs: Sequence[str] = (),
+                   experts: dict[str, int] | None = None) -> list[Grouping]:
+    """The groupings asked for: ``rules`` from :data:`GROUPINGS`, plus one glob grouping when ``globs`` is given
+    (``experts``: the expert count of each fused expert tensor, for ``expert``)."""
     if not params:
         raise FidelityError("reference and candidate have identical weights: nothing to attribute")
     out = []
@@ -121,6 +205,8 @@ def make_groupings(params: Sequence[str], rules: Sequence[str], globs: Sequence[
             out.append(by_layer(params))
         elif r == "kind":
             out.append(by_kind(params))
+        elif r == "expert":
+            out.append(by_expert(params, experts or {}))
         else:
             raise FidelityError(f"unknown grouping {r!r}: choose from {', '.join(GROUPINGS)}")
     if globs:

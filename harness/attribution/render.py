@@ -42,14 +42,18 @@ def render_markdown(r: dict[str, Any]) -> str:
         "KLD only = KLD(reference with only this group taken from the candidate)."), "",
     ]
     for g in r["groupings"]:
+        routed = any("routing" in row for row in g["groups"])
         lines += [f"## By {g['rule']}", "",
-                  "| rank | group | params | bytes | share of bytes | ΔKLD restore [95% CI] | share of whole | KLD only [95% CI] | ΔKLD per MiB |",
-                  "|---|---|---|---|---|---|---|---|---|"]
+                  "| rank | group | params | bytes | share of bytes | ΔKLD restore [95% CI] | share of whole | KLD only [95% CI] | ΔKLD per MiB |"
+                  + (" routed (share of the layer's top-k picks) |" if routed else ""),
+                  "|---|---|---|---|---|---|---|---|---|" + ("---|" if routed else "")]
         for row in g["groups"]:
+            share = (row.get("routing") or {}).get("share")
             lines.append(
                 f"| {row['rank']} | {row['group']} | {row['n_params']} | {row['bytes']} | "
                 f"{_pct(row['byte_share'])} | {_ci(row.get('restore'))} | "
                 f"{_pct(row.get('restore_share_of_whole'))} | {_ci(row.get('only'))} | {_g(row.get('restore_per_mib'))} |"
+                + (f" {_pct(share)} |" if routed else "")
             )
         add = g.get("additivity")
         lines.append("")

@@ -20,8 +20,8 @@ from harness.attribution.effects import (
     PairedMeans,
     grouping_effects,
 )
-from harness.attribution.groups import make_groupings, module_of
-from harness.attribution.sizes import folder_tensor_bytes, module_bytes
+from harness.attribution.groups import Grouping, fused_experts, make_groupings
+from harness.attribution.sizes import folder_tensor_bytes, unit_bytes
 from harness.engines.identity import model_identity
 from harness.errors import FidelityError
 from harness.inputs.suite import Suite
@@ -55,6 +55,7 @@ def attribute(req: AttributionRequest) -> dict[str, Any]:
     from harness.attribution.ablation import (
         capture_reference,
         load_models,
+        routing_counts,
         score_variant,
     )
 
@@ -69,10 +70,14 @@ def attribute(req: AttributionRequest) -> dict[str, Any]:
     models = load_models(req.reference, req.candidate, device=req.device, dtype=req.dtype)
     if int(models.model.get_output_embeddings().weight.shape[0]) < suite.vocab_size:  # type: ignore[operator]
         raise FidelityError(f"{req.candidate}: model vocab is smaller than the suite's tokenizer vocab {suite.vocab_size}")
-    groupings = make_groupings(models.params, req.by, req.globs)
+    experts = {p: int(models.ref_values[p].shape[0]) for p in models.params if fused_experts(p) and models.ref_values[p].ndim == 3}
+    groupings = make_groupings(models.params, req.by, req.globs, experts)
     cand_stored = folder_tensor_bytes(req.candidate)
     ref_stored = folder_tensor_bytes(req.reference)
     candidate_bytes = sum(cand_stored.values())
+
+    def universe(g: Grouping) -> set[str]:  # every unit, at the grouping's granularity (expert slices or whole)
+        return {u for grp in g.groups for u in grp.params} if g.rule == "expert" else set(models.params)
 
     variants: dict[frozenset[str], str] = {frozenset(): "candidate"}
     for g in groupings:
@@ -80,9 +85,10 @@ def attribute(req: AttributionRequest) -> dict[str, Any]:
             if "restore" in req.modes:
                 variants.setdefault(frozenset(grp.params), f"{g.rule} {grp.name}: restore")
             if "only" in req.modes:
-                variants.setdefault(frozenset(set(models.params) - set(grp.params)), f"{g.rule} {grp.name}: only")
+                variants.setdefault(frozenset(universe(g) - set(grp.params)), f"{g.rule} {grp.name}: only")
     t1 = time.perf_counter()
     ref = capture_reference(models, tokens)
+    routing = routing_counts(models, tokens) if any(g.rule == "expert" for g in groupings) else {}
     sums: dict[frozenset[str], Any] = {}
     bar = tqdm(list(variants.items()), desc="attribute", unit="variant", disable=not req.progress)
     for restored, label in bar:
@@ -97,15 +103,17 @@ def attribute(req: AttributionRequest) -> dict[str, Any]:
     for g in groupings:
         data = []
         for grp in g.groups:
-            mods = {module_of(p) for p in grp.params}
-            only_key = frozenset(set(models.params) - set(grp.params))
+            only_key = frozenset(universe(g) - set(grp.params))
             data.append(GroupData(
                 name=grp.name, params=grp.params,
-                bytes=module_bytes(cand_stored, mods), reference_bytes=module_bytes(ref_stored, mods),
+                bytes=sum(unit_bytes(cand_stored, u, experts) for u in grp.params),
+                reference_bytes=sum(unit_bytes(ref_stored, u, experts) for u in grp.params),
                 restore_sum_kld=sums[frozenset(grp.params)].sum_kld if "restore" in req.modes else cand.sum_kld,
                 only_sum_kld=sums[only_key].sum_kld if "only" in req.modes else None,
             ))
         eff = grouping_effects(pm, cand.sum_kld, g.rule, g.partition, data, candidate_bytes)
+        if g.rule == "expert":
+            add_routing(eff["groups"], routing, int(pm.n_positions))
         if "restore" not in req.modes:
             for row in eff["groups"]:
                 row.pop("restore", None)
@@ -131,6 +139,20 @@ def attribute(req: AttributionRequest) -> dict[str, Any]:
         "groupings": out_groupings,
         "timing": {"load_s": t1 - t0, "variants_s": t2 - t1, "total_s": time.perf_counter() - t0},
     }
+
+
+def add_routing(rows: list[dict[str, Any]], routing: dict[int, np.ndarray], n_positions: int) -> None:
+    """Put each expert group's routing frequency on the suite into its row: ``routing`` = ``picks`` (how
+    often the layer's router put the expert among its top-k over the scored positions), ``share`` (of the
+    layer's picks; 1 / experts when balanced) and ``positions`` (the share of scored positions routed to it)."""
+    for row in rows:
+        words = row["group"].split()
+        if len(words) != 4 or words[0] != "layer" or words[2] != "expert" or int(words[1]) not in routing:
+            continue
+        counts = routing[int(words[1])]
+        picks, total = int(counts[int(words[3])]), int(counts.sum())
+        row["routing"] = {"picks": picks, "share": picks / total if total else None,
+                          "positions": picks / n_positions if n_positions else None}
 
 
 def parse_by(text: str) -> tuple[str, ...]:

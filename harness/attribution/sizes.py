@@ -4,7 +4,11 @@ A stored tensor belongs to the module its name starts with: ``m.qweight``, ``m.s
 ``m.zeros`` (the project's simulated format), ``m.weight_packed``, ``m.weight_scale`` ...
 (compressed-tensors) and ``m.weight`` (plain folders) all count for module ``m``. A group's bytes
 are the bytes of every stored tensor of its modules; the candidate's bytes are all its stored
-tensor bytes (the headers themselves and ``config.json`` are not counted).
+tensor bytes (the headers themselves and ``config.json`` are not counted). A fused routed-experts
+parameter ``...mlp.experts.gate_up_proj`` counts the tensors stored under that name (fused) and those
+of the per-expert linears it stands for (``...mlp.experts.<e>.gate_proj`` / ``up_proj``, as Hugging
+Face checkpoints store them); one expert's slice ``p[e]`` counts expert ``e``'s linears and a
+``1 / experts`` share of the fused tensors (:func:`unit_bytes`).
 
 The header format is safetensors' own: 8 bytes little-endian header length, then a JSON object
 mapping each tensor name to ``{"dtype", "shape", "data_offsets": [begin, end]}``.
@@ -16,6 +20,7 @@ import json
 import struct
 from pathlib import Path
 
+from harness.attribution.groups import fused_experts, module_of, split_unit
 from harness.errors import VerificationError
 
 _MAX_HEADER = 100 * 2**20
@@ -65,3 +70,18 @@ def folder_tensor_bytes(model_dir: Path) -> dict[str, int]:
 def module_bytes(stored: dict[str, int], modules: set[str]) -> int:
     """Bytes of the stored tensors that belong to any of ``modules`` (see the module docstring)."""
     return sum(b for name, b in stored.items() if name.rsplit(".", 1)[0] in modules)
+
+
+def unit_bytes(stored: dict[str, int], unit: str, experts: dict[str, int]) -> int:
+    """Bytes of one attribution unit: a parameter's module, or a fused experts tensor / one expert's
+    slice of it (module docstring; ``experts``: the expert count of each fused tensor)."""
+    p, e = split_unit(unit)
+    if not fused_experts(p):
+        return module_bytes(stored, {module_of(p)})
+    base, proj = p.rsplit(".", 1)
+    n = experts.get(p, 1)
+    projs = ("gate_proj", "up_proj") if proj == "gate_up_proj" else (proj,)
+    picked = range(n) if e is None else (e,)
+    split = module_bytes(stored, {f"{base}.{i}.{q}" for i in picked for q in projs})
+    fused = sum(b for name, b in stored.items() if name == p or name.rsplit(".", 1)[0] == p)
+    return split + (fused if e is None else fused // n)

@@ -55,7 +55,8 @@ def add_attribute(sub: SubParsers) -> None:
     p.add_argument("--candidate", required=True, type=Path, help="the candidate model folder (same architecture)")
     p.add_argument("--suite", required=True, type=Path, help="the suite folder")
     p.add_argument("--shards", default=None, help="shards to use, e.g. 0-1 (default: all)")
-    p.add_argument("--by", default="layer,kind", help="groupings: layer, kind or both (default layer,kind); '' for globs only")
+    p.add_argument("--by", default="layer,kind", help="groupings: layer, kind, expert (one group per routed expert of each layer, with its routing "
+                        "frequency on the suite; mixtures of experts) or several (default layer,kind); '' for globs only")
     p.add_argument("--glob", action="append", metavar="PATTERN", help="a group of parameters by glob (repeatable)")
     p.add_argument("--modes", default="restore,only", help="restore (leave-one-in), only (leave-one-out) or both")
     p.add_argument("--n-boot", type=positive_int, default=10_000, help="bootstrap replicates (default 10000)")

@@ -2,7 +2,9 @@
 
 A quantized checkpoint is a folder with ``config.json``, ``quantization.json`` and
 ``model.safetensors``. For every quantized linear ``<p>`` (listed in
-``quantization.json["layers"]``) the safetensors file holds
+``quantization.json["layers"]``: the module of a 2-D ``<p>.weight``, or a 3-D parameter ``<p>`` itself,
+e.g. a mixture of experts' fused ``mlp.experts.gate_up_proj`` ``[experts, out, in]``, whose
+``[experts * out, in]`` rows are quantized row by row like one ``[out, in]`` weight) the safetensors file holds
 
 * ``<p>.qweight`` uint8: codes of the ``[out, in]`` weight, row-major, packed
   most-significant-bit first (``bits`` bits per code, no padding between codes),
@@ -174,10 +176,13 @@ def load_quantized(
     layers = set(q["layers"])
     state: dict[str, torch.Tensor] = {}
     for prefix in sorted(layers):
-        key = prefix + ".weight"
-        if key not in expected:
-            raise VerificationError(model_dir / QUANT_FILE, "layer not in model", "a linear of config.json", prefix)
-        w = dequantize_layer(wpath, tensors, prefix, expected[key], layer_recipe(q, prefix))
+        key = prefix + ".weight" if prefix + ".weight" in expected else prefix
+        if key not in expected or len(expected[key]) not in (2, 3):
+            raise VerificationError(model_dir / QUANT_FILE, "layer not in model",
+                                    "a linear or 3-D expert tensor of config.json", prefix)
+        shape = expected[key]
+        rows = math.prod(shape[:-1])  # fused experts [experts, out, in]: their [experts * out, in] rows
+        w = dequantize_layer(wpath, tensors, prefix, (rows, shape[-1]), layer_recipe(q, prefix)).reshape(shape)
         state[key] = torch.from_numpy(w).to(torch.float32).to(dtype)
     suffixes = (".qweight", ".scales", ".zeros", ".global_scale")
     for key, t in tensors.items():
