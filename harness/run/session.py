@@ -194,8 +194,11 @@ class FidelitySession:
                 capture("transformers", ref.model, self.suite, ref.store, options=EngineOptions(device=self.device),
                         progress=self.progress)
             store = CaptureStore.open(ref.store, self.suite, verify=True)
-            # the configured reference model and the head's source model must be the store's model
-            check_reference_identity(store, reference_model=ref.model, head=self.head)
+            # the configured reference model and the head's source model must be the store's model (the
+            # model's identity from its engine, as a live candidate's)
+            ident = (get_engine("transformers").model_identity(ref.model)
+                     if ref.model is not None and Path(ref.model).is_dir() else None)
+            check_reference_identity(store, reference_model=ref.model, model_identity=ident, head=self.head)
             self._reference = store
         return self._reference
 
