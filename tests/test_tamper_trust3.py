@@ -755,3 +755,94 @@ def test_verify_refuses_resealed_results_with_edited_tails(fidelity_run: Path, t
     assert main(["verify", str(pub)]) != 0
     got = capsys.readouterr()
     assert "results.json: candidates.good.tails.cumulative: expected " in got.out + got.err
+
+
+# ----------------------------------------------------------------------------- paired reports re-derived by publish
+
+
+@pytest.fixture(scope="module")
+def paired_run(tmp_path_factory: pytest.TempPathFactory, fidelity_run: Path) -> Path:
+    """The tiny project's run plus its declared pair (good vs bad), scored from the cached captures."""
+    import subprocess
+    import sys
+
+    root = tmp_path_factory.mktemp("paired") / "p"
+    shutil.copytree(fidelity_run, root, symlinks=True)
+    out = subprocess.run([sys.executable, "-m", "pytest", "fidelity.toml", "-q", "-p", "no:cacheprovider", "-m", "fidelity_paired",
+                          "--fidelity-report-dir", "reports"], cwd=root, capture_output=True, text=True, check=False)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert (root / "reports" / "paired" / "good-vs-bad.json").is_file()
+    return root
+
+
+def _edit_pair(doc: dict[str, Any], case: str) -> None:
+    if case == "verdict":
+        doc["verdict"], doc["verdict_named"] = "equivalent", "equivalent"
+    elif case == "mean":
+        doc["kld_mean"]["a"] *= 0.5
+    elif case == "ci":
+        doc["kld_mean"]["ci95"] = [-1e-6, 1e-6] if doc["kld_mean"]["ci95"] is not None else [0.0, 1.0]
+    elif case == "margin":  # a wider margin that makes the pair "equivalent", every other field made consistent with it
+        doc["margin"] = 10.0
+        doc["verdict"], doc["verdict_named"] = "equivalent", "equivalent"
+    elif case == "seed":
+        doc["bootstrap"]["seed"] += 1
+    elif case == "wins":
+        doc["contexts"]["a_wins"] += 1
+    elif case == "shards":
+        doc["shards"] = [0, 9]
+
+
+@pytest.mark.slow  # runs the pair of the tiny project once (module fixture) after the shared run
+@pytest.mark.parametrize("case, pattern", [
+    ("verdict", r"good-vs-bad\.json: verdict: expected '.*' \(from the interval and the margin\), found equivalent"),
+    ("mean", r"good-vs-bad\.json: kld_mean\.a: expected [\d.e-]+ \(the shard reports of shards \[0, 1, 2, 3\]\), found"),
+    ("ci", r"good-vs-bad\.json: (kld_mean\.ci95: expected .* \(re-derived from the shard reports\)|verdict: expected)"),
+    ("margin", r"good-vs-bad\.json: margin: expected 0\.001 \(the pair's margin in the configuration\), found 10\.0"),
+    ("seed", r"good-vs-bad\.json: bootstrap: expected seed 20240601, n_boot \d+ \(the configuration's\), found seed 20240602"),
+    ("wins", r"good-vs-bad\.json: contexts: expected \{.*\} \(the shard reports' per-context means\), found"),
+    ("shards", r"good-vs-bad\.json: shards: expected shards both good and bad have reports for \(\[0, 1, 2, 3\]\), found \[9\]"),
+])
+def test_publish_refuses_a_paired_report_that_does_not_follow_from_the_shard_reports(
+        paired_run: Path, tmp_path: Path, case: str, pattern: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """A pair's headline (means, difference, its interval by the same cluster bootstrap, verdict under the
+    configured margin, context wins) is re-derived from the two candidates' shard reports: a forged one is
+    refused by name and nothing is published; the run's own passes."""
+    from harness.cli.main import main
+    from harness.inputs.config import load_config
+    from harness.reports.publish import _read_paired, load_reports
+
+    root = tmp_path / "p"
+    shutil.copytree(paired_run, root, symlinks=True)
+    path = root / "reports" / "paired" / "good-vs-bad.json"
+    groups, config = load_reports([root / "reports"]), load_config(root / "fidelity.toml")
+    assert _read_paired(path, groups, config)["shards"] == [0, 1, 2, 3]  # the run's own passes
+    doc = json.loads(path.read_text())
+    _edit_pair(doc, case)
+    path.write_text(json.dumps(doc))
+    with pytest.raises(VerificationError, match=pattern):
+        _read_paired(path, groups, config)
+    assert main(["publish", "--reports", str(root / "reports"), "--config", str(root / "fidelity.toml"), "--out", str(tmp_path / "pub")]) == 1
+    assert "good-vs-bad.json: " in capsys.readouterr().err and not (tmp_path / "pub").exists()
+
+
+@pytest.mark.slow  # the pair's run (module fixture), publish and verify
+def test_verify_refuses_resealed_results_with_an_edited_pair(paired_run: Path, tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    from harness.cli.main import main
+    from harness.reports.publish import write_checksums
+
+    pub = tmp_path / "pub"
+    assert main(["publish", "--reports", str(paired_run / "reports"), "--config", str(paired_run / "fidelity.toml"),
+                 "--out", str(pub)]) == 0
+    assert main(["verify", str(pub)]) == 0
+    res = json.loads((pub / "results.json").read_text())
+    assert [p["shards"] for p in res["paired"]] == [[0, 1, 2, 3]]
+    res["paired"][0]["kld_mean"]["b"] *= 2
+    (pub / "results.json").write_text(json.dumps(res))
+    (pub / "checksums.txt").unlink()
+    write_checksums(pub)
+    capsys.readouterr()
+    assert main(["verify", str(pub)]) != 0
+    got = capsys.readouterr()
+    assert "results.json: paired[0]: kld_mean.b: expected " in got.out + got.err

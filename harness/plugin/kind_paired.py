@@ -34,7 +34,7 @@ class PairCase:
             expect: str | None = None) -> PairCase:
         ca, cb = session.config.candidate(a), session.config.candidate(b)
         rep = paired_report(a, b, [session.positions(ca, s) for s in shards], [session.positions(cb, s) for s in shards],
-                            margin=margin, score_from=session.score_from, n_boot=session.config.n_boot)
+                            margin=margin, score_from=session.score_from, n_boot=session.config.n_boot, shards=shards)
         return cls(rep, expect)
 
     def check(self) -> None:

@@ -26,15 +26,16 @@ suite is too small to certify ``m``. ``A``/``B`` are printed with the candidates
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from harness.errors import FidelityError
+from harness.errors import FidelityError, VerificationError
 from harness.io.atomic import atomic_write_files, dumps_json
 from harness.metrics import paired
+from harness.metrics.bootstrap import DEFAULT_SEED, draw_cluster_weights, ratio_intervals
 from harness.metrics.scores import PositionScores
 from harness.reports.numbers import fmt_g
 
@@ -66,9 +67,11 @@ def pair_id(a: str, b: str) -> str:
 
 def paired_report(
     a: str, b: str, pos_a: Sequence[Any], pos_b: Sequence[Any], *, margin: float, score_from: int = 0,
-    n_boot: int = 10_000,
+    n_boot: int = 10_000, shards: Sequence[int] | None = None,
 ) -> dict[str, Any]:
-    """Paired comparison of ``a`` and ``b`` from their :class:`~harness.run.shard.ShardPositions` (same shards, same order)."""
+    """Paired comparison of ``a`` and ``b`` from their :class:`~harness.run.shard.ShardPositions` (same shards, same order).
+    ``shards``: the shard numbers of the positions, in order (recorded, so a reader can re-derive the report
+    from the shard reports: :func:`verify_paired`)."""
     for pa, pb in zip(pos_a, pos_b):
         if not (np.array_equal(pa.context_index, pb.context_index) and np.array_equal(pa.row, pb.row)):
             raise FidelityError(f"paired {a} vs {b}: the two candidates were not scored on the same positions")
@@ -88,7 +91,7 @@ def paired_report(
     certifiable = None if ci is None else max(-float(ci[0]), float(ci[1]))
     return {"schema": SCHEMA, "a": a, "b": b, "margin": float(margin), "verdict": v, "verdict_named": named,
             "test": TEST, "alpha_per_side": ALPHA_SIDE, "certifiable_margin": certifiable,
-            "independent_kld_means": fsum, **res}
+            "independent_kld_means": fsum, **res, **({"shards": [int(x) for x in shards]} if shards is not None else {})}
 
 
 def check_paired(rep: dict[str, Any], expect: str | None = None) -> list[str]:
@@ -118,6 +121,75 @@ def check_paired(rep: dict[str, Any], expect: str | None = None) -> list[str]:
             f"smallest certifiable margin {_margin(rep)})"
         )
     return out
+
+
+def _close(x: float, y: float, rel: float) -> bool:
+    return math.isclose(x, y, rel_tol=rel, abs_tol=1e-300)
+
+
+def verify_paired(rep: dict[str, Any], path: Any, rows_a: Mapping[int, Sequence[Mapping[str, Any]]],
+                  rows_b: Mapping[int, Sequence[Mapping[str, Any]]], margin: float | None = None,
+                  n_boot: int | None = None) -> None:
+    """Refuse a paired report (read back from ``path``) whose headline does not follow from the two candidates'
+    shard reports (``rows_a``/``rows_b``: shard index -> per-context rows ``index``, ``cluster``, ``positions``,
+    ``sum_kld``, ``mean_kld``) and the pair's ``margin`` and ``n_boot`` in the configuration (when given); the
+    bootstrap seed and the fewest clusters for an interval are this harness's.
+
+    Re-derived over the report's ``shards`` (else the shards both candidates have reports for): positions,
+    clusters, both means and their difference, the 95 % interval of the difference (the same cluster
+    bootstrap, its ``seed`` and ``n_boot``, on per-cluster sums), the context wins, the verdict under the
+    margin and the certifiable margin. The p99/CVaR1%/top-1/EAR differences need the positions themselves
+    and are not re-derived."""
+    a, b = rep["a"], rep["b"]
+    shards = rep.get("shards")
+    if shards is None:
+        shards = sorted(set(rows_a) & set(rows_b))
+    missing = [s for s in shards if s not in rows_a or s not in rows_b]
+    if not shards or missing:
+        raise VerificationError(path, "shards", f"shards both {a} and {b} have reports for ({sorted(set(rows_a) & set(rows_b))})",
+                                missing or shards)
+    ra = [r for s in shards for r in rows_a[s]]
+    rb = [r for s in shards for r in rows_b[s]]
+    if [(r["index"], r["positions"]) for r in ra] != [(r["index"], r["positions"]) for r in rb]:
+        raise VerificationError(path, f"positions of {a} and {b}", "the same contexts and positions in both shard reports", "others")
+    if margin is not None and not _close(rep["margin"], margin, 1e-12):
+        raise VerificationError(path, "margin", f"{margin!r} (the pair's margin in the configuration)", rep["margin"])
+    n = sum(int(r["positions"]) for r in ra)
+    names: dict[str, int] = {}
+    cl = np.array([names.setdefault(str(r["cluster"]), len(names)) for r in ra], dtype=np.int64)
+    pos_cl = np.bincount(cl, weights=[float(r["positions"]) for r in ra], minlength=len(names))
+    diff_cl = np.bincount(cl, weights=[float(x["sum_kld"]) - float(y["sum_kld"]) for x, y in zip(ra, rb)], minlength=len(names))
+    mean_a = math.fsum(float(r["sum_kld"]) for r in ra) / n
+    mean_b = math.fsum(float(r["sum_kld"]) for r in rb) / n
+    boot = rep["bootstrap"]
+    if boot["seed"] != DEFAULT_SEED or (n_boot is not None and boot["n_boot"] != n_boot):
+        raise VerificationError(path, "bootstrap", f"seed {DEFAULT_SEED}" + (f", n_boot {n_boot} (the configuration's)" if n_boot else ""),
+                                f"seed {boot['seed']}, n_boot {boot['n_boot']}")
+    ci = ratio_intervals(draw_cluster_weights(len(names), int(boot["n_boot"]), int(boot["seed"])), diff_cl, pos_cl)[0]
+    d = rep["kld_mean"]
+    checks: list[tuple[str, Any, Any, float]] = [
+        ("n_positions", n, rep["n_positions"], 0.0), ("n_clusters", len(names), rep["n_clusters"], 0.0),
+        ("kld_mean.a", mean_a, d["a"], 1e-9), ("kld_mean.b", mean_b, d["b"], 1e-9), ("kld_mean.diff", mean_a - mean_b, d["diff"], 1e-7),
+    ]
+    for key, want, got, rel in checks:
+        if not (want == got if rel == 0.0 else _close(float(got), float(want), rel) or abs(float(got) - float(want)) <= 1e-9 * abs(mean_a)):
+            raise VerificationError(path, key, f"{want!r} (the shard reports of shards {list(shards)})", got)
+    got_ci = d["ci95"]
+    if (ci is None) != (got_ci is None) or (ci is not None and got_ci is not None and (
+            len(got_ci) != 2 or not all(abs(float(g) - float(w)) <= 1e-6 * max(abs(float(w)), abs(mean_a)) for g, w in zip(got_ci, ci)))):
+        raise VerificationError(path, "kld_mean.ci95", f"{ci!r} (re-derived from the shard reports)", got_ci)
+    v = verdict(got_ci, rep["margin"])
+    named = {"A better": f"{a} better", "B better": f"{b} better"}.get(v, v)
+    certifiable = None if got_ci is None else max(-float(got_ci[0]), float(got_ci[1]))
+    for key, want, got in (("verdict", v, rep["verdict"]), ("verdict_named", named, rep["verdict_named"]),
+                           ("certifiable_margin", certifiable, rep["certifiable_margin"])):
+        if want != got:
+            raise VerificationError(path, key, f"{want!r} (from the interval and the margin)", got)
+    wins = {"a_wins": sum(float(x["mean_kld"]) < float(y["mean_kld"]) for x, y in zip(ra, rb)),
+            "b_wins": sum(float(y["mean_kld"]) < float(x["mean_kld"]) for x, y in zip(ra, rb)),
+            "ties": sum(float(x["mean_kld"]) == float(y["mean_kld"]) for x, y in zip(ra, rb))}
+    if rep["contexts"] != wins:
+        raise VerificationError(path, "contexts", f"{wins} (the shard reports' per-context means)", rep["contexts"])
 
 
 def _margin(rep: dict[str, Any]) -> str:

@@ -38,11 +38,12 @@ from harness.gate.baselines import Baseline, baseline_path, headline_of
 from harness.inputs.suite import Suite
 from harness.io.atomic import atomic_write_files, atomic_write_text, dumps_json, staged_directory
 from harness.io.jsonio import read_json
-from harness.io.schema import MapOf, Nullable, check
+from harness.io.schema import MapOf, Nullable, Optional, check
 from harness.reports.aggregate import aggregate, format_ladder, ladder_files, ladder_rows
 from harness.reports.card import card_info, render_card, split_card
 from harness.reports.diagnostics import diagnostics_lines
 from harness.reports.numbers import fmt_opt
+from harness.reports.paired import verify_paired
 from harness.reports.plot import pareto_front, plot_ccdf, plot_kld_vs_size
 from harness.reports.shard import ShardReport, report_shard
 from harness.reports.suite_shape import SuiteShape
@@ -100,8 +101,10 @@ def write_aggregates(out_dir: str | Path, groups: dict[str, list[Any]], aggs: di
 TAILS_SCHEMA = TAILS_FILE_SCHEMA
 WINDOW_SCHEMA = {"verdict": str, "windows": MapOf({"candidates": MapOf({"mean_kld": Nullable(float),
                                                                         "rel_change_mean_kld": Nullable(float)})})}
-PAIRED_SCHEMA = {"a": str, "b": str, "verdict_named": str, "margin": float,
-                 "kld_mean": {"diff": Nullable(float), "ci95": Nullable([float])}}
+PAIRED_SCHEMA = {"a": str, "b": str, "verdict": str, "verdict_named": str, "margin": float, "certifiable_margin": Nullable(float),
+                 "n_positions": int, "n_clusters": int, "bootstrap": {"n_boot": int, "seed": int},
+                 "kld_mean": {"a": float, "b": float, "diff": float, "ci95": Nullable([float])},
+                 "contexts": {"a_wins": int, "b_wins": int, "ties": int}, "shards": Optional([int])}
 
 
 def _read_json(path: Path, schema: Any = object) -> Any:
@@ -132,6 +135,23 @@ def _read_tails(path: Path, groups: dict[str, list[Any]]) -> dict[str, Any]:
         return {}
     _check_tails(doc["candidates"], path, "candidates", groups)
     return dict(doc)
+
+
+def _check_paired(rep: dict[str, Any], path: Any, groups: dict[str, list[Any]], config: Any = None) -> None:
+    rows = _context_rows({k: v for k, v in groups.items() if k in (rep["a"], rep["b"])})
+    for side in ("a", "b"):
+        if rep[side] not in rows:
+            raise VerificationError(path, side, f"a candidate with shard reports ({', '.join(groups)})", rep[side])
+    pair = next((p for p in getattr(config, "pairs", ()) if (p.a, p.b) == (rep["a"], rep["b"])), None)
+    verify_paired(rep, path, rows[rep["a"]], rows[rep["b"]], margin=None if pair is None else pair.margin,
+                  n_boot=None if config is None else config.n_boot)
+
+
+def _read_paired(path: Path, groups: dict[str, list[Any]], config: Any = None) -> Any:
+    """A run's ``paired/<a>-vs-<b>.json``, checked against its schema and re-derived from the shard reports."""
+    doc = _read_json(path, PAIRED_SCHEMA)
+    _check_paired(doc, path, groups, config)
+    return doc
 
 
 def _read_adaptive(path: Path, groups: dict[str, list[Any]]) -> Any:
@@ -444,7 +464,7 @@ def publish(reports_dir: str | Path, out_dir: str | Path, *, config: Any = None,
         "tails": {t["candidate"]: t for t in tails_doc.get("candidates", [])},
         "window": _read_json(reports_dir / "window.json", WINDOW_SCHEMA),
         "adaptive": _read_adaptive(reports_dir / "adaptive.json", groups),
-        "paired": [_read_json(p, PAIRED_SCHEMA) for p in sorted((reports_dir / "paired").glob("*.json"))]
+        "paired": [_read_paired(p, groups, config) for p in sorted((reports_dir / "paired").glob("*.json"))]
         if (reports_dir / "paired").is_dir() else [],
     }
 
@@ -523,6 +543,10 @@ def rederive_set(root: str | Path) -> list[str]:
                 if c["tails"]["candidate"] != name:
                     raise VerificationError(rp, f"candidates.{name}.tails.candidate", name, c["tails"]["candidate"])
                 verify_tail_report(c["tails"], rp, f"candidates.{name}.tails", {report_shard(r): r.metrics for r in groups[name]})
+        check(extras["paired"], [object], rp, "paired")
+        for i, rep in enumerate(extras["paired"]):
+            check(rep, PAIRED_SCHEMA, rp, f"paired[{i}]")
+            _check_paired(rep, f"{rp}: paired[{i}]", groups)
         if extras["adaptive"] is not None:
             check_adaptive(extras["adaptive"], f"{rp}: adaptive", _context_rows(groups))
         required = res.get("n_shards_required")
