@@ -124,3 +124,31 @@ def test_load_rejects_corrupt_and_missing(tmp_path: Path) -> None:
 
 def test_schema_constant() -> None:
     assert SCHEMA == "fidelity.shard-report/1"
+
+
+@pytest.mark.parametrize("key, expected", [
+    (("bootstrap", "seed"), "present"),  # a nested record's required key
+    (("kld", "p99"), "present"),
+    (("ppl", "ratio"), "present"),
+])
+def test_a_report_is_checked_recursively_when_read(tmp_path: Path, metrics: dict, key: tuple[str, ...],
+                                                   expected: str) -> None:
+    """Every nested record of ``metrics`` (metrics/records.py) is checked from its own TypedDict when the
+    report is read: a missing key deep inside is refused by name, never a KeyError in a consumer."""
+    json_path, _ = make_report(metrics).write(tmp_path)
+    doc = json.loads(json_path.read_text())
+    del doc["metrics"][key[0]][key[1]]
+    json_path.write_text(json.dumps(doc))
+    with pytest.raises(VerificationError) as e:
+        ShardReport.load(json_path)
+    assert e.value.what == f"metrics.{key[0]}.{key[1]}" and e.value.expected == expected
+
+
+def test_a_nested_value_of_another_type_is_refused(tmp_path: Path, metrics: dict) -> None:
+    json_path, _ = make_report(metrics).write(tmp_path)
+    doc = json.loads(json_path.read_text())
+    doc["metrics"]["worst_contexts"][0]["stratum"] = 7  # a ContextRow's string
+    json_path.write_text(json.dumps(doc))
+    with pytest.raises(VerificationError) as e:
+        ShardReport.load(json_path)
+    assert e.value.what == "metrics.worst_contexts[0].stratum" and e.value.expected == "a string"

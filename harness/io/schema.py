@@ -14,6 +14,10 @@ A schema is plain data:
 * :class:`OneOf` -- exactly one of the listed JSON values (a version string, an enumeration);
 * ``object`` -- anything.
 
+:func:`schema_of` derives the schema of a ``TypedDict`` record, recursively (its nested records, lists,
+string-keyed maps, ``X | None`` and ``Literal`` values), so a record's one declaration is also its check
+when it is read back.
+
 A value that does not match is a :class:`~harness.errors.VerificationError` naming the file, the dotted key
 (``metrics.totals.histogram.counts[3]``), what was expected and what was found: a lying file ends in a
 named refusal, never in a ``KeyError`` or ``TypeError`` deep inside a consumer.
@@ -23,9 +27,11 @@ from __future__ import annotations
 
 import json
 import math
+import types
+import typing
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, Union, get_args, get_origin, get_type_hints, is_typeddict
 
 from harness.errors import VerificationError
 from harness.io.jsonio import type_name
@@ -159,3 +165,37 @@ def check(value: Any, schema: Any, path: str | Path, where: str = "") -> None:
             check(value[key], sub.schema if isinstance(sub, Optional) else sub, path, inner)
         return
     raise TypeError(f"not a schema: {schema!r}")  # a programming error, never a file's
+
+
+def schema_of(record: object) -> Any:
+    """The schema (module docstring) of a type as a record declares it: a ``TypedDict`` is an object with its
+    required keys and its ``NotRequired`` keys as :class:`Optional` (other keys allowed), each checked
+    recursively; ``int``, ``float``, ``str``, ``bool`` are themselves; ``list[X]`` is ``[X]``;
+    ``dict[str, X]`` is :class:`MapOf`; ``X | None`` is :class:`Nullable`; ``Literal[...]`` is
+    :class:`OneOf`; a union of other types, ``object`` and ``Any`` accept anything."""
+    if record in (int, float, str, bool):
+        return record
+    if record is object or record is Any:
+        return object
+    if is_typeddict(record):
+        # NotRequired is kept in the hints (include_extras): under postponed annotations the class's own
+        # __optional_keys__ cannot see it
+        hints = get_type_hints(record, include_extras=True)
+        optional = set(getattr(record, "__optional_keys__", frozenset()))
+        optional |= {key for key, tp in hints.items() if get_origin(tp) is typing.NotRequired}
+        return {key: Optional(schema_of(tp)) if key in optional else schema_of(tp) for key, tp in hints.items()}
+    origin, args = get_origin(record), get_args(record)
+    if origin is list:
+        return [schema_of(args[0])]
+    if origin is dict:
+        return MapOf(schema_of(args[1]))
+    if origin is Literal:
+        return OneOf(*args)
+    if origin in (Union, types.UnionType):
+        inner = [a for a in args if a is not type(None)]
+        nullable = len(inner) < len(args)
+        one = schema_of(inner[0]) if len(inner) == 1 else object
+        return Nullable(one) if nullable else one
+    if origin in (typing.NotRequired, typing.Required):
+        return schema_of(args[0])
+    raise TypeError(f"no schema for {record!r}")  # a programming error, never a file's

@@ -24,19 +24,17 @@ import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 from harness import PROTOCOL_VERSION, __version__
 from harness.errors import VerificationError
 from harness.io.atomic import atomic_write_files, dumps_json
 from harness.io.jsonio import read_json
-from harness.io.schema import MapOf, Nullable, Optional, check
+from harness.io.schema import MapOf, Nullable, Optional, check, schema_of
+from harness.metrics.records import ShardSummary
 from harness.reports.diagnostics import diagnostics_lines
 from harness.reports.numbers import fmt_interval as _interval
 from harness.reports.numbers import fmt_value as _g
-
-if TYPE_CHECKING:
-    from harness.metrics.records import ShardSummary
 
 SCHEMA = "fidelity.shard-report/1"
 
@@ -171,7 +169,7 @@ class ShardReport:
             return cls(
                 candidate=d["candidate"],
                 comparability=comp,
-                metrics=cast("ShardSummary", m),  # checked field by field above
+                metrics=cast("ShardSummary", m),  # checked recursively above (SUMMARY_SCHEMA)
                 timing=d.get("timing", {}),
                 created=d.get("created", ""),
             )
@@ -234,6 +232,12 @@ METRICS_SCHEMA = {
 }
 
 
+#: The whole ``metrics`` record as :class:`~harness.metrics.records.ShardSummary` declares it, nested records
+#: included (harness.io.schema.schema_of): a report missing a block, or holding a value of another type
+#: anywhere in it, is refused when it is read, never a ``KeyError`` in a consumer.
+SUMMARY_SCHEMA = schema_of(ShardSummary)
+
+
 def _check_types(d: dict[str, Any], path: str | Path) -> None:
     """Types of the fields that consumers (aggregate, ladder, gate) read, so they never crash on a bad file."""
     comp, m = d["comparability"], d["metrics"]
@@ -256,6 +260,7 @@ def _check_types(d: dict[str, Any], path: str | Path) -> None:
     if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
         raise VerificationError(path, "metrics.contexts", "a list of per-context objects", type(rows).__name__)
     check(m, METRICS_SCHEMA, path, "metrics")
+    check(m, SUMMARY_SCHEMA, path, "metrics")
 
 
 # ---- Markdown ---------------------------------------------------------------------------------
