@@ -26,7 +26,7 @@ def _tiny_config() -> object:
     from transformers import Qwen3_5MoeTextConfig
 
     return Qwen3_5MoeTextConfig(
-        vocab_size=256, hidden_size=64, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+        vocab_size=4096, hidden_size=64, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
         head_dim=32, layer_types=["full_attention"] * 2, moe_intermediate_size=32,
         shared_expert_intermediate_size=32, num_experts=EXPERTS, num_experts_per_tok=2,
         max_position_embeddings=64, tie_word_embeddings=True, attn_implementation="eager",
@@ -148,3 +148,25 @@ def test_expert_slices_swap_and_routing_counts(tiny_moe: Path, int4_body: Path) 
         picks = torch.topk(logits.float().reshape(3, 20, EXPERTS)[:, :-1], 2, dim=-1).indices.reshape(-1)
         np.testing.assert_array_equal(counts[layer], np.bincount(picks.numpy(), minlength=EXPERTS))
     assert sum(int(c.sum()) for c in counts.values()) == 2 * 2 * 3 * 19
+
+
+def test_layers_names_router_experts_and_shared_expert(tiny_moe: Path, tmp_path: Path) -> None:
+    """``fidelity layers`` on an experts-only candidate: the routed experts (fed the reference's input and
+    routing) deviate, every other module -- router, shared expert, attention -- is exactly the reference's."""
+    sys.path.insert(0, str(FIXTURES))
+    from make_candidates import RECIPES, load_model_source, make_candidate
+    from make_moe_candidates import is_routed_expert
+
+    from harness.attribution.layers import layer_errors
+
+    cand = make_candidate("int4_experts", RECIPES["int4_g32"], load_model_source(tiny_moe), model_dir=tiny_moe,
+                          out_dir=tmp_path, select=is_routed_expert)
+    suite = FIXTURES / "suite"
+    r = layer_errors(tiny_moe, cand, suite, shards="0", contexts=2)
+    kinds = {row["kind"] for row in r["modules"]}
+    assert {"router", "experts", "shared_expert.up_proj", "shared_expert_gate", "q_proj"} <= kinds
+    for row in r["modules"]:
+        if row["kind"] == "experts":
+            assert row["rel_frobenius"] > 0, row
+        else:
+            assert row["rel_frobenius"] == 0 and row["sqnr_db"] is None, row

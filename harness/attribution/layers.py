@@ -125,8 +125,25 @@ def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
 
 
 def linear_modules(layer: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
-    """The linear modules of a decoder layer (``nn.Linear`` and subclasses, e.g. compressed-tensors' modules)."""
-    return [(n, m) for n, m in layer.named_modules() if isinstance(m, torch.nn.Linear)]
+    """The linear modules of a decoder layer (``nn.Linear`` and subclasses, e.g. compressed-tensors' modules),
+    and a mixture of experts' router (``mlp.gate``: its logits are compared) and routed experts stored fused
+    (``mlp.experts``, 3-D tensors: fed the reference's input *and routing*, so the error is their weights')."""
+    return [(n, m) for n, m in layer.named_modules() if isinstance(m, torch.nn.Linear) or _moe_module(n, m)]
+
+
+def _moe_module(name: str, module: torch.nn.Module) -> bool:
+    if name.endswith("mlp.gate"):
+        return hasattr(module, "top_k")
+    return name.endswith("mlp.experts") and any(p.ndim == 3 for p in module.parameters(recurse=False))
+
+
+def module_kind_of(name: str) -> str:
+    """A module's kind in the per-module table: its own name; for a mixture of experts ``router``
+    (``mlp.gate``), ``experts`` (the routed experts) and ``shared_expert.<proj>``."""
+    if name.endswith("mlp.gate"):
+        return "router"
+    parts = name.split(".")
+    return f"shared_expert.{parts[-1]}" if len(parts) > 1 and parts[-2] == "shared_expert" else parts[-1]
 
 
 def _out(o: Any) -> torch.Tensor:
@@ -231,7 +248,7 @@ def layer_errors(reference: str | Path, candidate: str | Path, suite_path: str |
                 mod[j].add(m_out[j], got_m[j])
     t2 = time.perf_counter()
     layers: list[LayerRow] = [{"layer": i, "teacher_forced": tf[i].stats(), "free_running": free[i].stats()} for i in range(nl)]
-    modules: list[ModuleRow] = [{"layer": li, "kind": n.split(".")[-1], "name": n, **mod[j].stats()}
+    modules: list[ModuleRow] = [{"layer": li, "kind": module_kind_of(n), "name": n, **mod[j].stats()}
                                 for j, (li, n, _) in enumerate(r_mods)]
     by_kind: list[KindRow] = []
     for kind in dict.fromkeys(r["kind"] for r in modules):
