@@ -153,6 +153,8 @@ def main(argv: list[str] | None = None) -> int:
         for _ in range(a.reps):
             for n in names:
                 t[n].append(_timed(steps[n], dev))
+                print(f"  {n}: wall {t[n][-1][0]:.2f} s, CPU {t[n][-1][1]:.2f} s, load {os.getloadavg()[0]:.1f}",
+                      file=sys.stderr, flush=True)
             if a.onednn and dev.type == "cpu":
                 t_slice.append(_onednn_slice(ref, head))
     rel: dict[str, float] = {}
