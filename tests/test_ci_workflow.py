@@ -123,6 +123,7 @@ def test_failing_cases_reach_the_job_summary_and_xunit1_has_per_case_numbers(pro
 
 
 def test_no_summary_without_the_variable(tmp_path: Path) -> None:
-    text = render("my.toml", ["| candidate |", "|---|", "| a |"], ["b"], [("my.toml::test_fidelity[a-shard00]", "x\n" * 40)])
-    assert "- not in the ladder: `b`" in text and "... (10 more lines in the job log)" in text
+    text = render("my.toml", ["| candidate |", "|---|", "| a |"], [{"candidate": "b", "status": "failed", "reason": "no config"}],
+                  [("my.toml::test_fidelity[a-shard00]", "x\n" * 40)])
+    assert "- not in the ladder: `b`: failed: no config" in text and "... (10 more lines in the job log)" in text
     assert text.count("\n  x") == 30

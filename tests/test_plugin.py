@@ -326,7 +326,7 @@ def test_a_candidate_that_cannot_load_is_named_under_the_ladder(project: pytest.
     result.assert_outcomes(passed=4, errors=2, skipped=1)
     result.stdout.fnmatch_lines([
         "*| good *| pass *|",
-        "not in the ladder: bad (no shard was scored: see its failed cases above)",
+        "not in the ladder: bad: failed: *models/bad: transformers could not interpret the checkpoint fully*",
     ])
     out = result.stdout.str()
     result.stdout.fnmatch_lines(["*bad shard 00: *models/bad: transformers could not interpret the checkpoint fully*",

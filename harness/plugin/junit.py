@@ -17,7 +17,7 @@ Without ``--junitxml`` nothing is recorded.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 #: The headline fields recorded per case (attributes of :class:`harness.gate.gate` headlines).
@@ -65,3 +65,15 @@ def record_on_suite(config: Any, nodeid: str, numbers: list[tuple[str, Any]]) ->
         return
     for name, value in numbers:
         add(f"{case.group(1)}:{name}", value)
+
+
+def record_not_measured(config: Any, missing: Sequence[Mapping[str, str]]) -> None:
+    """Controller: one testsuite property per configured candidate without a report,
+    ``<candidate>:not_measured`` = ``"<status>: <reason>"`` (any junit family; nothing without ``--junitxml``)."""
+    if junit_family(config) is None:
+        return
+    add = suite_property_recorder(config)
+    if add is None:
+        return
+    for m in missing:
+        add(f"{m['candidate']}:not_measured", f"{m['status']}: {m['reason']}")

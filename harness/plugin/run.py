@@ -41,7 +41,7 @@ from harness.inputs.config import load_config
 from harness.inputs.suite import parse_shard_spec
 from harness.interchange.suite_manifest import load_any_suite
 from harness.plugin import builtin, tracker
-from harness.plugin.junit import headline_numbers, record_on_case, record_on_suite
+from harness.plugin.junit import headline_numbers, record_not_measured, record_on_case, record_on_suite
 from harness.plugin.keywords import add_tag_keywords
 from harness.plugin.kinds import Payload, ReportKind
 from harness.plugin.ladder import LadderCollector
@@ -535,6 +535,7 @@ class FidelityRun:
         for extra in json.loads(getattr(report, EXTRA_ATTR, None) or "[]"):
             self.extras.setdefault(extra["kind"], []).append(extra["data"])
 
+    @pytest.hookimpl(tryfirst=True)  # before junitxml writes its file (the candidates without a report go in it)
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         """Controller: remove the workers' hand-over files, then write the run summaries and the stamp. A
         failure here (a tampered ledger, a folder that cannot be written) is one named error on the terminal
@@ -544,6 +545,7 @@ class FidelityRun:
 
         if self.executor is not None:
             self.executor.shutdown()
+        record_not_measured(self.pytest_config, self.missing_from_ladder())
         shared = self.shared_scores_dir()
         if shared is not None and self.handover_key is not None:
             # the workers' hand-over files live exactly as long as the session; only this session's go
@@ -607,10 +609,16 @@ class FidelityRun:
         for rel in (k for k in kept if report_dir / k not in written):
             self.extra_lines.append(f"kept, edited since an earlier run wrote it (not this run's): {report_dir / rel}")
 
-    def missing_from_ladder(self) -> list[str]:
-        """Candidates whose cases ran but none produced a report (their capture or scoring failed)."""
+    def missing_from_ladder(self) -> list[dict[str, str]]:
+        """Candidates of this run whose cases produced no report, each with its ``status`` (``failed``: its
+        load, capture or scoring failed; ``skipped``: e.g. its engine is not installed) and ``reason`` (the first
+        of its cases'): the same list as ``ladder.json``'s ``not_measured``, in every summary of the run."""
         scored = {str(p.get("candidate")) for p in self.collector.reports}
-        return sorted(self.unscored - scored)
+        out = []
+        for name in sorted(set(self.not_scored) - scored):
+            status, _, reason = self.not_scored[name].partition(":")
+            out.append({"candidate": name, "status": status, "reason": reason.strip()})
+        return out
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         missing = self.missing_from_ladder()
@@ -618,9 +626,8 @@ class FidelityRun:
             terminalreporter.section("fidelity ladder")
             for line in self.collector.summary_lines() if self.collector.reports else []:
                 terminalreporter.write_line(line)
-            for name in missing:  # never a silently shorter ladder
-                terminalreporter.write_line(f"not in the ladder: {name} (no shard was scored: see its failed cases above)",
-                                            red=True)
+            for m in missing:  # never a silently shorter ladder
+                terminalreporter.write_line(f"not in the ladder: {m['candidate']}: {m['status']}: {m['reason']}", red=True)
         if self.executor is not None and self.executor.nodes:
             self.extra_lines.append(f"executor: {self.executor.spec.describe()}; results from "
                                     f"{len(self.executor.nodes)} node(s): {', '.join(sorted(self.executor.nodes))}")

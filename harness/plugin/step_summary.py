@@ -9,7 +9,7 @@ written without the variable, and pytest-xdist workers never write.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,13 +27,14 @@ def failing_case(report: Any, markers: Sequence[str]) -> tuple[str, str] | None:
     return report.nodeid, str(report.longreprtext)
 
 
-def render(config_path: str, ladder: Sequence[str], missing: Sequence[str], failures: Sequence[tuple[str, str]],
+def render(config_path: str, ladder: Sequence[str], missing: Sequence[Mapping[str, str]], failures: Sequence[tuple[str, str]],
            notes: Sequence[str] = ()) -> str:
-    """The Markdown appended to the summary page."""
+    """The Markdown appended to the summary page; ``missing``: the candidates without a report (``candidate``,
+    ``status``, ``reason``)."""
     lines = [f"## fidelity: `{config_path}`", ""]
     if ladder:
         lines += ["### Ladder", "", *ladder, ""]
-    lines += [f"- not in the ladder: `{name}` (no shard was scored: see its failed cases)" for name in missing]
+    lines += [f"- not in the ladder: `{m['candidate']}`: {m['status']}: {m['reason']}" for m in missing]
     if missing:
         lines.append("")
     if failures:

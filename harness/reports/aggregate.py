@@ -23,7 +23,7 @@ What is combined, and how:
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -397,6 +397,15 @@ def format_ladder(rows: Sequence[dict[str, Any]]) -> list[str]:
     return [fmt(head), "|" + "|".join("-" * (w + 2) for w in widths) + "|"] + [fmt(b) for b in body]
 
 
+def not_measured_lines(not_measured: Sequence[Mapping[str, str]]) -> list[str]:
+    """Markdown lines naming each configured candidate without a report, its status and the reason (none
+    when every candidate was measured)."""
+    if not not_measured:
+        return []
+    return ["Configured but not measured (no shard report):", "",
+            *(f"- `{m['candidate']}`: {m['status']}: {m['reason']}" for m in not_measured)]
+
+
 def ladder_files(out_dir: Path, rows: Sequence[dict[str, Any]], floor: dict[str, Any] | None = None,
                  not_measured: Sequence[dict[str, str]] = ()) -> dict[Path, str]:
     """``ladder.md`` and ``ladder.json`` (the aggregates) as ``{path: text}``; ``floor``, a precision-floor
@@ -409,8 +418,7 @@ def ladder_files(out_dir: Path, rows: Sequence[dict[str, Any]], floor: dict[str,
                            "not_measured": [dict(m) for m in not_measured]}
     md = "# Fidelity ladder\n\n" + "\n".join(format_ladder(rows)) + "\n"
     if not_measured:
-        md += "\nConfigured but not measured (no shard report):\n\n" + "".join(
-            f"- `{m['candidate']}`: {m['status']}: {m['reason']}\n" for m in not_measured)
+        md += "\n" + "".join(line + "\n" for line in not_measured_lines(not_measured))
     if floor is not None:
         k = floor["kld"]
         doc["precision_floor"] = {"mean": k["mean"], "ci95": k["ci95"], "dtype": floor["compute"]["dtype"],

@@ -27,7 +27,7 @@ from __future__ import annotations
 import hashlib
 import json
 import shlex
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +39,7 @@ from harness.inputs.suite import Suite
 from harness.io.atomic import atomic_write_files, atomic_write_text, dumps_json, staged_directory
 from harness.io.jsonio import read_json
 from harness.io.schema import MapOf, Nullable, Optional, check
-from harness.reports.aggregate import aggregate, format_ladder, ladder_files, ladder_rows
+from harness.reports.aggregate import aggregate, format_ladder, ladder_files, ladder_rows, not_measured_lines
 from harness.reports.card import card_info, render_card, split_card
 from harness.reports.diagnostics import diagnostics_lines
 from harness.reports.numbers import fmt_opt
@@ -389,9 +389,12 @@ def derive_verdicts(groups: dict[str, list[Any]], baselines: dict[str, Any]) -> 
 
 
 def _render_set(groups: dict[str, list[Any]], suite: Any, baselines: dict[str, Any], extras: dict[str, Any],
-                repro: dict[str, Any] | None, n_shards: int | None = None, card: dict[str, Any] | None = None) -> dict[str, Any]:
+                repro: dict[str, Any] | None, n_shards: int | None = None, card: dict[str, Any] | None = None,
+                not_measured: Sequence[dict[str, str]] = ()) -> dict[str, Any]:
     """Every derived file of a published set (but the plot and checksums), from the shard reports,
-    the suite and the baselines alone: ``publish`` writes these and ``verify`` re-derives them."""
+    the suite and the baselines alone: ``publish`` writes these and ``verify`` re-derives them.
+    ``not_measured``: configured candidates without a shard report (``candidate``, ``status``, ``reason``),
+    recorded in ``results.json`` and listed under the ladder of ``ladder.md`` and the card."""
     shape = SuiteShape.of(suite)
     aggs = aggregate_groups(groups, n_shards=n_shards, suite=shape)
     verdicts = derive_verdicts(groups, baselines)
@@ -411,13 +414,16 @@ def _render_set(groups: dict[str, list[Any]], suite: Any, baselines: dict[str, A
                    "tails": tails.get(name)}
             for name in aggs
         },
+        "not_measured": [dict(m) for m in not_measured],
         "window": window,
         "paired": pairs,
         "adaptive": adaptive,
     }
+    missing = not_measured_lines(not_measured)
+    ladder_lines = format_ladder(rows) + ([""] + missing if missing else [])
     points = size_points(aggs)
     files: dict[str, Any] = {
-        "ladder.md": "# Fidelity ladder\n\n" + "\n".join(format_ladder(rows)) + "\n",
+        "ladder.md": "# Fidelity ladder\n\n" + "\n".join(ladder_lines) + "\n",
         "results.json": dumps_json(results),
         "kld-vs-size.json": dumps_json({"schema": "fidelity.kld-vs-size/1", "x": "on-disk GiB", "y": "mean KLD (nats)", "points": points}),
     }
@@ -429,9 +435,31 @@ def _render_set(groups: dict[str, list[Any]], suite: Any, baselines: dict[str, A
     details = README.format(protocol=PROTOCOL_VERSION, windows=", ".join(map(str, windows)),
                             candidates=", ".join(f"`{n}`" for n in aggs))
     n_contexts = sum(s.stop - s.start for s in shape.shards)
-    readme = render_card(card, aggs, {**shape.to_json(), "n_contexts": n_contexts}, format_ladder(rows), bool(tails), details)
+    readme = render_card(card, aggs, {**shape.to_json(), "n_contexts": n_contexts}, ladder_lines, bool(tails), details)
     # the card first: verify names the last disagreement, and the card only repeats results.json's numbers
     return {"files": {"README.md": readme, **files}, "points": points}
+
+
+_NOT_MEASURED_SCHEMA = {"not_measured": [{"candidate": str, "status": str, "reason": str}]}
+
+
+def not_measured(reports_dir: Path, groups: Mapping[str, Any], config: Any = None) -> list[dict[str, str]]:
+    """Candidates without a shard report in ``reports_dir``: each one the run's ``ladder.json`` lists as not
+    measured (with the status and reason the run recorded), and each configured one (``config``) it does not
+    list (``not run``: no report in the folder). Sorted by name."""
+    out: dict[str, dict[str, str]] = {}
+    lp = reports_dir / "ladder.json"
+    if lp.is_file():
+        doc = _read_json(lp)
+        if isinstance(doc, dict) and "not_measured" in doc:
+            check(doc, _NOT_MEASURED_SCHEMA, lp)
+            for m in doc["not_measured"]:
+                if m["candidate"] not in groups:
+                    out[m["candidate"]] = {"candidate": m["candidate"], "status": m["status"], "reason": m["reason"]}
+    for c in (config.candidates if config is not None else []):
+        if c.name not in groups and c.name not in out:
+            out[c.name] = {"candidate": c.name, "status": "not run", "reason": f"no shard report in {reports_dir}"}
+    return [out[k] for k in sorted(out)]
 
 
 def publish(reports_dir: str | Path, out_dir: str | Path, *, config: Any = None, n_shards: int | None = None,
@@ -469,7 +497,8 @@ def publish(reports_dir: str | Path, out_dir: str | Path, *, config: Any = None,
     }
 
     derived = _render_set(groups, suite, baselines, extras, reproduction_info(config, groups), n_shards=n_shards,
-                          card=card_info(config) if config is not None else None)
+                          card=card_info(config) if config is not None else None,
+                          not_measured=not_measured(reports_dir, groups, config))
     with staged_directory(out) as stage:
         atomic_write_files({stage / rel: text for rel, text in derived["files"].items()})
         palette = None if config is None else [c.name for c in config.candidates]  # colours as in tails.png
@@ -558,7 +587,9 @@ def rederive_set(root: str | Path) -> list[str]:
         card = res.get("card")
         if card is not None and not isinstance(card, dict):
             raise VerificationError(rp, "card", "an object or null", type(card).__name__)
-        derived = _render_set(groups, suite, baselines, extras, repro, n_shards=required, card=card)
+        missing = res.get("not_measured") or []
+        check({"not_measured": missing}, _NOT_MEASURED_SCHEMA, rp)
+        derived = _render_set(groups, suite, baselines, extras, repro, n_shards=required, card=card, not_measured=missing)
     except FidelityError as e:
         return [f"re-deriving the set from its shard reports failed: {e}"]
     problems = []

@@ -263,6 +263,8 @@ class FidelitySession:
         held = self._held.get(cand.name)
         if held is not None and not held.missing(self.shard_indices(shard)):
             return held
+        if cand.name in self._failed:  # its load or capture failed already in this run: not loaded again
+            raise self._failed[cand.name]
         out = self.live_store_path(cand)
         try:
             if (out / "capture.json").exists():
@@ -280,6 +282,9 @@ class FidelitySession:
             raise VerificationError(e.path, e.what, e.expected, e.found,
                                     hint=f"the capture cache of candidate {cand.name!r} cannot be used: remove the folder "
                                     f"{out} and run pytest again (the candidate is captured again)") from None
+        except FidelityError as e:  # the model's own load or capture failed: its other cases re-raise it
+            self._failed[cand.name] = e
+            raise
 
     def shard_inputs(self, cand: CandidateConfig, shard: int) -> ShardInputs:
         """The inputs of ``cand`` x ``shard``, built and verified (every join) once per run."""
