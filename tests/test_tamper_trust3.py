@@ -762,16 +762,20 @@ def test_verify_refuses_resealed_results_with_edited_tails(fidelity_run: Path, t
 
 @pytest.fixture(scope="module")
 def paired_run(tmp_path_factory: pytest.TempPathFactory, fidelity_run: Path) -> Path:
-    """The tiny project's run plus its declared pair (good vs bad), scored from the cached captures."""
-    import subprocess
-    import sys
+    """The tiny project's run plus its declared pair (good vs bad) over the run's shards, computed as the pair
+    case computes it (the session's positions from the cached captures, :meth:`PairCase.run`) and written into
+    the run's report folder by the plugin's writer."""
+    from harness.inputs.config import load_config
+    from harness.plugin.kind_paired import PairCase
+    from harness.reports.paired import write_paired
+    from harness.run.session import FidelitySession
 
     root = tmp_path_factory.mktemp("paired") / "p"
     shutil.copytree(fidelity_run, root, symlinks=True)
-    out = subprocess.run([sys.executable, "-m", "pytest", "fidelity.toml", "-q", "-p", "no:cacheprovider", "-m", "fidelity_paired",
-                          "--fidelity-report-dir", "reports"], cwd=root, capture_output=True, text=True, check=False)
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    assert (root / "reports" / "paired" / "good-vs-bad.json").is_file()
+    config = load_config(root / "fidelity.toml")
+    pair = config.pairs[0]
+    case = PairCase.run(FidelitySession(config=config), pair.a, pair.b, pair.margin, [0, 1, 2, 3])
+    write_paired(root / "reports", case.payload)
     return root
 
 
