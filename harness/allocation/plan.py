@@ -67,18 +67,23 @@ class AllocationRequest:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+def budget_key(spec: str, family: Family) -> str:
+    """A budget as the search names it: bytes and ``base`` as given, a choice in the family's spelling."""
+    s = spec.strip()
+    return s.upper() if family.name == "gguf" and not s.isdigit() and s != "base" else s
+
+
 def resolve_budget(spec: str, family: Family, base: dict[str, str]) -> tuple[int, str]:
     """``(bytes, what it is)`` of one budget (module docstring)."""
-    s = spec.strip()
+    s = budget_key(spec, family)
     if s.isdigit():
         return int(s), f"{int(s)} bytes"
     if s == "base":
         return layout_bytes(family, base), "the base layout's bytes"
-    key = s.upper() if family.name == "gguf" else s
-    if key not in family.choices:
+    if s not in family.choices:
         raise FidelityError(f"budget {spec!r}: expected a number of bytes, 'base' or one of the choices "
                             f"({', '.join(family.choices)})")
-    return layout_bytes(family, {u: key for u in family.units}), f"the bytes of uniform {key}"
+    return layout_bytes(family, {u: s for u in family.units}), f"the bytes of uniform {s}"
 
 
 def _estimate(pm: PairedMeans, per_context: np.ndarray, nonnegative: bool = False) -> dict[str, Any]:
@@ -99,7 +104,7 @@ def allocate(req: AllocationRequest) -> dict[str, Any]:
     tokens = np.asarray(suite.tokens[indices])
     base = fam.base_layout(req.base)
     groups: list[Group] = make_groups(fam.units, req.grouping)
-    budgets = [(spec, *resolve_budget(spec, fam, base)) for spec in req.budgets]
+    budgets = [(budget_key(spec, fam), *resolve_budget(spec, fam, base)) for spec in req.budgets]
     run = InProcess(req.reference, fam, tokens, device=req.device)
     positions = np.full(len(indices), suite.n_ctx - 1, dtype=np.int64)
     pm = PairedMeans([suite.contexts[i].source_cluster for i in indices], positions, n_boot=req.n_boot, seed=req.seed)

@@ -70,6 +70,10 @@ def render_markdown(r: Mapping[str, Any], check: Mapping[str, Any] | None = None
                     f"{_ci({'value': c['paired']['diff'], 'ci95': c['paired']['ci95']})} | {c['paired']['verdict']} |")
             lines.append(f"| {p['candidate']} | {p['on_disk_bytes']} | {_ci(p['predicted_kld'])} | {_ci(p['measured_kld'])} " + pair)
         for p in check["proposals"]:
+            b = p.get("predicted_kld_on_measured_base")
+            if b is not None:
+                lines.append(f"- {p['candidate']}: predicted on the base as scored here ({b['base']} {_g(b['base_kld'])} + "
+                             f"Σ Δ {_g(b['value'] - b['base_kld'])}) = {_g(b['value'])}; measured {_g(p['measured_kld']['value'])}")
             h = (p.get("comparator") or {}).get("paired_held_out")
             if h is not None:
                 lines.append(f"- {p['candidate']} vs {p['comparator']['candidate']} on the shards the search did not see "

@@ -88,7 +88,7 @@ class Allocation(Uncollected):
                                     grouping=str(kw.get("by", "block")), shards=kw.get("shards", "0"),
                                     n_boot=int(kw.get("n_boot", cfg.n_boot)), progress=False)
             result = allocate(req)
-            budgets = [b for b in req.budgets if b != "base"]
+            budgets = [p["budget_spec"] for p in result["proposals"] if p["budget_spec"] in family.choices]
             uniforms = parse_choices(fam_name, kw["uniforms"]) if kw.get("uniforms") else budgets
             base = Path(str(kw["base"]))
             check = check_allocation(cfg, result, family, out / "check", uniforms=uniforms, shards=kw.get("check_shards"),

@@ -10,7 +10,8 @@ shards; each proposal is then compared with its comparator on the same positions
 (:func:`harness.reports.paired.paired_report`: common random numbers).
 
 Per proposal the result holds the predicted mean KLD (the search's base KLD plus the summed effects, measured
-in process on the search's shards), the measured mean KLD with its interval (this module, all shards
+in process on the search's shards; and the same summed effects added to the base layout's KLD as scored here,
+when the base is among the candidates: ``predicted_kld_on_measured_base``), the measured mean KLD with its interval (this module, all shards
 selected), the measured KLD on the search's own shards (in-sample) and the paired comparison with the
 comparator of the same size -- on all selected shards, and on those the search did not measure its effects on
 (``paired_held_out``, when both kinds are selected).
@@ -92,6 +93,9 @@ def check_allocation(config: FidelityConfig, result: Mapping[str, Any], family: 
     write_ladder(out / "reports", rows)
     by_name = {r["candidate"]: r for r in rows}
     search_shards = [s for s in result["suite"]["shards"] if s in chosen]
+    base_kinds = set(result["base"]["layout"].values())
+    base_name = "base" if "base" in built else (f"uniform-{next(iter(base_kinds))}" if len(base_kinds) == 1 else None)
+    base_row = by_name.get(base_name) if base_name is not None else None
     proposals = []
     for p in result["proposals"]:
         name = f"alloc-{p['budget_spec']}"
@@ -103,6 +107,9 @@ def check_allocation(config: FidelityConfig, result: Mapping[str, Any], family: 
             "predicted_kld": p["predicted_kld"], "in_process_kld": p["in_process_kld"], "interaction": p["interaction"],
             "measured_kld": {"value": by_name[name]["mean_kld"], "ci95": by_name[name]["ci95"], "shards": chosen},
         }
+        if base_row is not None:  # the search's predicted change added to the base layout as scored here
+            row["predicted_kld_on_measured_base"] = {"value": base_row["mean_kld"] + p["predicted_delta_kld"]["value"],
+                                                     "base": base_name, "base_kld": base_row["mean_kld"]}
         if search_shards:
             row["measured_kld_search_shards"] = {"value": _mean_kld([session.positions(cand, s) for s in search_shards]),
                                                  "shards": search_shards}
