@@ -221,3 +221,31 @@ def test_the_function_level_import_count_sees_nested_imports(tmp_path: Path) -> 
     src.write_text("from harness.io import atomic\ndef f():\n    import harness.errors\n"
                    "    def g():\n        from harness.io.jsonio import read_json\n    return g\n")
     assert [h.split(" ")[1] for h in _function_level_imports(src)] == ["harness.errors", "harness.io.jsonio"]
+
+
+#: The folders of the scoring pipeline, whose function signatures name precise types.
+PIPELINE = ("run", "scoring", "capture", "engines")
+#: The most ``Any`` the pipeline's function signatures may hold (parameters and return types).
+MAX_PIPELINE_ANY = 28
+
+
+def _any_in_signatures(path: Path) -> list[str]:
+    """``file:line name`` for each ``Any`` in a function's parameter or return annotations."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            a = node.args
+            annotations = [x.annotation for x in (*a.posonlyargs, *a.args, *a.kwonlyargs, a.vararg, a.kwarg) if x]
+            for ann in [*annotations, node.returns]:
+                for sub in ast.walk(ann) if ann is not None else ():
+                    if (isinstance(sub, ast.Name) and sub.id == "Any") or (isinstance(sub, ast.Attribute) and sub.attr == "Any"):
+                        found.append(f"{path.relative_to(ROOT.parent)}:{node.lineno} {node.name}")
+    return found
+
+
+def test_the_pipeline_signatures_name_their_types() -> None:
+    """Rows, stores, heads, options and records are typed in the pipeline's signatures (protocols, tensors,
+    arrays, JSON objects, ``object`` checked at a boundary), not ``Any``."""
+    hits = [h for mod, path in MODULES.items() if _folder(mod) in PIPELINE for h in _any_in_signatures(path)]
+    assert len(hits) <= MAX_PIPELINE_ANY, (
+        f"{len(hits)} Any in the signatures of {', '.join(PIPELINE)} (at most {MAX_PIPELINE_ANY}):\n" + "\n".join(hits))

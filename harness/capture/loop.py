@@ -24,10 +24,12 @@ from harness.inputs.suite import Suite as SuiteCls
 from harness.io.jsonio import JSONObject
 
 if TYPE_CHECKING:
+    import torch
+
     from harness.inputs.suite import Suite
 
 
-def _check_finite_output(model: Path, engine: str, kind: str, index: int, out: Any) -> None:
+def _check_finite_output(model: Path, engine: str, kind: str, index: int, out: torch.Tensor) -> None:
     """Refuse a forward pass with NaN/Inf values, naming the model (its own output, before any file is written)."""
     import torch
 

@@ -127,7 +127,7 @@ def _check_embedded(path: Path, data: bytes, index: int, suite_sha: str) -> None
                                 "the file belongs to another context or suite")
 
 
-def _check_name(root: Path, name: str, entry: Any, mf: Path) -> int:
+def _check_name(root: Path, name: str, entry: object, mf: Path) -> int:
     """Validate one manifest entry's name and index; return the index."""
     if os.path.isabs(name) or "/" in name or "\\" in name or ".." in name:
         raise VerificationError(mf, f"file name {name!r} leaves the store folder", "a plain ctx-NNNNNN.safetensors name", name)

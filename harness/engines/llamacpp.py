@@ -23,6 +23,7 @@ from source: ~11 min on 2 cores the first time, then from pip's wheel cache).
 from __future__ import annotations
 
 import contextlib
+import importlib
 import json
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -35,7 +36,11 @@ from harness.io.hashing import sha256_file
 from harness.io.jsonio import JSONObject
 
 if TYPE_CHECKING:
+    from types import ModuleType
+
+    import llama_cpp
     import numpy as np
+    import torch
 
 ENGINE_NAME = "llamacpp"
 INSTALL_HINT = 'CMAKE_ARGS="-DGGML_NATIVE=OFF" pip install llama-cpp-python==0.3.36'
@@ -59,12 +64,12 @@ def available() -> bool:
     return True
 
 
-def _import() -> Any:
+def _import() -> ModuleType:
+    """The ``llama_cpp`` module (llama-cpp-python); its absence is a FidelityError with the install command."""
     try:
-        import llama_cpp
+        return importlib.import_module("llama_cpp")
     except (ImportError, OSError) as e:
         raise FidelityError(f"engine 'llamacpp' needs llama-cpp-python ({e}); install it with: {INSTALL_HINT}") from None
-    return llama_cpp
 
 
 def check_gguf(path: str | Path) -> Path:
@@ -104,7 +109,7 @@ def engine_identity(extra_bufts: bool | None = None, options: Mapping[str, objec
 
 
 @contextlib.contextmanager
-def _no_extra_bufts(llama_cpp: Any) -> Iterator[bool | None]:
+def _no_extra_bufts(llama_cpp: ModuleType) -> Iterator[bool | None]:
     """Make ``Llama`` load with ``use_extra_bufts = False`` (no weight repacking) where the field exists."""
     import llama_cpp.llama as L
 
@@ -114,7 +119,7 @@ def _no_extra_bufts(llama_cpp: Any) -> Iterator[bool | None]:
         yield None
         return
 
-    def patched() -> Any:
+    def patched() -> object:
         p = orig()
         p.use_extra_bufts = False
         return p
@@ -128,7 +133,7 @@ def _no_extra_bufts(llama_cpp: Any) -> Iterator[bool | None]:
 
 def load_model(
     path: str | Path, n_ctx: int, threads: int | None = None, hidden: bool = False, options: Mapping[str, object] | None = None
-) -> tuple[Any, bool | None]:
+) -> tuple[llama_cpp.Llama, bool | None]:
     """A ``llama_cpp.Llama`` for ``path`` with all-position logits, one batch per context; with
     ``hidden`` also per-token embeddings without pooling (the output of the final norm).
     ``options`` (validated :data:`OPTIONS`) override GPU offload, flash attention, batch sizes, threads."""
@@ -155,7 +160,7 @@ def load_model(
     return model, extra
 
 
-def capture_logits(model: Any, token_ids: np.ndarray | Sequence[int]) -> Any:
+def capture_logits(model: llama_cpp.Llama, token_ids: np.ndarray | Sequence[int]) -> torch.Tensor:
     """Logits of one context, rows ``0 .. n_ctx-2``: ``[n_ctx-1, vocab]`` float32 torch tensor."""
     import numpy as np
     import torch
@@ -167,7 +172,7 @@ def capture_logits(model: Any, token_ids: np.ndarray | Sequence[int]) -> Any:
     return torch.from_numpy(scores)
 
 
-def capture_hidden(model: Any, token_ids: np.ndarray | Sequence[int]) -> Any:
+def capture_hidden(model: llama_cpp.Llama, token_ids: np.ndarray | Sequence[int]) -> torch.Tensor:
     """Post-final-norm hidden states of one context (llama.cpp embeddings, no pooling), rows
     ``0 .. n_ctx-2``: ``[n_ctx-1, n_embd]`` bf16 torch tensor (a model loaded with ``hidden=True``)."""
     import numpy as np
@@ -188,7 +193,7 @@ def capture_hidden(model: Any, token_ids: np.ndarray | Sequence[int]) -> Any:
 class LlamaCppLoaded:
     """A GGUF model loaded through llama.cpp (see :class:`harness.engines.base.LoadedModel`)."""
 
-    def __init__(self, model: Any, extra_bufts: bool | None, options: Mapping[str, object] | None = None) -> None:
+    def __init__(self, model: llama_cpp.Llama, extra_bufts: bool | None, options: Mapping[str, object] | None = None) -> None:
         self.model = model
         self.extra_bufts = extra_bufts
         self.options = dict(options or {})
@@ -200,11 +205,11 @@ class LlamaCppLoaded:
     def identity(self) -> dict[str, str]:
         return engine_identity(self.extra_bufts, self.options)
 
-    def forward(self, token_ids: np.ndarray, kind: str) -> Any:
+    def forward(self, token_ids: np.ndarray, kind: str) -> torch.Tensor:
         fn = capture_hidden if kind == "hidden_states" else capture_logits
         return fn(self.model, token_ids)
 
-    def forward_batch(self, contexts: Sequence[np.ndarray], kind: str) -> list[Any]:
+    def forward_batch(self, contexts: Sequence[np.ndarray], kind: str) -> list[torch.Tensor]:
         return [self.forward(c, kind) for c in contexts]  # llama.cpp evaluates one sequence per context
 
     def close(self) -> None:

@@ -680,7 +680,7 @@ class FidelityRun:
         if self.executor is None:
             return self.session.score(self.session.config.candidate(name), shard)
 
-        return scored_shard(self.executor, self.session, name, shard)  # type: ignore[no-any-return]
+        return scored_shard(self.executor, self.session, name, shard)
 
     def compute(self, what: str, fn: Callable[[], _T]) -> _T:
         """``fn()`` with a capture's progress reaching the terminal; a FidelityError fails the case as ``what: ...``."""

@@ -20,7 +20,7 @@ from harness.engines.registry import get_engine
 from harness.errors import FidelityError
 from harness.gate.baselines import headline_of
 from harness.gate.gate import Gate
-from harness.inputs.config import load_config
+from harness.inputs.config import FidelityConfig, load_config
 from harness.inputs.suite import parse_shard_spec
 from harness.interchange.suite_manifest import load_any_suite
 from harness.io.jsonio import read_json
@@ -51,7 +51,7 @@ class LadderOutcome:
     nodes: list[str] = field(default_factory=list)
 
 
-def _select(config: Any, candidates: str | None, shards: str | None) -> tuple[Any, list[int], list[str]]:
+def _select(config: FidelityConfig, candidates: str | None, shards: str | None) -> tuple[FidelityConfig, list[int], list[str]]:
     import dataclasses
 
     suite = load_any_suite(config.suite, verify=False)
@@ -127,9 +127,9 @@ def run_ladder(config_path: Path, *, report_dir: Path, executor: str = "serial",
             out.nodes = sorted(ray_exec.nodes)
     if reports:
         out.rows = ladder_rows(reports, verdicts, suite=suite)
-        scored = {r.candidate for r in reports}
+        scored_names = {r.candidate for r in reports}
         missing = [{"candidate": name, "status": "failed", "reason": why} for name, why in first_failure.items()
-                   if name not in scored]
+                   if name not in scored_names]
         missing += [{"candidate": line.split(":", 1)[0], "status": "skipped", "reason": line.split(":", 1)[1].strip()}
                     for line in skipped]
         write_ladder(report_dir, out.rows, not_measured=missing)

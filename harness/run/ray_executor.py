@@ -43,6 +43,7 @@ from harness.run.task_resources import task_resources
 
 if TYPE_CHECKING:
     from harness.inputs.config import FidelityConfig
+    from harness.run.session import FidelitySession, ScoredShard
     from harness.run.shard import ShardPositions
 
 __all__ = ["INSTALL_HINT", "LOCAL_OBJECT_STORE_BYTES", "CaseResult", "ExecutorSpec", "RayExecutor", "parse_executor",
@@ -257,7 +258,7 @@ class RayExecutor:
             ray.cancel(ref)
 
 
-def scored_shard(executor: RayExecutor, session: Any, name: str, shard: int) -> Any:
+def scored_shard(executor: RayExecutor, session: FidelitySession, name: str, shard: int) -> ScoredShard:
     """The case's :class:`~harness.run.session.ScoredShard` from its task, its positions handed to
     ``session`` (a :class:`~harness.run.session.FidelitySession`) so the tail, window and paired cases
     read them instead of scoring again."""

@@ -51,6 +51,9 @@ from harness.metrics.scores import PositionScores
 from harness.scoring.backends import scoring_env
 
 if TYPE_CHECKING:
+    from harness.capture.store import CaptureStore
+    from harness.inputs.head import HeadTensor
+    from harness.inputs.suite import Suite
     from harness.run.shard import ShardPositions
 
 __all__ = ["Handover", "binding", "load_positions", "remove_session_files", "save_positions", "scored_once",
@@ -84,7 +87,7 @@ def shared_dir(cache_dir: Path, testrunuid: str) -> Path:
     return Path(cache_dir) / "scored" / testrunuid
 
 
-def store_content_sha256(store: Any, indices: list[int]) -> str:
+def store_content_sha256(store: CaptureStore, indices: list[int]) -> str:
     """sha256 naming the content of ``indices`` in a capture store: its kind, dtype, width and the sha256
     of each context file (every file is verified against these when it is loaded)."""
     doc = {"kind": store.kind, "dtype": store.dtype, "width": store.width,
@@ -92,18 +95,19 @@ def store_content_sha256(store: Any, indices: list[int]) -> str:
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode("utf-8")).hexdigest()
 
 
-def binding(*, session: str, candidate: str, suite: Any, shard: int, reference: Any, cand_store: Any,
-            head: Any, cand_head: Any, window: int, device: str) -> JSONObject:
+def binding(*, session: str, candidate: str, suite: Suite, shard: int, reference: CaptureStore, cand_store: CaptureStore,
+            head: HeadTensor | None, cand_head: HeadTensor | None, window: int, device: str) -> JSONObject:
     """Everything the positions of ``candidate`` x ``shard`` were computed from (module docstring)."""
     from harness.run.shard import SCORER_SETTINGS
 
     indices = list(suite.shard_indices(shard))
+    scorer: JSONObject = {**SCORER_SETTINGS, "device": device, "env": dict(scoring_env())}
     return {
         "session": session, "candidate": candidate, "candidate_identity": cand_store.identity,
         "candidate_store_sha256": store_content_sha256(cand_store, indices),
         "reference_identity": reference.identity, "reference_store_sha256": store_content_sha256(reference, indices),
         "suite_token_sha256": suite.suite_token_sha256, "shard": shard, "shard_sha256": suite.shard(shard).sha256,
-        "window": window, "scorer": {**SCORER_SETTINGS, "device": device, "env": scoring_env()},
+        "window": window, "scorer": scorer,
         "head_sha256": getattr(head, "sha256", None), "cand_head_sha256": getattr(cand_head, "sha256", None),
     }
 

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from harness.capture.store import width_field
 from harness.engines.identity import model_identity as identify
@@ -41,6 +41,8 @@ from harness.inputs.head import sidecar_path
 from harness.io.jsonio import JSONObject
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from harness.capture.store import CaptureStore
     from harness.inputs.head import HeadTensor
     from harness.inputs.suite import Suite
@@ -205,7 +207,7 @@ def verify_joins(*, suite: Suite, reference: CaptureStore, candidate: CaptureSto
         check_contexts([reference, candidate], suite, shards)
 
 
-def check_scores_finite(kld: Any, context_index: Any, row: Any, reference: CaptureStore, candidate: CaptureStore,
+def check_scores_finite(kld: np.ndarray, context_index: np.ndarray, row: np.ndarray, reference: CaptureStore, candidate: CaptureStore,
                         head: HeadTensor | None, cand_head: HeadTensor | None = None) -> None:
     """Refuse non-finite per-position scores, naming the context file whose values overflowed."""
     import numpy as np
