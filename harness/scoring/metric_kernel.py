@@ -29,7 +29,6 @@ import os
 import shutil
 from collections.abc import Callable
 from functools import lru_cache
-from typing import Any
 
 import torch
 
@@ -123,7 +122,7 @@ def compiler_path() -> str | None:
 
 
 @lru_cache(maxsize=1)
-def _compiled() -> Callable[..., Any]:
+def _compiled() -> Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, ...]]:
     """:func:`row_stats` under ``torch.compile`` (dynamic shapes: one compile for every rows x vocab)."""
     return torch.compile(row_stats, dynamic=True, fullgraph=True)
 
