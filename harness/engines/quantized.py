@@ -35,7 +35,7 @@ import numpy as np
 import torch
 from safetensors import safe_open
 
-from harness.engines.quantization import QUANT_FILE, WEIGHTS_FILE, layer_recipe, read_quant
+from harness.engines.quantization import QUANT_FILE, WEIGHTS_FILE, QuantRecipe, layer_recipe, read_quant
 from harness.errors import VerificationError
 
 
@@ -104,7 +104,7 @@ def _code_values(kind: str, codes: np.ndarray, bits: int) -> np.ndarray:
 
 
 def dequantize_layer(
-    path: Path, tensors: dict[str, torch.Tensor], prefix: str, shape: tuple[int, int], q: dict[str, Any]
+    path: Path, tensors: dict[str, torch.Tensor], prefix: str, shape: tuple[int, int], q: QuantRecipe
 ) -> np.ndarray:
     """float64 ``[out, in]`` dequantized weight of one layer, after verifying its tensors."""
     out_f, in_f = shape
