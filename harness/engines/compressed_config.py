@@ -38,21 +38,41 @@ import math
 import re
 import struct
 from pathlib import Path
-from typing import Any
+from typing import NotRequired, TypedDict, cast
 
 from harness.errors import VerificationError
 from harness.io.jsonio import read_json
-from harness.io.schema import MapOf, Nullable, Optional, check
+from harness.io.schema import check, schema_of
+
 
 #: What the check reads of ``quantization_config`` (harness.io.schema).
-CONFIG_SCHEMA = {
-    "quant_method": str,
-    "format": Optional(Nullable(str)),
-    "ignore": Optional(Nullable([str])),
-    "config_groups": MapOf({"format": Optional(Nullable(str)), "targets": Optional(Nullable([str])),
-                            "weights": Nullable({"num_bits": int, "group_size": Optional(Nullable(int)),
-                                                 "strategy": Optional(Nullable(str)), "type": Optional(str)})}),
-}
+class WeightsScheme(TypedDict):
+    """A group's ``weights``: bits, group size, scale strategy and number type (``int`` unless ``float``)."""
+
+    num_bits: int
+    group_size: NotRequired[int | None]
+    strategy: NotRequired[str | None]
+    type: NotRequired[str]
+
+
+class ConfigGroup(TypedDict):
+    """One ``config_groups`` entry: the modules it targets, its format and its weights' scheme."""
+
+    format: NotRequired[str | None]
+    targets: NotRequired[list[str] | None]
+    weights: WeightsScheme | None
+
+
+class QuantizationConfig(TypedDict):
+    """``quantization_config`` of a compressed-tensors checkpoint (other keys are kept, unread)."""
+
+    quant_method: str
+    format: NotRequired[str | None]
+    ignore: NotRequired[list[str] | None]
+    config_groups: dict[str, ConfigGroup]
+
+
+CONFIG_SCHEMA = schema_of(QuantizationConfig)
 
 
 def _headers(root: Path) -> dict[str, tuple[Path, str, list[int]]]:
@@ -94,7 +114,7 @@ def _match_level(module: str, target: str, quantized: bool) -> int | None:
     return 2 if is_class and quantized else None
 
 
-def _group_level(module: str, group: dict[str, Any], quantized: bool) -> int | None:
+def _group_level(module: str, group: ConfigGroup, quantized: bool) -> int | None:
     """The most specific way any of a group's targets matches ``module`` (None: none does)."""
     levels = [lvl for t in group.get("targets") or [] if (lvl := _match_level(module, t, quantized)) is not None]
     return min(levels, default=None)
@@ -122,8 +142,9 @@ def check_compressed_tensors(root: Path) -> None:
     if not isinstance(qc, dict) or qc.get("quant_method") != "compressed-tensors":
         return
     check(qc, CONFIG_SCHEMA, cfg_path, "quantization_config")
-    groups = {k: g for k, g in qc["config_groups"].items() if g.get("weights")}
-    ignore: list[str] = qc.get("ignore") or []
+    config = cast(QuantizationConfig, qc)  # checked above
+    groups = {k: g for k, g in config["config_groups"].items() if g.get("weights")}
+    ignore: list[str] = config.get("ignore") or []
     heads = _headers(root)
     quantized, plain = _modules(heads)
     for module in sorted(quantized | plain):
@@ -147,7 +168,8 @@ def check_compressed_tensors(root: Path) -> None:
             raise VerificationError(cfg_path, f"quantization_config.config_groups targets matching {module}",
                                     f"one group (by {_LEVELS[best]})", f"{len(winners)}: {', '.join(winners)}")
         key = winners[0]
-        fmt, w = groups[key].get("format") or qc.get("format"), groups[key]["weights"]
+        fmt, w = groups[key].get("format") or config.get("format"), groups[key]["weights"]
+        assert w is not None  # groups without weights were dropped above
         where = f"quantization_config.config_groups.{key}.weights"
         if not is_q:
             raise VerificationError(first, f"{module} ({cfg_path.name} {where}: {fmt}, matched by {_LEVELS[best]})",
@@ -155,7 +177,7 @@ def check_compressed_tensors(root: Path) -> None:
         _check_module(module, fmt, w, where, heads, cfg_path)
 
 
-def _check_module(module: str, fmt: str | None, w: dict[str, Any], where: str,
+def _check_module(module: str, fmt: str | None, w: WeightsScheme, where: str,
                   heads: dict[str, tuple[Path, str, list[int]]], cfg_path: Path) -> None:
     """One quantized module's tensors against the scheme ``w`` of format ``fmt`` (module docstring)."""
     bits, gsize, strategy = w["num_bits"], w.get("group_size"), w.get("strategy")

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
@@ -88,7 +87,7 @@ def _read_tensors(path: Path) -> dict[str, torch.Tensor]:
         raise VerificationError(path, "unreadable safetensors", "a valid safetensors file", repr(exc)) from exc
 
 
-def _expect(path: Path, what: str, expected: Any, found: Any) -> None:
+def _expect(path: Path, what: str, expected: object, found: object) -> None:
     if expected != found:
         raise VerificationError(path, what, expected, found)
 
