@@ -850,3 +850,107 @@ def test_verify_refuses_resealed_results_with_an_edited_pair(paired_run: Path, t
     assert main(["verify", str(pub)]) != 0
     got = capsys.readouterr()
     assert "results.json: paired[0]: kld_mean.b: expected " in got.out + got.err
+
+
+# ----------------------------------------------------------------------------- window.json re-derived by publish
+
+
+@pytest.fixture(scope="module")
+def window_run(tmp_path_factory: pytest.TempPathFactory, fidelity_run: Path) -> Path:
+    """The tiny project's run plus its window comparison (windows 0 and 16 over the run's shards), computed as the
+    window cases compute it (:meth:`WindowCase.run` on the session's positions) and written by the plugin's writer."""
+    from harness.inputs.config import load_config
+    from harness.plugin.kind_window import WindowCase
+    from harness.reports.windows import write_window
+    from harness.run.session import FidelitySession
+
+    root = tmp_path_factory.mktemp("window") / "p"
+    shutil.copytree(fidelity_run, root, symlinks=True)
+    session = FidelitySession(config=load_config(root / "fidelity.toml"))
+    write_window(root / "reports", [WindowCase.run(session, k, [0, 1, 2, 3]).payload for k in (0, 16)])
+    return root
+
+
+def _self_consistent(doc: dict[str, Any], edit: Any) -> dict[str, Any]:
+    """``doc`` with its summaries edited by ``edit`` and every derived figure recomputed from them (a careful forgery)."""
+    from harness.metrics.bootstrap import draw_cluster_weights, ratio_interval
+    from harness.reports.windows import compare_windows
+
+    by_window: dict[int, dict[str, Any]] = {}
+    for key, w in doc["windows"].items():
+        by_window[int(key)] = {c: {k: s[k] for k in ("score_from", "n_positions", "n_contexts", "mean_kld", "ci95", "clusters")}
+                               for c, s in w["candidates"].items()}
+    edit(by_window)
+    for w in by_window.values():
+        for s in w.values():
+            cl = s["clusters"]
+            sums, counts = np.asarray(cl["sum_kld"]), np.asarray(cl["positions"])
+            s["mean_kld"] = float(sums.sum() / counts.sum())
+            s["ci95"] = ratio_interval(draw_cluster_weights(len(counts), cl["n_boot"], cl["seed"]), sums, counts, bounds=(0.0, float("inf")))
+    out = compare_windows(doc["base_window"], by_window)
+    return {**out, "notes": doc["notes"], "shards": doc["shards"]}
+
+
+@pytest.mark.slow  # the shared run, then the window comparison in-process
+@pytest.mark.parametrize("case, pattern", [
+    ("verdict", r"window\.json: verdict: expected 'ranking stable across windows' \(from the summaries\), found ranking CHANGES"),
+    ("mean", r"window\.json: windows\.16\.candidates\.good\.mean_kld: expected [\d.e-]+ \(from its clusters\), found 0\.0"),
+    ("seed", r"window\.json: windows\.0\.candidates\.bad\.clusters: expected seed 20240601, n_boot \d+, found seed 1, n_boot"),
+    ("base", r"window\.json: windows\.0\.candidates\.good\.clusters: expected the shard reports' \(shards \[0, 1, 2, 3\]\), "
+             r"found other clusters, positions or KLD sums"),
+    ("later", r"window\.json: windows\.16\.candidates\.bad\.clusters: expected the base window's clusters less 16 positions a "
+              r"context, and no more KLD, found other positions or more KLD"),
+])
+def test_publish_refuses_a_window_json_that_does_not_follow(window_run: Path, tmp_path: Path, case: str, pattern: str,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    """``window.json`` is checked against itself (every summary from its cluster sums, the verdict, rankings, flips
+    and power recomputed) and its base window against the shard reports; a later window is bounded by the base
+    (fewer positions, no more KLD). A careful forgery that recomputes every derived figure is still refused."""
+    from harness.cli.main import main
+    from harness.inputs.config import load_config
+    from harness.reports.publish import _read_window, load_reports
+
+    root = tmp_path / "p"
+    shutil.copytree(window_run, root, symlinks=True)
+    path = root / "reports" / "window.json"
+    groups, config = load_reports([root / "reports"]), load_config(root / "fidelity.toml")
+    doc = _read_window(path, groups, config)  # the run's own passes
+    assert doc["shards"] == [0, 1, 2, 3] and doc["verdict"] == "ranking stable across windows"
+    if case == "verdict":
+        doc["verdict"] = "ranking CHANGES with the window"
+    elif case == "mean":
+        doc["windows"]["16"]["candidates"]["good"]["mean_kld"] = 0.0
+    elif case == "seed":
+        doc["windows"]["0"]["candidates"]["bad"]["clusters"]["seed"] = 1
+    elif case == "base":  # good's base-window KLD halved, everything derived recomputed to match
+        doc = _self_consistent(doc, lambda bw: bw[0]["good"]["clusters"].update(
+            sum_kld=[x * 0.5 for x in bw[0]["good"]["clusters"]["sum_kld"]]))
+    elif case == "later":  # bad's KLD from row 16 on raised above its whole-context KLD, everything recomputed
+        doc = _self_consistent(doc, lambda bw: bw[16]["bad"]["clusters"].update(
+            sum_kld=[x * 10.0 for x in bw[0]["bad"]["clusters"]["sum_kld"]]))
+    path.write_text(json.dumps(doc))
+    with pytest.raises(VerificationError, match=pattern):
+        _read_window(path, groups, config)
+    assert main(["publish", "--reports", str(root / "reports"), "--config", str(root / "fidelity.toml"), "--out", str(tmp_path / "pub")]) == 1
+    assert "window.json: " in capsys.readouterr().err and not (tmp_path / "pub").exists()
+
+
+@pytest.mark.slow  # the window run (module fixture), publish and verify
+def test_verify_refuses_resealed_results_with_an_edited_window(window_run: Path, tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    from harness.cli.main import main
+    from harness.reports.publish import write_checksums
+
+    pub = tmp_path / "pub"
+    assert main(["publish", "--reports", str(window_run / "reports"), "--config", str(window_run / "fidelity.toml"),
+                 "--out", str(pub)]) == 0
+    assert main(["verify", str(pub)]) == 0
+    res = json.loads((pub / "results.json").read_text())
+    res["window"]["windows"]["16"]["candidates"]["good"]["rel_change_mean_kld"] = 0.0
+    (pub / "results.json").write_text(json.dumps(res))
+    (pub / "checksums.txt").unlink()
+    write_checksums(pub)
+    capsys.readouterr()
+    assert main(["verify", str(pub)]) != 0
+    got = capsys.readouterr()
+    assert "results.json: window: windows.16.candidates.good.rel_change_mean_kld: expected " in got.out + got.err

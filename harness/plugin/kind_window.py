@@ -52,7 +52,8 @@ class WindowCase:
             summaries[cand.name] = window_summary(pos, k, n_boot=n_boot)
             base_summaries[cand.name] = summaries[cand.name] if k == base else window_summary(pos, base, n_boot=n_boot)
         n_ctx = sum(len(session.shard_indices(s)) for s in shards)
-        payload = {"base": base, "k": k, "summaries": summaries, "base_summaries": base_summaries, "notes": said}
+        payload = {"base": base, "k": k, "summaries": summaries, "base_summaries": base_summaries, "notes": said,
+                   "shards": [int(s) for s in shards]}
         return cls(payload, expected_positions(n_ctx, session.suite.n_ctx, k))
 
     def comparison(self) -> dict[str, Any]:

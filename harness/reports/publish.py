@@ -50,6 +50,7 @@ from harness.reports.suite_shape import SuiteShape
 from harness.reports.tails import FILE_SCHEMA as TAILS_FILE_SCHEMA
 from harness.reports.tails import REPORT_SCHEMA, verify_tail_report
 from harness.reports.units import size_text
+from harness.reports.windows import verify_window
 
 SCHEMA_RESULTS = "fidelity.results/1"
 CHECKSUMS = "checksums.txt"
@@ -99,8 +100,13 @@ def write_aggregates(out_dir: str | Path, groups: dict[str, list[Any]], aggs: di
 
 #: What a published set reads from a run's summaries (harness.io.schema): a summary that lies is a named refusal.
 TAILS_SCHEMA = TAILS_FILE_SCHEMA
-WINDOW_SCHEMA = {"verdict": str, "windows": MapOf({"candidates": MapOf({"mean_kld": Nullable(float),
-                                                                        "rel_change_mean_kld": Nullable(float)})})}
+WINDOW_SCHEMA = {"base_window": int, "ranking_base": [str], "verdict": str, "power": object, "shards": Optional([int]),
+                 "windows": MapOf({"ranking": [str], "flips": {"failures": [[str]], "warnings": [[str]]},
+                                   "candidates": MapOf({"score_from": int, "n_positions": int, "n_contexts": int,
+                                                        "mean_kld": float, "ci95": Nullable([float]),
+                                                        "rel_change_mean_kld": Nullable(float),
+                                                        "clusters": {"names": [str], "sum_kld": [float], "positions": [float],
+                                                                     "n_boot": int, "seed": int}})})}
 PAIRED_SCHEMA = {"a": str, "b": str, "verdict": str, "verdict_named": str, "margin": float, "certifiable_margin": Nullable(float),
                  "n_positions": int, "n_clusters": int, "bootstrap": {"n_boot": int, "seed": int},
                  "kld_mean": {"a": float, "b": float, "diff": float, "ci95": Nullable([float])},
@@ -151,6 +157,14 @@ def _read_paired(path: Path, groups: dict[str, list[Any]], config: Any = None) -
     """A run's ``paired/<a>-vs-<b>.json``, checked against its schema and re-derived from the shard reports."""
     doc = _read_json(path, PAIRED_SCHEMA)
     _check_paired(doc, path, groups, config)
+    return doc
+
+
+def _read_window(path: Path, groups: dict[str, list[Any]], config: Any = None) -> Any:
+    """A run's ``window.json`` (None when absent), checked against its schema, itself and the shard reports."""
+    doc = _read_json(path, WINDOW_SCHEMA)
+    if doc is not None:
+        verify_window(doc, path, _context_rows(groups), n_boot=None if config is None else config.n_boot)
     return doc
 
 
@@ -490,7 +504,7 @@ def publish(reports_dir: str | Path, out_dir: str | Path, *, config: Any = None,
     tails_doc = _read_tails(reports_dir / "tails.json", groups)
     extras = {
         "tails": {t["candidate"]: t for t in tails_doc.get("candidates", [])},
-        "window": _read_json(reports_dir / "window.json", WINDOW_SCHEMA),
+        "window": _read_window(reports_dir / "window.json", groups, config),
         "adaptive": _read_adaptive(reports_dir / "adaptive.json", groups),
         "paired": [_read_paired(p, groups, config) for p in sorted((reports_dir / "paired").glob("*.json"))]
         if (reports_dir / "paired").is_dir() else [],
@@ -572,6 +586,9 @@ def rederive_set(root: str | Path) -> list[str]:
                 if c["tails"]["candidate"] != name:
                     raise VerificationError(rp, f"candidates.{name}.tails.candidate", name, c["tails"]["candidate"])
                 verify_tail_report(c["tails"], rp, f"candidates.{name}.tails", {report_shard(r): r.metrics for r in groups[name]})
+        if extras["window"] is not None:
+            check(extras["window"], WINDOW_SCHEMA, rp, "window")
+            verify_window(extras["window"], f"{rp}: window", _context_rows(groups))
         check(extras["paired"], [object], rp, "paired")
         for i, rep in enumerate(extras["paired"]):
             check(rep, PAIRED_SCHEMA, rp, f"paired[{i}]")

@@ -34,11 +34,13 @@ half-width on the right side at both windows; half-widths are held at their obse
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
+from harness.errors import VerificationError
 from harness.io.atomic import atomic_write_files, dumps_json
 from harness.metrics.bootstrap import DEFAULT_SEED, draw_cluster_weights, ratio_interval, ratio_replicates
 from harness.metrics.positions import layout
@@ -216,6 +218,90 @@ def compare_windows(base: int, by_window: Mapping[int, Mapping[str, Mapping[str,
     return out
 
 
+def _near(x: Any, y: Any, rel: float = 1e-9) -> bool:
+    """Two JSON values equal, numbers to ``rel`` (summation order)."""
+    if isinstance(x, dict) and isinstance(y, dict):
+        return x.keys() == y.keys() and all(_near(x[k], y[k], rel) for k in x)
+    if isinstance(x, list) and isinstance(y, list):
+        return len(x) == len(y) and all(_near(a, b, rel) for a, b in zip(x, y))
+    if isinstance(x, float) or isinstance(y, float):
+        return isinstance(x, (int, float)) and isinstance(y, (int, float)) and math.isclose(x, y, rel_tol=rel, abs_tol=1e-300)
+    return bool(x == y)
+
+
+def verify_window(doc: dict[str, Any], path: Any, rows: Mapping[str, Mapping[int, Sequence[Mapping[str, Any]]]],
+                  n_boot: int | None = None) -> None:
+    """Refuse a ``window.json`` (read back from ``path``) that does not follow from itself and the shard reports.
+
+    * every summary from its own per-cluster sums: ``n_positions``, ``mean_kld`` and ``ci95`` (this harness's seed,
+      the configuration's ``n_boot`` when given); the rankings, relative changes, flips, verdict and power are
+      :func:`compare_windows` of those summaries;
+    * with the summarized ``shards`` recorded: the base window of every candidate is its shard reports' (each
+      cluster's KLD sum and positions); at a later window ``k`` each cluster holds ``k - base`` positions fewer
+      per context, and no more KLD than at the base window. The sums of a later window need the positions
+      themselves and are bounded, not re-derived."""
+    base = doc["base_window"]
+    by_window: dict[int, dict[str, Any]] = {}
+    for key, w in doc["windows"].items():
+        k = int(key)
+        by_window[k] = {}
+        for c, s in w["candidates"].items():
+            cl, at = s["clusters"], f"windows.{key}.candidates.{c}"
+            if cl["seed"] != DEFAULT_SEED or (n_boot is not None and cl["n_boot"] != n_boot):
+                raise VerificationError(path, f"{at}.clusters", f"seed {DEFAULT_SEED}" + (f", n_boot {n_boot}" if n_boot else ""),
+                                        f"seed {cl['seed']}, n_boot {cl['n_boot']}")
+            sums, counts = np.asarray(cl["sum_kld"], dtype=np.float64), np.asarray(cl["positions"], dtype=np.float64)
+            if len(sums) != len(cl["names"]) or len(counts) != len(cl["names"]) or not counts.sum() > 0:
+                raise VerificationError(path, f"{at}.clusters", "one sum and one count per named cluster", f"{len(sums)}, {len(counts)}")
+            ci = ratio_interval(draw_cluster_weights(len(counts), int(cl["n_boot"]), int(cl["seed"])), sums, counts,
+                                bounds=(0.0, float("inf")))
+            mean = float(sums.sum() / counts.sum())
+            for field_, want, got, rel in (("n_positions", int(counts.sum()), s["n_positions"], 0.0), ("mean_kld", mean, s["mean_kld"], 1e-9),
+                                           ("ci95", ci, s["ci95"], 1e-6)):
+                if not (want == got if rel == 0.0 else _near(want, got, rel)):
+                    raise VerificationError(path, f"{at}.{field_}", f"{want!r} (from its clusters)", got)
+            by_window[k][c] = {key2: s[key2] for key2 in ("score_from", "n_positions", "n_contexts", "mean_kld", "ci95", "clusters")}
+    if base not in by_window:
+        raise VerificationError(path, "base_window", f"one of the windows ({sorted(by_window)})", base)
+    want_doc = compare_windows(base, by_window)
+    for key in ("ranking_base", "verdict", "power"):
+        if not _near(want_doc[key], doc[key], 1e-6):
+            raise VerificationError(path, key, f"{want_doc[key]!r} (from the summaries)", doc[key])
+    for k, w in want_doc["windows"].items():
+        for key in ("ranking", "flips"):
+            if w[key] != doc["windows"][k][key]:
+                raise VerificationError(path, f"windows.{k}.{key}", f"{w[key]!r} (from the summaries)", doc["windows"][k][key])
+        for c, s in w["candidates"].items():
+            if not _near(s["rel_change_mean_kld"], doc["windows"][k]["candidates"][c]["rel_change_mean_kld"]):
+                raise VerificationError(path, f"windows.{k}.candidates.{c}.rel_change_mean_kld", s["rel_change_mean_kld"],
+                                        doc["windows"][k]["candidates"][c]["rel_change_mean_kld"])
+    shards = doc.get("shards")
+    if shards is None:
+        return
+    for c, s in by_window[base].items():
+        if c not in rows or any(x not in rows[c] for x in shards):
+            raise VerificationError(path, f"windows.{base}.candidates.{c}", f"shard reports of shards {shards}", "missing")
+        names: dict[str, int] = {}
+        ctx = [r for x in shards for r in rows[c][x]]
+        idx = np.array([names.setdefault(str(r["cluster"]), len(names)) for r in ctx], dtype=np.int64)
+        want_sums = np.bincount(idx, weights=[float(r["sum_kld"]) for r in ctx], minlength=len(names))
+        want_pos = np.bincount(idx, weights=[float(r["positions"]) for r in ctx], minlength=len(names))
+        per_ctx = np.bincount(idx, minlength=len(names)).astype(np.float64)
+        got = s["clusters"]
+        if list(names) != got["names"] or want_pos.tolist() != got["positions"] or not _near(want_sums.tolist(), got["sum_kld"]):
+            raise VerificationError(path, f"windows.{base}.candidates.{c}.clusters", f"the shard reports' (shards {shards})",
+                                    "other clusters, positions or KLD sums")
+        for k in sorted(by_window):
+            if k <= base or c not in by_window[k]:
+                continue
+            kc = by_window[k][c]["clusters"]
+            pos_k = np.maximum(want_pos - per_ctx * (k - base), 0.0)  # each context loses k - base rows
+            if kc["names"] != got["names"] or pos_k.tolist() != kc["positions"] or \
+                    bool((np.asarray(kc["sum_kld"]) > want_sums * (1 + 1e-9) + 1e-300).any()):
+                raise VerificationError(path, f"windows.{k}.candidates.{c}.clusters", f"the base window's clusters less {k - base} "
+                                        "positions a context, and no more KLD", "other positions or more KLD")
+
+
 def flip_message(k: int, base: int, flips: Sequence[Sequence[str]]) -> str:
     """The failure text naming the candidates whose order flipped."""
     pairs = ", ".join(f"{a} < {b} at score_from={base} but {b} < {a} at score_from={k}" for a, b in flips)
@@ -280,6 +366,8 @@ def write_window(out_dir: Any, payloads: Sequence[Mapping[str, Any]]) -> dict[st
     base, by_window, notes = merge_window_payloads(payloads)
     cmp = compare_windows(base, by_window)
     cmp["notes"] = notes
+    if payloads[0].get("shards") is not None:  # the shards summarized: a reader re-derives the base window from their reports
+        cmp["shards"] = list(payloads[0]["shards"])
     out = Path(out_dir)
     atomic_write_files({out / "window.json": dumps_json(cmp), out / "window.md": render_window(cmp, notes)})  # both or neither
     return cmp
