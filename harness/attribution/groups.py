@@ -10,7 +10,10 @@ Groupings:
   contains ``.layers.2.``); a differing parameter outside the layers (embedding, final norm, LM head)
   forms its own group named after its module (``embed_tokens``).
 * ``kind`` -- one group per module kind, the module's own name (``q_proj``, ``k_proj``, ``v_proj``,
-  ``o_proj``, ``gate_proj``, ``up_proj``, ``down_proj``; ``embed_tokens``, ``norm`` ...).
+  ``o_proj``, ``gate_proj``, ``up_proj``, ``down_proj``; ``embed_tokens``, ``norm`` ...). A parameter
+  that is not a ``weight``/``bias`` is its own kind (the linear-attention ``A_log``, ``dt_bias``), and
+  the gated RMSNorm inside a linear-attention block is ``linear_attn.norm`` (not the final ``norm``).
+  :data:`KIND_ROLES` says what each known kind is (and its GGUF tensor name).
 * ``expert`` -- mixtures of experts: one group per routed expert of each layer (``layer 2 expert 5``)
   plus one group of every other differing parameter (``outside the routed experts``: attention, router,
   shared expert ...). Experts stored fused (one 3-D tensor per projection and layer,
@@ -40,6 +43,27 @@ from dataclasses import dataclass
 from harness.errors import FidelityError
 
 GROUPINGS = ("layer", "kind", "expert")
+
+#: What a module kind is, for reports: dense / full-attention Qwen names, and the gated delta-rule
+#: linear-attention block of hybrid models (``Qwen3_5ForCausalLM``), with llama.cpp's GGUF tensor name.
+KIND_ROLES: dict[str, str] = {
+    "q_proj": "attention query (in gated full attention also the per-head output gate rows)",
+    "k_proj": "attention key",
+    "v_proj": "attention value",
+    "o_proj": "attention output",
+    "gate_proj": "MLP gate",
+    "up_proj": "MLP up",
+    "down_proj": "MLP down",
+    "in_proj_qkv": "linear-attention q/k/v in-projection (GGUF attn_qkv)",
+    "in_proj_z": "linear-attention output gate z (GGUF attn_gate)",
+    "in_proj_b": "linear-attention write strength beta (GGUF ssm_beta)",
+    "in_proj_a": "linear-attention decay input alpha (GGUF ssm_alpha)",
+    "conv1d": "linear-attention short causal convolution (GGUF ssm_conv1d)",
+    "out_proj": "linear-attention state output (GGUF ssm_out)",
+    "A_log": "linear-attention per-head decay rate (GGUF ssm_a)",
+    "dt_bias": "linear-attention decay time-step bias (GGUF ssm_dt)",
+    "linear_attn.norm": "linear-attention gated RMSNorm (GGUF ssm_norm)",
+}
 _LAYER_RE = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 _UNIT_RE = re.compile(r"^(.+)\[(\d+)\]$")
 _EXPERT_RE = re.compile(r"\.mlp\.experts\.(?:(\d+)\.)?(\w+?)(?:\.weight)?$")
@@ -110,8 +134,19 @@ def moe_kind(param: str) -> str | None:
 
 def module_kind(param: str) -> str:
     """The module's own name (``model.layers.0.self_attn.q_proj.weight`` -> ``q_proj``); the kinds of
-    :func:`moe_kind` for a mixture of experts' router, experts and shared expert."""
-    return moe_kind(param) or module_of(param).rsplit(".", 1)[-1]
+    :func:`moe_kind` for a mixture of experts' router, experts and shared expert; a parameter other than
+    ``weight``/``bias`` is its own kind (``...linear_attn.A_log`` -> ``A_log``); the linear-attention
+    block's norm is ``linear_attn.norm``."""
+    moe = moe_kind(param)
+    if moe:
+        return moe
+    leaf = param.rsplit(".", 1)[-1]
+    if "." in param and leaf not in ("weight", "bias"):
+        return leaf
+    parts = module_of(param).rsplit(".", 2)
+    if parts[-1] == "norm" and len(parts) > 1 and parts[-2] == "linear_attn":
+        return "linear_attn.norm"
+    return parts[-1]
 
 
 def _layer_key(param: str) -> tuple[int, str]:

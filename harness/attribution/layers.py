@@ -21,6 +21,12 @@ Per comparison, over all positions of the contexts (r the reference's vectors, c
 By kind, ``rel_frobenius`` and ``sqnr_db`` pool the sums of every module of the kind, and
 ``cosine_error`` is the mean over the modules.
 
+Hybrid models mix layer types (``config.layer_types``: ``linear_attention`` for gated delta-rule layers,
+``full_attention``); each layer row carries its type and ``by_layer_type`` pools the teacher-forced
+sums of all layers of one type (``cosine_error``: the mean over those layers), so the error of the
+linear-attention layers and of the full-attention layers can be compared directly. A model without
+``layer_types`` has one type, ``decoder``.
+
 Relation to ``fidelity attribute``: these are *distances of hidden states*, measured in one pass
 (four forwards in all), not effects on the output distribution. A layer's teacher-forced error says
 how much it perturbs its own output; whether that reaches the next-token distribution depends on
@@ -56,7 +62,8 @@ from harness.engines.transformers import load_model, parse_dtype
 from harness.errors import FidelityError, VerificationError
 from harness.inputs.suite import Suite
 
-__all__ = ["SCHEMA", "ErrorStats", "LayerRow", "ModuleRow", "KindRow", "ErrorSums", "layer_errors"]
+__all__ = ["SCHEMA", "ErrorStats", "LayerRow", "ModuleRow", "KindRow", "LayerTypeRow", "ErrorSums", "layer_errors",
+           "layer_types"]
 
 SCHEMA = "fidelity.layer-errors/1"
 
@@ -73,6 +80,7 @@ class LayerRow(TypedDict):
     """One decoder layer: its output's error free-running and teacher-forced."""
 
     layer: int
+    layer_type: str
     teacher_forced: ErrorStats
     free_running: ErrorStats
 
@@ -90,6 +98,14 @@ class KindRow(ErrorStats):
 
     kind: str
     n_modules: int
+
+
+class LayerTypeRow(ErrorStats):
+    """All decoder layers of one type (``linear_attention``, ``full_attention``, ...), teacher-forced, pooled."""
+
+    layer_type: str
+    n_layers: int
+    layers: list[int]
 
 
 @dataclass
@@ -122,6 +138,14 @@ def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
         if isinstance(mod, torch.nn.ModuleList) and name.split(".")[-1] == "layers" and (n is None or len(mod) == n):
             return list(mod)
     raise FidelityError(f"{type(model).__name__}: no decoder layer list (a ModuleList named 'layers' of num_hidden_layers)")
+
+
+def layer_types(model: torch.nn.Module, n: int) -> list[str]:
+    """Each decoder layer's type from ``config.layer_types`` (hybrid models); ``decoder`` for every layer without it."""
+    types = getattr(getattr(model, "config", None), "layer_types", None)
+    if isinstance(types, (list, tuple)) and len(types) == n:
+        return [str(t) for t in types]
+    return ["decoder"] * n
 
 
 def linear_modules(layer: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
@@ -247,7 +271,16 @@ def layer_errors(reference: str | Path, candidate: str | Path, suite_path: str |
             for j in range(nm):
                 mod[j].add(m_out[j], got_m[j])
     t2 = time.perf_counter()
-    layers: list[LayerRow] = [{"layer": i, "teacher_forced": tf[i].stats(), "free_running": free[i].stats()} for i in range(nl)]
+    types = layer_types(ref_model, nl)
+    layers: list[LayerRow] = [{"layer": i, "layer_type": types[i], "teacher_forced": tf[i].stats(),
+                               "free_running": free[i].stats()} for i in range(nl)]
+    by_type: list[LayerTypeRow] = []
+    for t in dict.fromkeys(types):
+        idx = [i for i in range(nl) if types[i] == t]
+        pooled_t = ErrorSums(sum(tf[i].ref_sq for i in idx), sum(tf[i].err_sq for i in idx),
+                             sum(tf[i].cos_sum for i in idx), sum(tf[i].rows for i in idx)).stats()
+        pooled_t["cosine_error"] = float(np.mean([layers[i]["teacher_forced"]["cosine_error"] for i in idx]))
+        by_type.append({"layer_type": t, "n_layers": len(idx), "layers": idx, **pooled_t})
     modules: list[ModuleRow] = [{"layer": li, "kind": module_kind_of(n), "name": n, **mod[j].stats()}
                                 for j, (li, n, _) in enumerate(r_mods)]
     by_kind: list[KindRow] = []
@@ -265,6 +298,7 @@ def layer_errors(reference: str | Path, candidate: str | Path, suite_path: str |
         "compute": {"dtype": dtype, "device": device},
         "n_positions": int(len(indices) * suite.n_ctx),
         "layers": layers,
+        "by_layer_type": by_type,
         "modules": modules,
         "by_kind": by_kind,
         "ranking": sorted(range(nl), key=lambda i: -layers[i]["teacher_forced"]["rel_frobenius"]),

@@ -33,15 +33,21 @@ def render_layers_markdown(r: dict[str, Any]) -> str:
         "rel = ‖c − r‖_F / ‖r‖_F, cos err = 1 − mean cos(r_t, c_t), SQNR = 10 log10(‖r‖² / ‖c − r‖²). "
         "Teacher-forced: each candidate layer (module) fed the reference's input; free-running: each model on its own. "
         "Distances of hidden states, not effects on the output: `fidelity attribute` measures those.", "",
-        "| layer | rel (teacher-forced) | cos err | SQNR dB | rel (free-running) | cos err | SQNR dB |",
-        "|---|---|---|---|---|---|---|",
+        "| layer | type | rel (teacher-forced) | cos err | SQNR dB | rel (free-running) | cos err | SQNR dB |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for row in r["layers"]:
         t, f = row["teacher_forced"], row["free_running"]
-        lines.append(f"| {row['layer']} | {_g(t['rel_frobenius'])} | {_g(t['cosine_error'])} | {_db(t['sqnr_db'])} | "
+        lines.append(f"| {row['layer']} | {row.get('layer_type', 'decoder')} | {_g(t['rel_frobenius'])} | {_g(t['cosine_error'])} | {_db(t['sqnr_db'])} | "
                      f"{_g(f['rel_frobenius'])} | {_g(f['cosine_error'])} | {_db(f['sqnr_db'])} |")
-    lines += ["", f"Worst layers (teacher-forced rel): {', '.join(str(i) for i in r['ranking'])}.", "",
-              "By module kind (teacher-forced, pooled over layers):", "",
+    lines += ["", f"Worst layers (teacher-forced rel): {', '.join(str(i) for i in r['ranking'])}.", ""]
+    if len(r.get("by_layer_type", [])) > 1:
+        lines += ["By layer type (teacher-forced, pooled over the layers of the type):", "",
+                  "| type | layers | rel | cos err (mean) | SQNR dB |", "|---|---|---|---|---|"]
+        lines += [f"| {t['layer_type']} | {', '.join(map(str, t['layers']))} | {_g(t['rel_frobenius'])} | "
+                  f"{_g(t['cosine_error'])} | {_db(t['sqnr_db'])} |" for t in r["by_layer_type"]]
+        lines.append("")
+    lines += ["By module kind (teacher-forced, pooled over layers):", "",
               "| kind | modules | rel | cos err (mean) | SQNR dB |", "|---|---|---|---|---|"]
     for k in sorted(r["by_kind"], key=lambda k: -k["rel_frobenius"]):
         lines.append(f"| {k['kind']} | {k['n_modules']} | {_g(k['rel_frobenius'])} | {_g(k['cosine_error'])} | {_db(k['sqnr_db'])} |")

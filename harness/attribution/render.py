@@ -10,6 +10,7 @@ import io
 from pathlib import Path
 from typing import Any
 
+from harness.attribution.groups import KIND_ROLES
 from harness.io.atomic import atomic_write_bytes, atomic_write_json, atomic_write_text
 
 
@@ -55,6 +56,10 @@ def render_markdown(r: dict[str, Any]) -> str:
                 f"{_pct(row.get('restore_share_of_whole'))} | {_ci(row.get('only'))} | {_g(row.get('restore_per_mib'))} |"
                 + (f" {_pct(share)} |" if routed else "")
             )
+        roles = [f"`{row['group']}`: {KIND_ROLES[row['group']]}" for row in g["groups"]
+                 if g["rule"] == "kind" and row["group"] in KIND_ROLES]
+        if roles:
+            lines += ["", "Kinds: " + "; ".join(roles) + "."]
         add = g.get("additivity")
         lines.append("")
         if add:
