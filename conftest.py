@@ -6,6 +6,9 @@ default: the fixture model's BF16 reference and its quantized candidates.
 
 from __future__ import annotations
 
+import importlib.util
+from pathlib import Path
+
 import pytest
 
 # Benchmark scripts are run by hand (``python benchmarks/bench_scorer.py``), not collected.
@@ -23,3 +26,20 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if any(item.get_closest_marker(m) for m in ladder):
             item.add_marker(pytest.mark.slow)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config: pytest.Config) -> None:
+    """The hybrid fixture's derived files (its head and two project-format candidates, not committed) exist
+    and match the sha256 of fixtures/hybrid/rebuilt.json before any configuration is read: rebuilt from
+    fixtures/hybrid/model by fixtures/make_hybrid.py when missing (~2 s)."""
+    path = Path(__file__).resolve().parent / "fixtures" / "make_hybrid.py"
+    spec = importlib.util.spec_from_file_location("make_hybrid", path)
+    if spec is None or spec.loader is None:
+        raise pytest.UsageError(f"{path}: cannot be imported")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    try:
+        module.materialize()
+    except RuntimeError as exc:
+        raise pytest.UsageError(str(exc)) from None
