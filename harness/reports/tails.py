@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from harness.errors import VerificationError
 from harness.gate.baselines import load_baseline_or_none
 from harness.io.atomic import atomic_write_files, dumps_json
 from harness.io.schema import Closed, MapOf, Nullable, OneOf, Optional
@@ -157,8 +158,6 @@ def verify_tail_report(rep: dict[str, Any], path: Any, where: str, metrics: Mapp
     max and exceedance counts add up; the brackets and the CCDF are re-derived from the summed histograms; the
     exact pooled percentiles lie in their brackets and CVaR1% between the p99 bracket's low end and the max;
     ``problems`` is what :func:`check_tails` finds."""
-    from harness.errors import VerificationError
-
     hist = LogHistogram()
     for j, s in enumerate(rep["shards"]):
         at = f"{where}.shards[{j}]"
