@@ -8,8 +8,14 @@ from __future__ import annotations
 
 import importlib.util
 from pathlib import Path
+from types import ModuleType
 
 import pytest
+
+ROOT = Path(__file__).resolve().parent
+#: The mixture-of-experts configuration and the module with its float64 check (run with it, never alone).
+MOE_CONFIG = ROOT / "fidelity-moe.toml"
+MOE_CHECKS = ROOT / "fidelity_tests" / "check_moe_float64.py"
 
 # Benchmark scripts are run by hand (``python benchmarks/bench_scorer.py``), not collected.
 collect_ignore = ["benchmarks", "fixtures"]
@@ -28,18 +34,54 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.slow)
 
 
-@pytest.hookimpl(tryfirst=True)
-def pytest_configure(config: pytest.Config) -> None:
-    """The hybrid fixture's derived files (its head and two project-format candidates, not committed) exist
-    and match the sha256 of fixtures/hybrid/rebuilt.json before any configuration is read: rebuilt from
-    fixtures/hybrid/model by fixtures/make_hybrid.py when missing (~2 s)."""
-    path = Path(__file__).resolve().parent / "fixtures" / "make_hybrid.py"
-    spec = importlib.util.spec_from_file_location("make_hybrid", path)
+def _in_use(config: pytest.Config, toml: Path) -> bool:
+    """True when this run collects the cases of ``toml`` (given as an argument or as --fidelity-config)."""
+    given = [config.getoption("fidelity_config", None), *config.args]
+    return any(Path(str(a).split("::")[0]).resolve() == toml for a in given if a)
+
+
+def _fixture_builder(name: str) -> ModuleType:
+    """The module ``fixtures/<name>.py`` (fixture builders are scripts, not a package)."""
+    path = ROOT / "fixtures" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
     if spec is None or spec.loader is None:
         raise pytest.UsageError(f"{path}: cannot be imported")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
+    return module
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config: pytest.Config) -> None:
+    """Derived fixture files exist and match their manifests before any configuration is read:
+    the hybrid's (its head and project-format candidates, fixtures/hybrid/rebuilt.json; ~2 s) always, and,
+    when fidelity-moe.toml is in use, the MoE's (its head and three project-format candidates,
+    fixtures/moe/rebuilt.json; seconds). Each is rebuilt from its committed model when missing."""
     try:
-        module.materialize()
+        _fixture_builder("make_hybrid").materialize()
+        if _in_use(config, MOE_CONFIG):
+            _fixture_builder("make_moe_candidates").ensure()
     except RuntimeError as exc:
         raise pytest.UsageError(str(exc)) from None
+
+
+class _ConfigChecks(pytest.Module):
+    """The tests of a module run as part of a configuration's cases: the node is the configuration file (so
+    ``pytest fidelity-moe.toml`` selects it), its object the module ``checks`` names."""
+
+    checks: Path = MOE_CHECKS
+
+    def _getobj(self) -> object:
+        spec = importlib.util.spec_from_file_location(f"fidelity_checks_{self.checks.stem}", self.checks)
+        if spec is None or spec.loader is None:
+            raise pytest.UsageError(f"{self.checks}: cannot be imported")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+
+
+def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Module | None:
+    """``pytest fidelity-moe.toml`` also runs the MoE ladder's float64 check (fidelity_tests/check_moe_float64.py)."""
+    if file_path.resolve() == MOE_CONFIG:
+        return _ConfigChecks.from_parent(parent, path=file_path)
+    return None
