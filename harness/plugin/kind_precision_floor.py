@@ -41,7 +41,7 @@ class PrecisionFloor(Uncollected):
         result = precision_floor(suite_path=cfg.suite, model_dir=cfg.reference.model, store_path=cfg.reference.store,
                                  head_path=cfg.reference.head, n_boot=cfg.n_boot, **kw)
         write_precision_floor(result, Path(request.config.getoption("fidelity_report_dir")))
-        out: dict[str, Any] = result
+        out: dict[str, Any] = dict(result)
         return out
 
     def write(self, out: Path, payloads: Sequence[Payload], palette_names: Sequence[str] | None) -> Written:

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 import numpy as np
 
@@ -45,6 +45,7 @@ from harness.errors import FidelityError
 from harness.inputs.head import load_head
 from harness.inputs.suite import Suite
 from harness.io.atomic import atomic_write_files, dumps_json
+from harness.io.jsonio import JSONObject
 from harness.metrics import ContextLabel, summarize
 from harness.metrics.scores import PositionScores
 from harness.run.verify import check_reference_identity
@@ -52,6 +53,46 @@ from harness.run.verify import check_reference_identity
 __all__ = ["SCHEMA", "DEFINITION", "COMPUTE_DTYPES", "precision_floor", "render_precision_floor", "write_precision_floor"]
 
 SCHEMA = "fidelity.precision-floor/1"
+
+
+class FloorKld(TypedDict):
+    """The floor's KLD: mean with its cluster-bootstrap interval (None: not estimable), median, p99, max."""
+
+    mean: float
+    ci95: list[float] | None
+    median: float
+    p99: float
+    max: float
+
+
+class FloorBootstrap(TypedDict):
+    """How the interval was drawn."""
+
+    method: str
+    method_text: str
+    n_boot: int
+    seed: int
+
+
+class PrecisionFloor(TypedDict):
+    """``precision_floor.json``: what was measured against what (module docstring), and the result."""
+
+    schema: str
+    definition: str
+    reference: JSONObject
+    model: JSONObject
+    head: JSONObject
+    compute: dict[str, str]
+    suite: JSONObject
+    n_positions: int
+    n_contexts: int
+    n_clusters: int
+    kld: FloorKld
+    kld_rev_mean: float
+    top1: float
+    bootstrap: FloorBootstrap
+    timing: dict[str, float]
+
 DEFINITION = ("mean KL(P_capture || P_high): the committed bf16 reference capture against a forward of the same "
               "bf16 weight values in higher-precision compute, both through the shared head")
 #: The compute dtypes of the high-precision forward.
@@ -62,7 +103,7 @@ BATCH = 8
 
 
 def precision_floor(*, suite_path: str | Path, model_dir: str | Path, store_path: str | Path, head_path: str | Path,
-                    shards: str | None = None, dtype: str = "float64", n_boot: int = 10_000) -> dict[str, Any]:
+                    shards: str | None = None, dtype: str = "float64", n_boot: int = 10_000) -> PrecisionFloor:
     """Measure the precision floor of a reference capture (module docstring); returns the JSON-ready result."""
     import torch
 
@@ -115,7 +156,7 @@ def precision_floor(*, suite_path: str | Path, model_dir: str | Path, store_path
         "model": {"path": str(model_dir), "identity": model_identity(model_dir)},
         "head": {"path": str(head_path), "sha256": head.sha256},
         "compute": {"dtype": dtype, "device": "cpu", "reference_logits_gemm": path},
-        "suite": {"path": str(suite_path), "suite_token_sha256": suite.suite_token_sha256, "shards": shard_list},
+        "suite": {"path": str(suite_path), "suite_token_sha256": suite.suite_token_sha256, "shards": list(shard_list)},
         "n_positions": m["n_positions"],
         "n_contexts": m["n_contexts"],
         "n_clusters": m["n_clusters"],
@@ -132,7 +173,7 @@ def _fmt(x: float) -> str:
     return f"{x:.3e}" if (x != 0 and (abs(x) < 1e-2 or abs(x) >= 1e4)) else f"{x:.4f}"
 
 
-def render_precision_floor(r: dict[str, Any]) -> str:
+def render_precision_floor(r: PrecisionFloor) -> str:
     """Markdown of a precision-floor result."""
     k = r["kld"]
     ci = f"[{_fmt(k['ci95'][0])}, {_fmt(k['ci95'][1])}]" if k["ci95"] else "not estimable"
@@ -156,7 +197,7 @@ def render_precision_floor(r: dict[str, Any]) -> str:
     ])
 
 
-def write_precision_floor(result: dict[str, Any], out_dir: str | Path) -> list[Path]:
+def write_precision_floor(result: PrecisionFloor, out_dir: str | Path) -> list[Path]:
     """Write ``precision_floor.json`` and ``precision_floor.md`` into ``out_dir`` as one unit."""
     out = Path(out_dir)
     files = {out / "precision_floor.json": dumps_json(result), out / "precision_floor.md": render_precision_floor(result)}
