@@ -193,7 +193,8 @@ def _reference_studentized_interval(values: Any, cluster: Any, weights: Any, lev
     token mean, from raw positions: every replicate is expanded into its resampled positions and
     its mean and cluster-robust standard error are computed directly, with plain loops (no matrix
     products, no residual expansion). Per side the wider of bootstrap-t and percentile; the
-    bootstrap-t quantiles at alpha * 0.8 * C / (C + 120) (the documented small-sample calibration)."""
+    bootstrap-t quantiles at alpha * 0.5 * C' / (C' + 120), C' = (sum n_c)^2 / sum n_c^2 (the documented
+    small-sample calibration)."""
     import math
 
     import numpy as np
@@ -220,7 +221,8 @@ def _reference_studentized_interval(values: Any, cluster: Any, weights: Any, lev
         reps.append(rb)
         ts.append((rb - r) / seb)
     a = (1.0 - level) / 2.0
-    a_t = a * 0.8 * C / (C + 120.0)
+    c_eff = math.fsum(n) ** 2 / math.fsum(x * x for x in n)  # Kish's effective number of clusters
+    a_t = a * 0.5 * c_eff / (c_eff + 120.0)
     lo_t = r - float(np.quantile(ts, 1.0 - a_t)) * se
     hi_t = r - float(np.quantile(ts, a_t)) * se
     lo_p, hi_p = (float(x) for x in np.quantile(reps, [a, 1.0 - a]))

@@ -46,7 +46,7 @@ from harness.errors import VerificationError
 from harness.gate.baselines import load_baseline_or_none
 from harness.io.atomic import atomic_write_files, dumps_json
 from harness.io.schema import Closed, Nullable, OneOf, check
-from harness.metrics.bootstrap import calibrated_alpha, draw_cluster_weights, ratio_intervals
+from harness.metrics.bootstrap import calibrated_alpha, draw_cluster_weights, effective_clusters, ratio_intervals
 
 ALPHA = 0.05
 #: Error budget of each side: an early wrong pass, and separately an early wrong fail.
@@ -62,8 +62,8 @@ RULE = (
 )
 
 
-def n_boot_for(alpha_k: float, n_boot: int, n_clusters: int) -> int:
-    """Replicates for a one-sided bound at level ``1 - alpha_k`` over ``n_clusters`` clusters: at least 20
+def n_boot_for(alpha_k: float, n_boot: int, n_clusters: float) -> int:
+    """Replicates for a one-sided bound at level ``1 - alpha_k`` over ``n_clusters`` (effective) clusters: at least 20
     beyond the quantile actually read (the bootstrap-t's, at the calibrated level, the smaller one)."""
     return max(int(n_boot), int(math.ceil(20.0 / calibrated_alpha(alpha_k, n_clusters))))
 
@@ -81,7 +81,7 @@ def look_bounds(sums: np.ndarray, counts: np.ndarray, alpha_k: float, n_boot: in
     ``sums``: per-cluster KLD sums ``[C]`` or ``[C, k]`` (k data sets on the same clusters: the
     simulations), ``counts``: positions per cluster ``[C]``."""
     C = int(np.asarray(counts).shape[0])
-    W = draw_cluster_weights(C, n_boot_for(alpha_k, n_boot, C), seed)
+    W = draw_cluster_weights(C, n_boot_for(alpha_k, n_boot, effective_clusters(np.asarray(counts))), seed)
     ivs = ratio_intervals(W, sums, counts, alpha_lo=alpha_k, alpha_hi=alpha_k, bounds=(0.0, math.inf))
     return np.array([iv if iv is not None else [0.0, math.inf] for iv in ivs], dtype=np.float64)
 

@@ -64,17 +64,28 @@ TAIL_METHOD_TEXT = (
 #: that chose it: with right-skewed cluster effects the upper end (the gating side: a too-low upper bound lets
 #: a candidate pass ``max_ci_high``) misses more than its stated 2.5 % at every cluster count when read at
 #: ``alpha`` (about 3-4 % at 8-16 clusters, 2.6-3 % at 85, 2.5-2.7 % at 842 clusters); the ``C / (C + K)``
-#: term corrects the few-cluster excess, the factor the excess that remains at hundreds of clusters.
+#: term corrects the few-cluster excess, the factor the excess that remains at hundreds of clusters. The factor
+#: is 0.5: at 0.8 heavy-tailed lognormal KLD (position log-sd 2.5) and skewed cluster sizes still missed 2.6-3.4 %
+#: at 10-400 clusters (``benchmarks/coverage_unseen.py``).
 CALIBRATION_CLUSTERS = 120.0
-CALIBRATION_FACTOR = 0.8
+CALIBRATION_FACTOR = 0.5
 
 
-def calibrated_alpha(alpha: float, n_clusters: int) -> float:
-    """The tail probability at which the bootstrap-t quantile is read for a stated one-sided ``alpha``.
+def calibrated_alpha(alpha: float, n_clusters: float) -> float:
+    """The tail probability at which the bootstrap-t quantile is read for a stated one-sided ``alpha``;
+    ``n_clusters`` is the effective number of clusters (:func:`effective_clusters`: the cluster count when
+    every cluster holds as many positions).
 
-    ``n_boot * calibrated_alpha(alpha, C)`` replicates lie beyond each bootstrap-t bound (23 at 16 clusters
-    with the default 10,000 replicates, 12 at 8 clusters, 175 at 842)."""
+    ``n_boot * calibrated_alpha(alpha, C)`` replicates lie beyond each bootstrap-t bound (15 at 16 clusters
+    with the default 10,000 replicates, 8 at 8 clusters, 109 at 842)."""
     return alpha * CALIBRATION_FACTOR * n_clusters / (n_clusters + CALIBRATION_CLUSTERS)
+
+
+def effective_clusters(counts: np.ndarray) -> float:
+    """Kish's effective number of clusters ``(sum n_c)^2 / sum n_c^2`` of clusters with ``n_c`` positions: C when
+    all are equal, fewer when a few clusters hold most positions (the ratio mean then rests on those few)."""
+    n = np.asarray(counts, dtype=np.float64)
+    return float(n.sum() ** 2 / (n**2).sum())
 
 
 _BLOCK = 128  # replicates per block in the tail bootstrap (bounds memory: BLOCK x tail size)
@@ -120,7 +131,8 @@ def ratio_intervals(
     * cluster-robust (CR1) standard error ``se = sqrt(C / (C - 1) * sum e_c^2) / N``;
     * replicate ``b``: ``r_b = r + (W_b . e) / N_b`` and its own ``se_b`` from the residuals about
       ``r_b`` (``sum_c W_bc (e_c - (r_b - r) n_c)^2``, expanded into three matrix products);
-    * bootstrap-t: ``[r - t_(1 - alpha_lo) se, r - t_(alpha_hi) se]`` with ``t_b = (r_b - r) / se_b``;
+    * bootstrap-t: ``[r - t_(1 - a'_lo) se, r - t_(a'_hi) se]`` with ``t_b = (r_b - r) / se_b``, each quantile
+      read at the calibrated level ``a' = calibrated_alpha(alpha, effective_clusters(counts))``;
     * percentile: ``[q_(alpha_lo)(r_b), q_(1 - alpha_hi)(r_b)]``;
     * per side the wider of the two, clipped to ``bounds`` (the statistic's possible range).
 
@@ -148,8 +160,9 @@ def ratio_intervals(
     with np.errstate(divide="ignore", invalid="ignore"):
         t = np.where(se_b > 0, d / np.where(se_b > 0, se_b, 1.0), np.sign(d) * 1e12)
     t = np.clip(t, -1e12, 1e12)
-    t_hi = _quantile(t, 1.0 - calibrated_alpha(alpha_lo, C)) if alpha_lo > 0 else np.full(k, np.inf)
-    t_lo = _quantile(t, calibrated_alpha(alpha_hi, C)) if alpha_hi > 0 else np.full(k, -np.inf)
+    c_eff = effective_clusters(n)
+    t_hi = _quantile(t, 1.0 - calibrated_alpha(alpha_lo, c_eff)) if alpha_lo > 0 else np.full(k, np.inf)
+    t_lo = _quantile(t, calibrated_alpha(alpha_hi, c_eff)) if alpha_hi > 0 else np.full(k, -np.inf)
     with np.errstate(invalid="ignore"):
         lo_t = np.where(se > 0, r - t_hi * se, r)
         hi_t = np.where(se > 0, r - t_lo * se, r)

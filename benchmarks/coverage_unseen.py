@@ -1,0 +1,184 @@
+"""Each side's miss rate of the harness's intervals on shapes the calibration never saw.
+
+Run by hand (minutes): ``python benchmarks/coverage_unseen.py [mean_reps] [tail_reps]``. The calibration
+of :func:`harness.metrics.bootstrap.ratio_intervals` was chosen on equal-sized clusters at 8, 16, 47, 85
+and 842 clusters (``benchmarks/coverage_table.py``); here every cell differs from those in at least one of
+
+* the cluster count (10, 20, 30, 64, 150, 400),
+* cluster sizes: skewed (contexts per cluster lognormal, 1 to 40, fixed per layout as a suite's are),
+  optionally with difficulty that grows with size (larger documents harder),
+* tails: lognormal position KLD with log-sd 2.5, Pareto(3) cluster effects.
+
+Each data set's interval comes from the production functions with the production defaults: the mean's
+from :func:`ratio_intervals` (10,000 replicates, as every shard report draws), the tails' (p99, CVaR1%)
+from :func:`tail_replicates` on per-position values (2,000 replicates, the percentile interval at
+:data:`TAIL_ALPHA` per side, as :mod:`harness.metrics.summary` reports them from
+:data:`TAIL_MIN_CLUSTERS` clusters). The truth is exact: the mean of every effect is 1, so the token
+mean is ``mean`` (or the size-weighted design mean when difficulty grows with size); per-position values
+are products of independent lognormals, so their pooled law is lognormal with the summed log-variance,
+whose p99 and CVaR1% are closed-form.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.stats import norm
+
+from harness.metrics.bootstrap import (
+    DEFAULT_N_BOOT,
+    DEFAULT_N_BOOT_TAILS,
+    TAIL_ALPHA,
+    TailData,
+    draw_cluster_weights,
+    percentile_interval,
+    ratio_intervals,
+    tail_replicates,
+)
+from harness.metrics.simulation import ClusterModel
+
+POSITIONS = 255
+MEAN = 1e-3
+
+
+@dataclass(frozen=True)
+class Shape:
+    """One simulated shape: effects (a :class:`ClusterModel`), cluster sizes and difficulty by size."""
+
+    model: ClusterModel
+    skewed_sizes: bool = False
+    size_exponent: float = 0.0  # cluster difficulty proportional to size**exponent (0: independent)
+
+    @property
+    def name(self) -> str:
+        m = self.model
+        law = f"Pareto({m.pareto_shape:g})" if m.cluster_law == "pareto" else f"{m.sigma_cluster:g}"
+        sizes = "skewed sizes" if self.skewed_sizes else "2 contexts each"
+        extra = f", difficulty ~ size^{self.size_exponent:g}" if self.size_exponent else ""
+        return f"{law} / {m.sigma_context:g} / {m.sigma_position:g}, {sizes}{extra}"
+
+
+def cluster_sizes(n_clusters: int, skewed: bool, seed: int) -> np.ndarray:
+    """Contexts per cluster: 2 each, or lognormal(0.8, 0.9) rounded, 1..40 (a few large documents)."""
+    if not skewed:
+        return np.full(n_clusters, 2, dtype=np.int64)
+    rng = np.random.default_rng(seed)
+    return np.clip(np.rint(rng.lognormal(0.8, 0.9, n_clusters)), 1, 40).astype(np.int64)
+
+
+def difficulty(sizes: np.ndarray, exponent: float) -> np.ndarray:
+    """Per-cluster difficulty factor (fixed by the design) and its size-weighted mean."""
+    g = sizes.astype(np.float64) ** exponent
+    return np.asarray(g / g.mean(), dtype=np.float64)
+
+
+def draw_mean_data(shape: Shape, rng: np.random.Generator, reps: int, sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]:
+    """Per-cluster KLD sums ``[C, reps]``, positions ``[C]`` and the true token mean."""
+    m, C, kmax = shape.model, sizes.shape[0], int(sizes.max())
+    mask = (np.arange(kmax)[None, :] < sizes[:, None]).astype(np.float64)[:, :, None]
+    ctx = m.draw_contexts(rng, reps, C, kmax) * mask  # effects with expectation 1 times MEAN * POSITIONS
+    g = difficulty(sizes, shape.size_exponent)
+    sums = ctx.sum(axis=1) * g[:, None]
+    counts = sizes.astype(np.float64) * m.positions
+    truth = float(m.mean * (g * counts).sum() / counts.sum())
+    return sums, counts, truth
+
+
+def mean_cell(shape: Shape, C: int, reps: int, seed: int) -> dict[str, float]:
+    sizes = cluster_sizes(C, shape.skewed_sizes, seed)
+    rng = np.random.default_rng(seed + 1)
+    W = draw_cluster_weights(C, DEFAULT_N_BOOT, seed=seed + 2)
+    below = above = 0
+    widths = []
+    truth = math.nan
+    for r0 in range(0, reps, 250):
+        sums, counts, truth = draw_mean_data(shape, rng, min(250, reps - r0), sizes)
+        iv = np.array(ratio_intervals(W, sums, counts, bounds=(0.0, np.inf)), dtype=np.float64)
+        below += int((iv[:, 1] < truth).sum())
+        above += int((iv[:, 0] > truth).sum())
+        r = sums.sum(axis=0) / counts.sum()
+        widths.append((iv[:, 1] - r) / r)
+    return {"below": below / reps, "above": above / reps, "truth": truth, "upper_half": float(np.median(np.concatenate(widths))),
+            "largest_share": float(sizes.max() / sizes.sum())}
+
+
+def lognormal_tails(mean: float, sigma: float, q: float = 0.99) -> tuple[float, float]:
+    """Exact p_q and CVaR_(1-q) of a lognormal with this mean and log-sd."""
+    mu = math.log(mean) - 0.5 * sigma * sigma
+    z = float(norm.ppf(q))
+    return math.exp(mu + sigma * z), mean * float(norm.cdf(sigma - z)) / (1.0 - q)
+
+
+def tail_cell(shape: Shape, C: int, reps: int, seed: int) -> dict[str, float]:
+    """Per-position data sets; misses of the p99 and CVaR1% intervals as the shard report computes them."""
+    m = shape.model
+    if m.cluster_law != "lognormal" or shape.size_exponent:
+        raise ValueError("tail truth is closed-form only for independent lognormal effects")
+    sizes = cluster_sizes(C, shape.skewed_sizes, seed)
+    sigma = math.sqrt(m.sigma_cluster**2 + m.sigma_context**2 + m.sigma_position**2)
+    p99, cvar1 = lognormal_tails(m.mean, sigma)
+    rng = np.random.default_rng(seed + 1)
+    W = draw_cluster_weights(C, DEFAULT_N_BOOT, seed=seed + 2)[:DEFAULT_N_BOOT_TAILS]
+    ctx_cluster = np.repeat(np.arange(C), sizes)
+    pos_cluster = np.repeat(ctx_cluster, m.positions)
+    n_ctx = ctx_cluster.shape[0]
+    miss = {"p99_below": 0, "p99_above": 0, "cvar_below": 0, "cvar_above": 0}
+
+    def unit(sig: float, size: int | tuple[int, ...]) -> np.ndarray:
+        return np.asarray(rng.lognormal(-0.5 * sig * sig, sig, size), dtype=np.float64)
+
+    for _ in range(reps):
+        u = unit(m.sigma_cluster, C)[ctx_cluster] * unit(m.sigma_context, n_ctx)
+        v = m.mean * np.repeat(u, m.positions) * unit(m.sigma_position, n_ctx * m.positions)
+        qr, cr = tail_replicates(TailData.build(v, pos_cluster, C), W, 0.99, 0.01)
+        (ql, qh), (cl, ch) = (percentile_interval(x, 1.0 - 2.0 * TAIL_ALPHA) for x in (qr, cr))
+        miss["p99_below"] += qh < p99
+        miss["p99_above"] += ql > p99
+        miss["cvar_below"] += ch < cvar1
+        miss["cvar_above"] += cl > cvar1
+    return {k: v / reps for k, v in miss.items()}
+
+
+SHAPES = (
+    Shape(ClusterModel("a", sigma_cluster=0.6, sigma_context=0.3, sigma_position=1.5), skewed_sizes=True),
+    Shape(ClusterModel("b", sigma_cluster=0.6, sigma_context=0.3, sigma_position=1.5), skewed_sizes=True, size_exponent=0.5),
+    Shape(ClusterModel("c", sigma_cluster=0.7, sigma_context=0.4, sigma_position=2.5)),
+    Shape(ClusterModel("d", sigma_cluster=0.7, sigma_context=0.4, sigma_position=2.5), skewed_sizes=True),
+    Shape(ClusterModel("e", sigma_cluster=0.0, sigma_context=0.3, sigma_position=1.5, cluster_law="pareto", pareto_shape=3.0),
+          skewed_sizes=True),
+)
+MEAN_CLUSTERS = (10, 20, 30, 64, 150, 400)
+TAIL_SHAPES = (SHAPES[0], SHAPES[2], SHAPES[3])
+TAIL_CLUSTERS = (250, 400)
+
+
+def main(mean_reps: int = 2000, tail_reps: int = 200) -> None:
+    """The mean table with ``mean_reps`` data sets per cell (half from 100 clusters), then the tails table with
+    ``tail_reps`` (none when 0)."""
+    print("Mean KLD, 95 % interval (each side stated at 2.5 %):\n")
+    print("| shape | clusters | largest cluster's share | data sets | upper end below the truth | lower end above | upper half-width / mean |")
+    print("|---|---|---|---|---|---|---|")
+    for i, shape in enumerate(SHAPES):
+        for C in MEAN_CLUSTERS:
+            n = mean_reps if C < 100 else mean_reps // 2
+            r = mean_cell(shape, C, n, seed=31_000 + 100 * i + C)
+            se = [math.sqrt(max(x, 1e-4) * (1 - x) / n) for x in (r["below"], r["above"])]
+            print(f"| {shape.name} | {C} | {r['largest_share']:.2f} | {n} | {100 * r['below']:.2f} % ± {100 * se[0]:.2f} | "
+                  f"{100 * r['above']:.2f} % ± {100 * se[1]:.2f} | {r['upper_half']:.3f} |", flush=True)
+    if tail_reps <= 0:
+        return
+    print(f"\nTails (percentile interval at {TAIL_ALPHA:g} per side, {DEFAULT_N_BOOT_TAILS} replicates), {tail_reps} data sets per cell:\n")
+    print("| shape | clusters | p99: upper end below / lower end above | CVaR1%: upper end below / lower end above |")
+    print("|---|---|---|---|")
+    for i, shape in enumerate(TAIL_SHAPES):
+        for C in TAIL_CLUSTERS:
+            t = tail_cell(shape, C, tail_reps, seed=47_000 + 100 * i + C)
+            print(f"| {shape.name} | {C} | {100 * t['p99_below']:.1f} / {100 * t['p99_above']:.1f} % | "
+                  f"{100 * t['cvar_below']:.1f} / {100 * t['cvar_above']:.1f} % |", flush=True)
+
+
+if __name__ == "__main__":
+    main(*(int(a) for a in sys.argv[1:3]))
