@@ -1,8 +1,8 @@
 """One candidate that cannot load, in a whole ladder run of the tiny project (shards, tails, windows, pair):
 
 * it appears with its status and reason in every summary of the run (terminal, ``ladder.md`` / ``ladder.json``,
-  the GitHub job summary, junit XML) and of the published set (``results.json``, ``ladder.md``, the model card),
-  and the published set still verifies;
+  the GitHub job summary, junit XML), of the published set (``results.json``, ``ladder.md``, the model card;
+  the set still verifies) and of ``fidelity aggregate`` (its ``ladder.md`` and ``--results-json``);
 * every other case is unaffected: the other candidates' numbers are identical to those of the same ladder
   without it (captured and scored afresh in a copy of the project);
 * each model is loaded once per run: the engine's load is counted per model folder (the broken one's failed
@@ -124,3 +124,11 @@ def test_unloadable_candidate_is_in_every_summary_and_changes_nothing_else(
     for name in ("good", "bad"):
         a, b = sets[clean]["candidates"][name], res["candidates"][name]
         assert a["aggregate"]["kld"] == b["aggregate"]["kld"] and a["verdict"] == b["verdict"], name
+
+    # fidelity aggregate --results-json over the run's report folder: the ladder and results.json name it too
+    assert main(["aggregate", str(rep), "--suite", str(root / "suite"), "--out", str(root / "agg"),
+                 "--results-json", str(root / "results.json")]) == 0
+    (agg,) = json.loads((root / "results.json").read_text())["not_measured"]
+    assert agg["candidate"] == "broken" and agg["status"] == "failed" and reason in agg["reason"]
+    assert sorted(e["name"] for e in json.loads((root / "results.json").read_text())["entries"]) == ["bad", "good"]
+    assert "- `broken`: failed: " in (root / "agg" / "ladder.md").read_text()

@@ -21,9 +21,17 @@ from harness.interchange.published_reports import (
 )
 from harness.interchange.suite_manifest import load_any_suite
 from harness.io.atomic import atomic_write_json
-from harness.reports.aggregate import format_ladder, ladder_rows
+from harness.reports.aggregate import format_ladder, ladder_rows, not_measured_lines
 from harness.reports.paired import paired_report, write_paired
-from harness.reports.publish import aggregate_groups, load_reports, publish, rederive_set, verify_set, write_aggregates
+from harness.reports.publish import (
+    aggregate_groups,
+    load_reports,
+    not_measured,
+    publish,
+    rederive_set,
+    verify_set,
+    write_aggregates,
+)
 from harness.reports.results_json import results_document
 
 
@@ -61,9 +69,12 @@ def _aggregate(a: argparse.Namespace) -> int:
     suite = Suite.load(a.suite, verify=True)
     groups = load_reports(a.reports)
     aggs = aggregate_groups(groups, n_shards=None if a.partial else suite.n_shards, suite=suite)
-    write_aggregates(a.out, groups, aggs, suite=suite)
+    # the candidates the report folders' own runs could not measure (their ladder.json), never left out
+    missing = {m["candidate"]: m for d in a.reports if Path(d).is_dir() for m in not_measured(Path(d), groups)}
+    missing_rows = [missing[k] for k in sorted(missing)]
+    write_aggregates(a.out, groups, aggs, suite=suite, not_measured=missing_rows)
     rows = ladder_rows([r for g in groups.values() for r in g], suite=suite)
-    for line in format_ladder(rows):
+    for line in format_ladder(rows) + not_measured_lines(missing_rows):
         print(line)
     if a.results_json is not None:
         import shlex
@@ -71,7 +82,8 @@ def _aggregate(a: argparse.Namespace) -> int:
         command = shlex.join(["fidelity", "aggregate", *map(str, a.reports), "--suite", str(a.suite),
                               *(["--partial"] if a.partial else []), "--out", str(a.out), "--results-json", str(a.results_json)])
         atomic_write_json(a.results_json, results_document(
-            rows, command, "pytest <your fidelity.toml> --fidelity-candidates {name} (or fidelity replay of its capture)"))
+            rows, command, "pytest <your fidelity.toml> --fidelity-candidates {name} (or fidelity replay of its capture)",
+            missing_rows))
         print(f"{a.results_json}: results.json ({len(rows)} entries)")
     print(f"{a.out}: {len(aggs)} candidate aggregate(s), ladder.md, ladder.json")
     return 0

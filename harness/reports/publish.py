@@ -90,11 +90,12 @@ def aggregate_groups(groups: dict[str, list[Any]], *, n_shards: int | None = Non
 
 
 def write_aggregates(out_dir: str | Path, groups: dict[str, list[Any]], aggs: dict[str, dict[str, Any]], *,
-                     suite: Any = None) -> list[Path]:
-    """``<out>/<candidate>/aggregate.json`` per candidate plus ``ladder.md``/``ladder.json``, as one unit."""
+                     suite: Any = None, not_measured: Sequence[dict[str, str]] = ()) -> list[Path]:
+    """``<out>/<candidate>/aggregate.json`` per candidate plus ``ladder.md``/``ladder.json`` (listing the
+    ``not_measured`` candidates), as one unit."""
     out = Path(out_dir)
     files: dict[Path, str] = {out / name / "aggregate.json": dumps_json(agg) for name, agg in aggs.items()}
-    files.update(ladder_files(out, ladder_rows([r for g in groups.values() for r in g], suite=suite)))
+    files.update(ladder_files(out, ladder_rows([r for g in groups.values() for r in g], suite=suite), None, not_measured))
     return atomic_write_files(files)
 
 

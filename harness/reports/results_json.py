@@ -8,6 +8,8 @@ entries: one per candidate, best mean KLD first: ``name``; ``size_bytes`` (on-di
     (None: not estimable); ``top1``; ``n_positions``; ``shards``; ``engine`` (the candidate's engine as
     its reports record it); ``identity`` (the candidate's identity by content); ``command`` (how to
     re-measure it: the replay of its capture, or the pytest run of its configuration).
+not_measured: the candidates the report folders' runs configured but did not measure (``candidate``,
+    ``status``: ``failed`` / ``skipped``, ``reason``), as their ``ladder.json`` lists them.
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ SCHEMA = "fidelity.kld-results/1"
 GIB = float(1 << 30)
 
 
-def results_document(rows: Sequence[dict[str, Any]], command: str, remeasure: str) -> dict[str, Any]:
+def results_document(rows: Sequence[dict[str, Any]], command: str, remeasure: str,
+                     not_measured: Sequence[dict[str, str]] = ()) -> dict[str, Any]:
     """The ``results.json`` of ladder ``rows`` (:func:`harness.reports.aggregate.ladder_rows`); ``remeasure``
     is formatted with ``{name}`` for each entry's ``command``."""
     entries = []
@@ -30,4 +33,4 @@ def results_document(rows: Sequence[dict[str, Any]], command: str, remeasure: st
                         "mean_kld": r["mean_kld"], "ci95": r["ci95"], "top1": r["top1"], "n_positions": r["n_positions"],
                         "shards": r["shards"], "engine": (comp.get("engine") or {}).get("candidate"),
                         "identity": comp["candidate"].get("identity"), "command": remeasure.format(name=r["candidate"])})
-    return {"schema": SCHEMA, "command": command, "entries": entries}
+    return {"schema": SCHEMA, "command": command, "entries": entries, "not_measured": [dict(m) for m in not_measured]}
