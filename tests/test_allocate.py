@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 import torch
 
-from harness.allocation.choices import make_groups, parse_choices, parse_project
+from harness.allocation.choices import make_groups, parse_choices, parse_project, parse_subset
 from harness.allocation.family import ProjectFamily, layout_bytes
 from harness.allocation.knapsack import solve
 from harness.errors import FidelityError, VerificationError
@@ -60,6 +60,10 @@ def test_choices_and_groups() -> None:
             parse_project(bad)
     with pytest.raises(FidelityError, match="ggml types"):
         parse_choices("gguf", "Q4_K,Q8_0")
+    assert parse_subset("project", "int4_g32", ["int3_g32", "int4_g32"]) == ["int4_g32"]
+    assert parse_subset("gguf", "q5_0", ["Q5_0", "Q8_0"]) == ["Q5_0"]
+    with pytest.raises(FidelityError, match="one or more of the choices"):
+        parse_subset("project", "int5_g32", ["int3_g32", "int4_g32"])
     units = [f"model.layers.{i}.{b}" for i in range(2) for b in ("self_attn.q_proj", "mlp.up_proj", "self_attn.o_proj")]
     blocks = make_groups(units, "block")
     assert [g.name for g in blocks] == ["layer 0 attn", "layer 0 mlp", "layer 1 attn", "layer 1 mlp"]

@@ -77,6 +77,16 @@ def parse_choices(family: str, text: str | Sequence[str]) -> list[str]:
     return [x.upper() for x in items]
 
 
+def parse_subset(family: str, text: str | Sequence[str], choices: Sequence[str]) -> list[str]:
+    """One or more of ``choices`` (``--uniforms int4_g32``), in the family's spelling."""
+    items = [x.strip() for x in (text.split(",") if isinstance(text, str) else text) if x.strip()]
+    named = [x.upper() if family == "gguf" else parse_project(x).name for x in items]
+    bad = [x for x in named if x not in choices]
+    if not named or bad:
+        raise FidelityError(f"{items}: expected one or more of the choices ({', '.join(choices)})")
+    return named
+
+
 @dataclass(frozen=True)
 class Group:
     """A set of units that get one choice: ``name`` and the unit (module) paths, sorted."""

@@ -8,7 +8,9 @@ process (:mod:`harness.allocation.measure`): ``Δ(g, c)`` with the others at the
 ``effects = "proxy"`` the knapsack uses the per-module teacher-forced error instead
 (:mod:`harness.allocation.proxy`), scaled to nats by one factor ``k = KLD(base) / Σ_u e(u, base_u)`` (the
 base's measured KLD over its proxy energy); the measured effects are still taken, to state the proxy's rank
-agreement with them and to report what the proxy's layout really does.
+agreement with them and to report what the proxy's layout really does. In both modes ``predicted_kld`` of a
+proposal is the measured effects' prediction; ``objective`` is what the knapsack minimised (the summed measured
+effects, or the scaled proxy).
 
 **Additivity assumption.** The predicted mean KLD of a layout ``L`` is ``KLD(base) + Σ_g Δ(g, L_g)``: each group's
 effect measured alone is taken to hold whatever the other groups hold. The knapsack (:mod:`harness.allocation.knapsack`)

@@ -6,7 +6,7 @@ import argparse
 import tempfile
 from pathlib import Path
 
-from harness.allocation.choices import DEFAULT_CHOICES, parse_choices
+from harness.allocation.choices import DEFAULT_CHOICES, parse_choices, parse_subset
 from harness.allocation.family import Family, GgufFamily, ProjectFamily
 from harness.allocation.render import write_allocation
 from harness.cli.registry import Builder, SubParsers, formatter, positive_int
@@ -40,7 +40,7 @@ def _allocate(a: argparse.Namespace) -> int:
         result = allocate(req)
         check = None
         if a.check is not None:
-            uniforms = parse_choices(a.family, a.uniforms) if a.uniforms else list(family.choices)
+            uniforms = parse_subset(a.family, a.uniforms, family.choices) if a.uniforms else list(family.choices)
             base_model = Path(a.base) if Path(a.base).exists() else None
             check = check_allocation(load_config(a.check), result, family, a.out / "check", uniforms=uniforms, shards=a.check_shards,
                                      engine="transformers" if a.family == "project" else "llamacpp",

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from harness.allocation.choices import DEFAULT_CHOICES, parse_choices
+from harness.allocation.choices import DEFAULT_CHOICES, parse_choices, parse_subset
 from harness.allocation.family import Family, GgufFamily, ProjectFamily
 from harness.allocation.render import write_allocation
 from harness.plugin.kinds import CaseRun, Payload, Uncollected, Written
@@ -89,7 +89,7 @@ class Allocation(Uncollected):
                                     n_boot=int(kw.get("n_boot", cfg.n_boot)), progress=False)
             result = allocate(req)
             budgets = [p["budget_spec"] for p in result["proposals"] if p["budget_spec"] in family.choices]
-            uniforms = parse_choices(fam_name, kw["uniforms"]) if kw.get("uniforms") else budgets
+            uniforms = parse_subset(fam_name, kw["uniforms"], family.choices) if kw.get("uniforms") else budgets
             base = Path(str(kw["base"]))
             check = check_allocation(cfg, result, family, out / "check", uniforms=uniforms, shards=kw.get("check_shards"),
                                      engine="transformers" if fam_name == "project" else "llamacpp",
