@@ -170,3 +170,33 @@ def test_layers_names_router_experts_and_shared_expert(tiny_moe: Path, tmp_path:
             assert row["rel_frobenius"] > 0, row
         else:
             assert row["rel_frobenius"] == 0 and row["sqnr_db"] is None, row
+
+
+@pytest.mark.slow
+def test_attribution_ranks_the_fixture_experts_with_routing() -> None:
+    """``--by expert`` on the embedded MoE's experts-only candidate (shard 0): 32 groups (4 layers x 8 experts),
+    each with an interval and its routing share (a layer's shares add up to 1); an expert its router never
+    picks on these positions cannot change the output, so its ΔKLD is exactly 0 -- whatever the ranking code
+    does -- and every picked expert's restore moves the KLD."""
+    sys.path.insert(0, str(FIXTURES))
+    from make_moe_candidates import OUT_DIR, ensure
+
+    from harness.attribution.run import attribute, request_from
+
+    ensure()
+    r = attribute(request_from(FIXTURES / "moe" / "model", OUT_DIR / "int4_experts", FIXTURES / "suite", shards="0",
+                               by="expert", modes=("restore",), n_boot=1000, progress=False))
+    (g,) = r["groupings"]
+    rows = {row["group"]: row for row in g["groups"]}
+    assert len(rows) == 32 and g["additivity"] is not None  # experts only: no group outside them
+    for layer in range(4):
+        shares = [rows[f"layer {layer} expert {e}"]["routing"]["share"] for e in range(8)]
+        assert abs(sum(shares) - 1) < 1e-12
+    values = [row["restore"]["value"] for row in g["groups"]]
+    assert values == sorted(values, reverse=True) and [row["rank"] for row in g["groups"]] == list(range(1, 33))
+    for row in g["groups"]:
+        assert row["restore"]["ci95"] is not None
+        if row["routing"]["picks"] == 0:
+            assert row["restore"]["value"] == 0, row
+        else:
+            assert row["restore"]["value"] != 0, row
