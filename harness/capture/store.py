@@ -34,18 +34,18 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, NotRequired, TypedDict, cast
 
 from filelock import FileLock
 
 from harness.errors import FidelityError, OutputError, VerificationError
 from harness.io.atomic import atomic_write_bytes, atomic_write_json
 from harness.io.hashing import sha256_bytes, sha256_file
-from harness.io.jsonio import read_json
+from harness.io.jsonio import JSON, JSONObject, read_json
 
 if TYPE_CHECKING:
     import torch
@@ -54,6 +54,34 @@ if TYPE_CHECKING:
 
 SCHEMA = "fidelity.capture/1"
 MANIFEST = "capture.json"
+
+
+class StoreFile(TypedDict):
+    """One context file of a store: its context index and sha256."""
+
+    index: int
+    sha256: str
+
+
+class StoreManifest(TypedDict):
+    """``capture.json``: what the store holds and what it was captured from (checked by :meth:`CaptureStore.open`)."""
+
+    schema: str
+    kind: str
+    suite_token_sha256: str
+    n_ctx: int
+    #: the row width: ``hidden_size`` in a hidden-state store, ``vocab_size`` in a logits store
+    hidden_size: NotRequired[int]
+    vocab_size: NotRequired[int]
+    dtype: str
+    #: the captured model's identity (by content)
+    model: JSONObject
+    #: the engine's and the runtime's identities, and the device (recorded, compared, not interpreted)
+    engine: JSON
+    runtime: JSON
+    device: JSON
+    #: the context files by name (a store assembled from published files lists them elsewhere)
+    files: NotRequired[dict[str, StoreFile]]
 LOCK = ".lock"
 KINDS = ("hidden_states", "logits")
 DTYPES = {"hidden_states": ("bfloat16",), "logits": ("float32", "bfloat16")}
@@ -94,22 +122,30 @@ def _check_tensor(path: Path, tensors: dict[str, torch.Tensor], kind: str, dtype
     return t
 
 
-def _read_manifest(path: Path) -> dict[str, Any]:
+def _read_manifest(path: Path) -> JSONObject:
     mf = path / MANIFEST
     if not mf.is_file():
         raise VerificationError(mf, "capture manifest missing", hint="capture with `fidelity capture`")
-    doc: dict[str, Any] = read_json(mf)
+    doc: JSONObject = read_json(mf)
     if doc.get("schema") != SCHEMA:
         raise VerificationError(mf, "schema", SCHEMA, doc.get("schema"))
-    if doc.get("kind") not in KINDS:
-        raise VerificationError(mf, "kind", " or ".join(KINDS), doc.get("kind"))
-    if doc.get("dtype") not in DTYPES[doc["kind"]]:
-        raise VerificationError(mf, f"dtype of a {doc['kind']} store", " or ".join(DTYPES[doc["kind"]]), doc.get("dtype"))
+    kind = doc.get("kind")
+    if not isinstance(kind, str) or kind not in KINDS:
+        raise VerificationError(mf, "kind", " or ".join(KINDS), kind)
+    if doc.get("dtype") not in DTYPES[kind]:
+        raise VerificationError(mf, f"dtype of a {kind} store", " or ".join(DTYPES[kind]), doc.get("dtype"))
     if not isinstance(doc.get("files"), dict):
         raise VerificationError(mf, "files", "an object {name: {index, sha256}}", type(doc.get("files")).__name__)
     if not isinstance(doc.get("model"), dict):
         raise VerificationError(mf, "model", "an object (the captured model's identity)", type(doc.get("model")).__name__)
     return doc
+
+
+def _files(doc: JSONObject) -> dict[str, JSON]:
+    """The ``files`` object of a manifest :func:`_read_manifest` checked."""
+    files = doc["files"]
+    assert isinstance(files, dict)
+    return files
 
 
 def _check_embedded(path: Path, data: bytes, index: int, suite_sha: str) -> None:
@@ -127,8 +163,8 @@ def _check_embedded(path: Path, data: bytes, index: int, suite_sha: str) -> None
                                 "the file belongs to another context or suite")
 
 
-def _check_name(root: Path, name: str, entry: object, mf: Path) -> int:
-    """Validate one manifest entry's name and index; return the index."""
+def _check_name(root: Path, name: str, entry: object, mf: Path) -> tuple[int, str]:
+    """Validate one manifest entry's name and index; return its index and sha256."""
     if os.path.isabs(name) or "/" in name or "\\" in name or ".." in name:
         raise VerificationError(mf, f"file name {name!r} leaves the store folder", "a plain ctx-NNNNNN.safetensors name", name)
     m = _NAME_RE.match(name)
@@ -143,7 +179,7 @@ def _check_name(root: Path, name: str, entry: object, mf: Path) -> int:
         target = p.resolve()
         if not target.is_relative_to(root.resolve()):
             raise VerificationError(p, "symlink leaves the store folder", f"a file inside {root}", str(target))
-    return int(entry["index"])
+    return int(entry["index"]), str(entry["sha256"])
 
 
 @dataclass
@@ -156,7 +192,7 @@ class CaptureStore:
 
     root: Path
     suite: Suite
-    manifest: dict[str, Any]
+    manifest: StoreManifest
     files: dict[int, str]
     hashes: dict[int, str]
     verify: bool = True
@@ -173,7 +209,9 @@ class CaptureStore:
     @property
     def width(self) -> int:
         """Row width: hidden size for hidden-state stores, vocab size for logits stores."""
-        return int(self.manifest[width_field(self.kind)])
+        width = self.manifest.get(width_field(self.kind))
+        assert isinstance(width, int)  # checked by open
+        return width
 
     @property
     def indices(self) -> list[int]:
@@ -181,7 +219,7 @@ class CaptureStore:
         return sorted(self.files)
 
     @property
-    def identity(self) -> dict[str, Any]:
+    def identity(self) -> JSONObject:
         """The captured model's identity (by content)."""
         return dict(self.manifest["model"])
 
@@ -199,13 +237,14 @@ class CaptureStore:
             raise VerificationError(mf, "suite_token_sha256", suite.suite_token_sha256, doc.get("suite_token_sha256"), hint="this store was captured for another suite")
         if doc.get("n_ctx") != suite.n_ctx:
             raise VerificationError(mf, "n_ctx", suite.n_ctx, doc.get("n_ctx"))
-        wf = width_field(doc["kind"])
-        if not isinstance(doc.get(wf), int) or doc[wf] <= 0:
-            raise VerificationError(mf, wf, "a positive integer", doc.get(wf))
+        wf = width_field(str(doc["kind"]))
+        width = doc.get(wf)
+        if not isinstance(width, int) or isinstance(width, bool) or width <= 0:
+            raise VerificationError(mf, wf, "a positive integer", width)
         files: dict[int, str] = {}
         hashes: dict[int, str] = {}
-        for name, entry in doc["files"].items():
-            idx = _check_name(root, name, entry, mf)
+        for name, entry in _files(doc).items():
+            idx, sha = _check_name(root, name, entry, mf)
             if idx in files:
                 raise VerificationError(mf, f"duplicate context index {idx}", files[idx], name)
             if not 0 <= idx < suite.n_contexts:
@@ -213,12 +252,12 @@ class CaptureStore:
             if not (root / name).is_file():
                 raise VerificationError(root / name, "listed context file missing", hint="re-run `fidelity capture` to resume")
             files[idx] = name
-            hashes[idx] = entry["sha256"]
-        listed = set(doc["files"])
+            hashes[idx] = sha
+        listed = set(_files(doc))
         extra = sorted(p.name for p in root.glob("ctx-*.safetensors") if p.name not in listed)
         if extra:
             raise VerificationError(root / extra[0], "context file not listed in capture.json", "no unlisted ctx files", extra)
-        return cls(root, suite, doc, files, hashes, verify)
+        return cls(root, suite, cast(StoreManifest, doc), files, hashes, verify)  # every field checked above
 
     def _path(self, index: int) -> Path:
         if index not in self.files:
@@ -305,7 +344,7 @@ class StoreWriter:
         kind: str,
         width: int,
         dtype: str,
-        model: dict[str, Any],
+        model: Mapping[str, object],
         engine: dict[str, str],
         runtime: dict[str, str],
         device: str,
@@ -319,7 +358,7 @@ class StoreWriter:
         self.kind = kind
         self.dtype = dtype
         self.shape = (suite.n_ctx - 1, width)
-        self.header: dict[str, Any] = {
+        self.header: dict[str, object] = {
             "schema": SCHEMA,
             "kind": kind,
             "suite_token_sha256": suite.suite_token_sha256,
@@ -350,7 +389,7 @@ class StoreWriter:
                             mf, f"existing store's {key} differs", want, doc.get(key),
                             hint="a store never mixes captures: use a new --out folder",
                         )
-                listed = set(doc["files"])
+                listed = set(_files(doc))
             else:
                 atomic_write_json(mf, {**self.header, "files": {}})
                 listed = set()
@@ -391,9 +430,9 @@ class StoreWriter:
         with self._lock:
             yield
 
-    def _manifest(self) -> dict[str, Any]:
-        doc: dict[str, Any] = read_json(self.root / MANIFEST)
-        return doc
+    def _manifest(self) -> StoreManifest:
+        """The manifest as this writer keeps it (read under the lock; it wrote or checked it on entering)."""
+        return cast(StoreManifest, read_json(self.root / MANIFEST))
 
     def done(self, index: int) -> bool:
         """True if context ``index`` is listed and its file's sha256 matches; a listed but missing

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from harness.capture.store import CaptureStore
+from harness.capture.store import CaptureStore, StoreManifest
 from harness.errors import VerificationError
 from harness.inputs.published_layout import (
     CAPTURE_MANIFEST,
@@ -159,7 +159,7 @@ class PublishedStore(CaptureStore):
                             "suite_token_sha256": doc.get("suite_token_sha256"), "contexts": len(got)}
         if len(widths) != 1 or identity is None:
             raise VerificationError(root, "hidden size of every capture folder", "one", sorted(widths))
-        manifest = {"schema": CAPTURE_SCHEMA, "kind": "hidden_states", "dtype": "bfloat16", "hidden_size": widths.pop(),
+        manifest: StoreManifest = {"schema": CAPTURE_SCHEMA, "kind": "hidden_states", "dtype": "bfloat16", "hidden_size": widths.pop(),
                     "suite_token_sha256": suite.suite_token_sha256, "n_ctx": suite.n_ctx, "model": identity,
                     "engine": {"name": "published capture", "layout": LAYOUT}, "runtime": None, "device": None}
         return cls(root=root, suite=suite, manifest=manifest, files=files, hashes=hashes, verify=True, custody=custody)

@@ -57,6 +57,6 @@ def replay_published(dataset_path: Path, candidate: Path, out: Path, *, head: Pa
     ds.reference.verify_all()
     store.verify_all()
     inputs = ReplayInputs(ds.suite, ds.reference, store, ds.head, None, wanted)
-    return write_replay(inputs, out, name=cname, reference_name=ds.reference.identity["name"], score_from=score_from,
+    return write_replay(inputs, out, name=cname, reference_name=str(ds.reference.identity["name"]), score_from=score_from,
                         n_boot=n_boot, device=device, own_inputs=[dataset_path, candidate], custody=ds.custody,
                         method=method)
