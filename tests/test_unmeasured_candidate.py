@@ -2,7 +2,8 @@
 
 * it appears with its status and reason in every summary of the run (terminal, ``ladder.md`` / ``ladder.json``,
   the GitHub job summary, junit XML), of the published set (``results.json``, ``ladder.md``, the model card;
-  the set still verifies) and of ``fidelity aggregate`` (its ``ladder.md`` and ``--results-json``);
+  the set still verifies) of ``fidelity aggregate`` (its ``ladder.md`` and ``--results-json``) and of ``fidelity dataset build``
+  (``dataset.json`` and the dataset card);
 * every other case is unaffected: the other candidates' numbers are identical to those of the same ladder
   without it (captured and scored afresh in a copy of the project);
 * each model is loaded once per run: the engine's load is counted per model folder (the broken one's failed
@@ -75,7 +76,8 @@ def _numbers(root: Path, name: str) -> dict[str, Any]:
 
 
 def test_unloadable_candidate_is_in_every_summary_and_changes_nothing_else(
-        pytester: pytest.Pytester, fidelity_project: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        pytester: pytest.Pytester, fidelity_project: Path, monkeypatch: pytest.MonkeyPatch, tiny_corpus: Path,
+        tiny_tokenizer: Path) -> None:
     from harness.cli.main import main
 
     clean, clean_loads, _ = _ladder_run(pytester, monkeypatch, fidelity_project, "clean", broken=False)
@@ -132,3 +134,11 @@ def test_unloadable_candidate_is_in_every_summary_and_changes_nothing_else(
     assert agg["candidate"] == "broken" and agg["status"] == "failed" and reason in agg["reason"]
     assert sorted(e["name"] for e in json.loads((root / "results.json").read_text())["entries"]) == ["bad", "good"]
     assert "- `broken`: failed: " in (root / "agg" / "ladder.md").read_text()
+
+    # fidelity dataset build with the run's reports: dataset.json and the dataset card name it
+    assert main(["dataset", "build", "--config", str(root / "fidelity.toml"), "--reports", str(rep), "--corpus",
+                 str(tiny_corpus), "--tokenizer", str(tiny_tokenizer), "--reference-shards", "0", "--out", str(root / "ds")]) == 0
+    (ds,) = json.loads((root / "ds" / "dataset.json").read_text())["not_measured"]
+    assert ds["candidate"] == "broken" and ds["status"] == "failed" and reason in ds["reason"]
+    assert "- `broken`: failed: " in (root / "ds" / "README.md").read_text()
+    assert main(["verify", str(root / "ds")]) == 0

@@ -20,7 +20,8 @@ from harness.inputs.provenance import verify_documents
 from harness.inputs.suite import Suite
 from harness.io.atomic import atomic_write_bytes, atomic_write_json, atomic_write_text
 from harness.io.hashing import sha256_file
-from harness.reports.publish import find_shard_reports, write_checksums
+from harness.reports.aggregate import not_measured_lines
+from harness.reports.publish import find_shard_reports, not_measured, write_checksums
 from harness.reports.shard import ShardReport
 
 PROTOCOL_TEXT = """\
@@ -116,6 +117,8 @@ def build_dataset(*, config_path: Path, reports_dir: Path | None, corpus: Path, 
         "reference": {"name": cfg.reference.name, "shards": shards, "model": ref.identity, "kind": ref.kind, "width": ref.width},
         "head_sha256": head.sha256, "tokenizer_sha256": suite.tokenizer_sha256,
         "score_from": windows, "candidates": {k: sorted(v) for k, v in sorted(cands.items())},
+        # configured candidates without a report (failed, skipped or not run), as the reports' run recorded them
+        "not_measured": [] if reports_dir is None else not_measured(reports_dir, cands, cfg),
         "bytes": sizes, "seed_scale_bytes": seed,
     }
     atomic_write_json(out / MANIFEST, doc)
@@ -149,6 +152,7 @@ def render_card(doc: dict[str, Any], n_contexts: int, documents: dict[str, Any])
         f"`{doc['suite_token_sha256']}`), the BF16 reference hidden states of shard(s) {shards}, the shared LM head, "
         "the corpus texts with per-document sha256/source/licence (in `suite/suite.json` `documents`) and the "
         f"candidates' per-shard reports ({', '.join(doc['candidates']) or 'none'}). Protocol and comparability rules: `PROTOCOL.md`.", "",
+        *((not_measured_lines(doc["not_measured"]) + [""]) if doc.get("not_measured") else []),
         "## Sizes", "", "```", *size_lines(doc), "```", "",
         "## Verify", "", "```sh", "fidelity verify .            # checksums, manifests, identities, report derivations",
         "sha256sum -c checksums.txt  # the checksums alone", "```", "",
