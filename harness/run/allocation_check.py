@@ -23,7 +23,7 @@ import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from harness.allocation.family import Family, layout_bytes
 from harness.errors import FidelityError, VerificationError
@@ -33,16 +33,19 @@ from harness.interchange.suite_manifest import load_any_suite
 from harness.reports.aggregate import ladder_rows, write_ladder
 from harness.reports.paired import paired_report
 
+if TYPE_CHECKING:
+    from harness.run.shard import ShardPositions
+
 SCHEMA = "fidelity.allocation-check/1"
 
 
-def _mean_kld(positions: Sequence[Any]) -> float:
+def _mean_kld(positions: Sequence[ShardPositions]) -> float:
     """Token-mean KLD over the scored positions of some shards (compensated sum)."""
     values = [float(v) for p in positions for v in p.scores.kld]
     return math.fsum(values) / len(values)
 
 
-def _candidate(name: str, engine: str, model: Path) -> Any:
+def _candidate(name: str, engine: str, model: Path) -> CandidateConfig:
     return CandidateConfig(name, engine, model.resolve(), None, None, None, ("allocation",))
 
 

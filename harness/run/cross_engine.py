@@ -27,16 +27,17 @@ JSON (``cross_engine.json``, schema :data:`SCHEMA`): ``shard``, ``floor_row``, `
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypedDict, cast
 
 import numpy as np
 
-from harness.errors import FidelityError
+from harness.errors import FidelityError, VerificationError
 from harness.io.atomic import atomic_write_files, dumps_json
 from harness.io.jsonio import JSONObject
+from harness.io.schema import check, schema_of
 from harness.metrics.tails import quantile
 from harness.reports.numbers import fmt_g
 from harness.run.shard_inputs import ShardInputs
@@ -271,21 +272,69 @@ def to_json_dict(m: FloorMatrix, rows: Sequence[NetRow]) -> JSONObject:
     }
 
 
-def from_json_dict(doc: Mapping[str, Any], where: str = "<cross-engine payload>") -> tuple[FloorMatrix, list[NetRow]]:
+class _CellDoc(TypedDict):
+    reference: str
+    candidate: str
+    mean_kld: float
+    p99: float
+    top1: float
+    n_positions: int
+    mode: str
+
+
+class _SkippedDoc(TypedDict):
+    reference: str
+    candidate: str
+    reason: str
+
+
+class _RowDoc(TypedDict):
+    name: str
+    engine: str
+    config: str
+    mean_kld: float | None
+    p99: float | None
+    top1: float | None
+    n_positions: int
+    floor: float | None
+    size_bytes: int | None
+    note: str
+
+
+class _CrossEngineDoc(TypedDict):
+    """What :func:`from_json_dict` reads of ``cross_engine.json`` (other keys are kept, unread)."""
+
+    schema: str
+    engines: list[str]
+    shard: int
+    floor_row: str
+    cells: list[_CellDoc]
+    skipped: list[_SkippedDoc]
+    notes: list[str]
+    candidates: list[_RowDoc]
+
+
+_DOC_SCHEMA = schema_of(_CrossEngineDoc)
+
+
+def from_json_dict(doc: object, where: str = "<cross-engine payload>") -> tuple[FloorMatrix, list[NetRow]]:
     """Inverse of :func:`to_json_dict` (how the pytest controller receives a worker's result)."""
-    if doc.get("schema") != SCHEMA:
-        raise FidelityError(f"{where}: schema: expected {SCHEMA!r}, found {doc.get('schema')!r}")
+    found = doc.get("schema") if isinstance(doc, dict) else type(doc).__name__
+    if found != SCHEMA:
+        raise FidelityError(f"{where}: schema: expected {SCHEMA!r}, found {found!r}")
     try:
-        m = FloorMatrix(tuple(doc["engines"]), int(doc["shard"]), str(doc["floor_row"]))
-        for c in doc["cells"]:
+        check(doc, _DOC_SCHEMA, where)
+        d = cast(_CrossEngineDoc, doc)  # checked above
+        m = FloorMatrix(tuple(d["engines"]), d["shard"], d["floor_row"])
+        for c in d["cells"]:
             m.add(Cell(c["reference"], c["candidate"], float(c["mean_kld"]), float(c["p99"]), float(c["top1"]),
-                       int(c["n_positions"]), str(c["mode"])))
-        for s in doc["skipped"]:
-            m.skip(s["reference"], s["candidate"], str(s["reason"]))
-        m.notes.extend(str(n) for n in doc["notes"])
-        rows = [NetRow(r["name"], r["engine"], r["config"], r["mean_kld"], r["p99"], r["top1"], int(r["n_positions"]),
-                       r["floor"], r["size_bytes"], str(r["note"])) for r in doc["candidates"]]
-    except (KeyError, TypeError, ValueError) as e:
+                       c["n_positions"], c["mode"]))
+        for s in d["skipped"]:
+            m.skip(s["reference"], s["candidate"], s["reason"])
+        m.notes.extend(d["notes"])
+        rows = [NetRow(r["name"], r["engine"], r["config"], r["mean_kld"], r["p99"], r["top1"], r["n_positions"],
+                       r["floor"], r["size_bytes"], r["note"]) for r in d["candidates"]]
+    except (VerificationError, ValueError) as e:
         raise FidelityError(f"{where}: malformed cross-engine document ({type(e).__name__}: {e})") from None
     return m, rows
 
