@@ -540,6 +540,7 @@ def test_capture_cache_is_keyed_by_the_runtime(tmp_path: Path, fidelity_project:
     """Another environment sharing the cache (another transformers or numpy version) gets a store of its
     own; a cached store that cannot be used is named with what to do in pytest (remove the cache folder),
     never with the command line's ``--out``."""
+    from harness.capture.cache_sign import load_key, sign
     from harness.engines import identity
     from harness.inputs.config import load_config
     from harness.run.session import FidelitySession
@@ -554,7 +555,9 @@ def test_capture_cache_is_keyed_by_the_runtime(tmp_path: Path, fidelity_project:
     monkeypatch.setattr(identity, "runtime_identity", lambda: {**real(), "numpy": "0.0.other"})
     assert len({here, other, session.live_store_path(good)}) == 3 and other.parent == here.parent
     monkeypatch.setattr(identity, "runtime_identity", real)
-    shutil.copytree(tmp_path / "p" / "reference", here)  # a store of another model where good's cache belongs
+    shutil.copytree(tmp_path / "p" / "reference", here)  # a store of another model where good's cache belongs,
+    monkeypatch.setenv("FIDELITY_CACHE_KEY", str(tmp_path / "key" / "cache-key"))  # signed as the harness signs it
+    (here / "capture.json").write_text(json.dumps(sign(json.loads((here / "capture.json").read_text()), load_key())))
     with pytest.raises(VerificationError, match=r"capture\.json: model \(the cached capture's model identity\): .*the capture cache of "
                                                 r"candidate 'good' cannot be used: remove the folder .* and run pytest again") as e:
         session.candidate_store(good, 0)

@@ -54,13 +54,17 @@ def capture(
     options: EngineOptions | None = None,
     progress: bool = True,
     identity: JSONObject | None = None,
+    cache_key: bytes | None = None,
 ) -> CaptureStore:
     """Capture ``suite`` contexts (all, or the given shards) of ``model`` through ``engine`` into the
     store at ``out``; ``kind`` defaults to the engine's first kind. Resumable: contexts already in the
     store whose files verify are skipped. Returns the opened store.
 
     ``identity``: the model's identity by content when the caller has it already (the engine's
-    ``model_identity``, computed once per run), so its weight files are not hashed again."""
+    ``model_identity``, computed once per run), so its weight files are not hashed again.
+
+    ``cache_key``: this user's cache key when ``out`` is a cache folder (:mod:`harness.capture.cache_sign`):
+    the manifest is signed, and an existing one without a valid signature is not believed (all recaptured)."""
     from tqdm import tqdm
 
 
@@ -89,7 +93,8 @@ def capture(
         if indices and not (Path(out) / MANIFEST).exists():
             probe[indices[0]] = loaded.forward(suite.tokens[indices[0]], kind)
             _check_finite_output(model, eng.name, kind, indices[0], probe[indices[0]])
-        writer = StoreWriter(out, suite, kind, width, STORE_DTYPES[kind], ident, loaded.identity(), engine_identity.runtime_identity(), loaded.device)
+        writer = StoreWriter(out, suite, kind, width, STORE_DTYPES[kind], ident, loaded.identity(), engine_identity.runtime_identity(), loaded.device,
+                             cache_key=cache_key)
         with writer:
             todo = [i for i in indices if not writer.done(i)]
             batch = max(1, int(getattr(loaded, "batch_size", 1)))

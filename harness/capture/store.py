@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, NotRequired, TypedDict, cast
 
 from filelock import FileLock
 
+from harness.capture.cache_sign import sign, unsigned_reason
 from harness.errors import FidelityError, OutputError, VerificationError
 from harness.io.atomic import atomic_write_bytes, atomic_write_json
 from harness.io.hashing import sha256_bytes, sha256_file
@@ -330,6 +331,9 @@ class StoreWriter:
       atomically after every file. Both happen under an exclusive lock on ``.lock`` (filelock), and the
       manifest is re-read under that lock, so two processes capturing into one store merge their
       work instead of overwriting it. Temporaries left by a killed writer are removed on open.
+    * A writer given ``cache_key`` (a capture into the cache folder) signs every manifest it writes and
+      refuses an existing manifest without a valid signature (:mod:`harness.capture.cache_sign`; the
+      session moves such a folder aside before it captures again).
     * ``done(index)`` is true when the context is listed and its file's sha256 matches: a re-run
       after a crash (even ``kill -9``) skips those and recaptures the rest. Unlisted leftovers of
       an interrupted write are removed when the writer opens.
@@ -348,6 +352,7 @@ class StoreWriter:
         engine: dict[str, str],
         runtime: dict[str, str],
         device: str,
+        cache_key: bytes | None = None,
     ) -> None:
         if kind not in KINDS:
             raise FidelityError(f"unknown store kind {kind!r}: choose one of {', '.join(KINDS)}")
@@ -370,6 +375,10 @@ class StoreWriter:
             "runtime": runtime,
             "device": device,
         }
+        #: this user's cache key when the store is a cache folder (:mod:`harness.capture.cache_sign`): every
+        #: manifest written is signed, and an existing manifest without a valid signature is not believed --
+        #: its listing is dropped and every context captured again
+        self.cache_key = cache_key
         self._lock: FileLock | None = None
 
     def __enter__(self) -> StoreWriter:
@@ -381,8 +390,13 @@ class StoreWriter:
             raise OutputError(self.root, "cannot create the capture store", f"{type(e).__name__}: {e.strerror or e}") from None
         with self._locked():
             mf = self.root / MANIFEST
-            if mf.exists():
-                doc = _read_manifest(self.root)
+            doc = _read_manifest(self.root) if mf.exists() else None
+            if doc is not None and self.cache_key is not None:
+                reason = unsigned_reason(doc, self.cache_key)
+                if reason is not None:  # a cache folder's manifest this user's harness did not sign: never believed
+                    raise VerificationError(mf, "cache signature", "a manifest signed with this user's cache key",
+                                            f"{reason} (nothing was deleted)")
+            if doc is not None:
                 for key, want in self.header.items():
                     if doc.get(key) != want:
                         raise VerificationError(
@@ -391,7 +405,7 @@ class StoreWriter:
                         )
                 listed = set(_files(doc))
             else:
-                atomic_write_json(mf, {**self.header, "files": {}})
+                self._save({**self.header, "files": {}})
                 listed = set()
             for p in sorted(self.root.glob("ctx-*.safetensors")):
                 if p.name not in listed:
@@ -431,8 +445,18 @@ class StoreWriter:
             yield
 
     def _manifest(self) -> StoreManifest:
-        """The manifest as this writer keeps it (read under the lock; it wrote or checked it on entering)."""
-        return cast(StoreManifest, read_json(self.root / MANIFEST))
+        """The manifest as this writer keeps it (read under the lock; it wrote or checked it on entering). In a
+        cache folder it must still carry this user's signature (else it was replaced by someone else)."""
+        doc = read_json(self.root / MANIFEST)
+        if self.cache_key is not None:
+            reason = unsigned_reason(doc, self.cache_key)
+            if reason is not None:
+                raise VerificationError(self.root / MANIFEST, "cache signature", "the manifest this writer signed", reason)
+        return cast(StoreManifest, doc)
+
+    def _save(self, doc: Mapping[str, object]) -> None:
+        """Write the manifest atomically, signed when the store is a cache folder."""
+        atomic_write_json(self.root / MANIFEST, sign(doc, self.cache_key) if self.cache_key is not None else doc)
 
     def done(self, index: int) -> bool:
         """True if context ``index`` is listed and its file's sha256 matches; a listed but missing
@@ -447,7 +471,7 @@ class StoreWriter:
             if p.is_file() and not p.is_symlink() and sha256_file(p) == entry.get("sha256"):
                 return True
             del doc["files"][name]
-            atomic_write_json(self.root / MANIFEST, doc)
+            self._save(doc)
             if p.is_symlink() or p.is_file():  # a link is removed, never what it points to
                 p.unlink()
             elif p.exists():
@@ -471,5 +495,5 @@ class StoreWriter:
             doc = self._manifest()
             doc["files"][name] = {"index": index, "sha256": digest}
             doc["files"] = dict(sorted(doc["files"].items()))
-            atomic_write_json(self.root / MANIFEST, doc)
+            self._save(doc)
         return digest

@@ -35,7 +35,7 @@ import os
 import socket
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -70,6 +70,10 @@ class TaskSpec:
     device: str
     #: ``--fidelity-window``.
     score_from: int
+    #: The driver's capture cache key (:mod:`harness.capture.cache_sign`), carried in memory in the task payload
+    #: (never written to a file), so a worker on another machine signs and checks the cache as the driver does;
+    #: empty: the worker reads this user's key file.
+    cache_key: bytes = field(default=b"", repr=False)
 
 
 def result_digest(report_text: str, positions: bytes) -> str:
@@ -101,7 +105,8 @@ def _session(spec: TaskSpec) -> FidelitySession:
                                 f"{spec.config_sha256}), found sha256 {found}: every node must read the same file")
         config = load_config(path)
         _check_reachable(config)
-        _SESSIONS[spec] = FidelitySession(config=config, device=resolve_device(spec.device), score_from=spec.score_from)
+        _SESSIONS[spec] = FidelitySession(config=config, device=resolve_device(spec.device), score_from=spec.score_from,
+                                          cache_key=spec.cache_key or None)
     return _SESSIONS[spec]
 
 
@@ -138,16 +143,14 @@ def _live_store(session: FidelitySession, cand: CandidateConfig, shard: int) -> 
     out = session.live_store_path(cand)
     out.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(out.parent / f".{out.name}.task-lock"):
-        store = None
-        if (out / "capture.json").exists():
-            try:
-                store = CaptureStore.open(out, session.suite, verify=True)
-            except VerificationError:
-                store = None
+        try:  # believed only when this user's harness signed it (else: recaptured, with a warning)
+            store = session.cached_store(cand, out)
+        except VerificationError:
+            store = None
         if store is None or store.missing(session.shard_indices(shard)):
             store = capture(cand.engine, cand.model, session.suite, out, shards=[shard],
                             options=EngineOptions(device=session.device, engine_options=cand.options), progress=False,
-                            identity=session.candidate_identity(cand))
+                            identity=session.candidate_identity(cand), cache_key=session.signing_key())
     return store
 
 

@@ -33,6 +33,7 @@ import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from harness.capture.cache_sign import load_key
 from harness.errors import FidelityError
 from harness.gate.baselines import headline_of
 from harness.reports.shard import ShardReport, report_shard
@@ -188,7 +189,7 @@ class RayExecutor:
     def task_spec(self) -> TaskSpec:
         path = self.config.path.resolve()
         return TaskSpec(config=str(path), config_sha256=hashlib.sha256(path.read_bytes()).hexdigest(),
-                        device=self.device, score_from=self.score_from)
+                        device=self.device, score_from=self.score_from, cache_key=load_key(self.config.cache_dir))
 
     def _gpu(self, cluster: dict[str, float]) -> bool:
         if self.device == "cpu":

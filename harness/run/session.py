@@ -10,11 +10,16 @@ no pytest; the plugin keeps one in ``config.stash``.
 
 from __future__ import annotations
 
+import os
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from filelock import FileLock
+
+from harness.capture.cache_sign import UntrustedCacheWarning, load_key, unsigned_reason
 from harness.capture.loop import capture
 from harness.capture.store import CaptureStore
 from harness.dataset.verify import verify_dataset
@@ -113,6 +118,9 @@ class FidelitySession:
     #: pytest-xdist: the folder this session's workers share scored positions through
     #: (:mod:`harness.run.shared_scores`); None in a single process
     shared_scores: Handover | None = None
+    #: this user's capture cache key (:mod:`harness.capture.cache_sign`); None: read (or created) from the key
+    #: file on first use. A cluster worker gets the driver's in its task payload.
+    cache_key: bytes | None = field(default=None, repr=False)
     _suite: Suite | None = None
     _published: PublishedDataset | None = None
     _head: HeadTensor | None = None
@@ -256,6 +264,52 @@ class FidelitySession:
         key = identity_key(keyed)
         return self.config.cache_dir / "captures" / f"{cand.name}-{key[:16]}"
 
+    def signing_key(self) -> bytes:
+        """The capture cache key, read (or created) once per run."""
+        if self.cache_key is None:
+            self.cache_key = load_key(self.config.cache_dir)
+        return self.cache_key
+
+    def cached_store(self, cand: CandidateConfig, out: Path) -> CaptureStore | None:
+        """The live candidate's cache store at ``out`` when this user's harness signed it; None when there is none.
+
+        A folder there whose manifest is unreadable or not validly signed is not believed: it is moved
+        aside, whole and untouched, to ``.untrusted-<folder>-<time>-<pid>`` beside it (nothing is deleted), with a
+        one-line warning naming both folders, and the candidate is captured again into ``out``."""
+        if not out.exists() and not out.is_symlink():
+            return None
+        with FileLock(out.parent / f".{out.name}.trust-lock"):  # one process moves it; a store being written is signed
+            reason = self._untrusted(out)
+            if reason is not None:
+                aside = out.parent / f".untrusted-{out.name}-{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}-{os.getpid()}"
+                try:
+                    out.rename(aside)
+                except OSError as e:
+                    raise VerificationError(out, "an untrusted cache folder moved aside", f"renamed to {aside}",
+                                            f"{type(e).__name__}: {e.strerror or e} (nothing was deleted)") from None
+                warnings.warn(f"{out}: cached capture of candidate {cand.name!r} not believed: {reason}; moved to {aside} "
+                              "and captured again", UntrustedCacheWarning, stacklevel=2)
+                return None
+        if not (out / "capture.json").exists():
+            return None
+        store = CaptureStore.open(out, self.suite, verify=True)
+        if store.identity != self.candidate_identity(cand):  # a cache folder is believed for its content
+            raise VerificationError(out / "capture.json", "model (the cached capture's model identity)",
+                                    self.candidate_identity(cand), store.identity)
+        return store
+
+    def _untrusted(self, out: Path) -> str | None:
+        """Why the cache folder ``out`` is not believed, or None when its manifest is signed with this user's key."""
+        mf = out / "capture.json"
+        if out.is_symlink() or not out.is_dir():
+            return "not a folder of this harness (a symbolic link or a file)"
+        if not mf.exists():  # a store being created (its signed manifest comes next) or an interrupted one: the
+            return None      # writer lists nothing it did not write and removes only its own leftovers
+        try:
+            return unsigned_reason(read_json(mf), self.signing_key())
+        except VerificationError as e:
+            return f"an unreadable manifest ({e.what}: {e.found})"
+
     def _capture_live(self, cand: CandidateConfig, shard: int) -> CaptureStore:
         """Capture a live candidate into its cache store; the model is loaded once for all planned shards."""
         assert cand.model is not None
@@ -267,17 +321,13 @@ class FidelitySession:
             raise self._failed[cand.name]
         out = self.live_store_path(cand)
         try:
-            if (out / "capture.json").exists():
-                store = CaptureStore.open(out, self.suite, verify=True)
-                if store.identity != self.candidate_identity(cand):  # a cache folder is believed for its content
-                    raise VerificationError(out / "capture.json", "model (the cached capture's model identity)",
-                                            self.candidate_identity(cand), store.identity)
-                if not store.missing(self.shard_indices(shard)):
-                    return store
+            store = self.cached_store(cand, out)
+            if store is not None and not store.missing(self.shard_indices(shard)):
+                return store
             shards = sorted(self._planned.get(cand.name, set()) | {shard})
             opts = EngineOptions(device=self.device, engine_options=cand.options)
             return capture(cand.engine, cand.model, self.suite, out, shards=shards, options=opts,
-                           progress=self.progress, identity=self.candidate_identity(cand))
+                           progress=self.progress, identity=self.candidate_identity(cand), cache_key=self.signing_key())
         except VerificationError as e:  # said in the interface of the run: the cache folder is the harness's own
             raise VerificationError(e.path, e.what, e.expected, e.found,
                                     hint=f"the capture cache of candidate {cand.name!r} cannot be used: remove the folder "
