@@ -240,3 +240,12 @@ def test_marker_fails_a_worse_proposal() -> None:
     assert "not shown better" in verdict_problems(_check(0.0, -0.1, 0.1), "better")[0]
     assert "the proposal is worse" in verdict_problems(_check(0.2, 0.1, 0.3), None)[0]
     assert "no uniform layout" in verdict_problems({"proposals": [{"candidate": "alloc-y"}]}, None)[0]
+
+
+def test_a_budget_below_the_smallest_layout_is_refused_before_measuring(family: ProjectFamily) -> None:
+    from harness.allocation.plan import AllocationRequest, allocate
+
+    smallest = layout_bytes(family, {u: "int3_g32" for u in family.units})
+    req = AllocationRequest(MODEL, ROOT / "fixtures" / "suite", family, "int4_g32", (str(smallest - 1),), progress=False)
+    with pytest.raises(FidelityError, match=f"the smallest layout of these choices takes {smallest} bytes"):
+        allocate(req)

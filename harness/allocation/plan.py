@@ -107,6 +107,13 @@ def allocate(req: AllocationRequest) -> dict[str, Any]:
     base = fam.base_layout(req.base)
     groups: list[Group] = make_groups(fam.units, req.grouping)
     budgets = [(budget_key(spec, fam), *resolve_budget(spec, fam, base)) for spec in req.budgets]
+    # each group at its cheapest option (a choice, or the base layout's own units)
+    cheapest = [min([sum(fam.unit_bytes(u, c) for u in g.units) for c in fam.choices]
+                    + [sum(fam.unit_bytes(u, base[u]) for u in g.units)]) for g in groups]
+    smallest = fam.fixed_bytes + sum(cheapest)
+    too_small = [f"{spec} ({b} bytes)" for spec, b, _ in budgets if b < smallest]
+    if too_small:  # refused before any measurement
+        raise FidelityError(f"budget {', '.join(too_small)}: the smallest layout of these choices takes {smallest} bytes")
     run = InProcess(req.reference, fam, tokens, device=req.device)
     positions = np.full(len(indices), suite.n_ctx - 1, dtype=np.int64)
     pm = PairedMeans([suite.contexts[i].source_cluster for i in indices], positions, n_boot=req.n_boot, seed=req.seed)
