@@ -16,6 +16,8 @@ ROOT = Path(__file__).resolve().parent
 #: The mixture-of-experts configuration and the module with its float64 check (run with it, never alone).
 MOE_CONFIG = ROOT / "fidelity-moe.toml"
 MOE_CHECKS = ROOT / "fidelity_tests" / "check_moe_float64.py"
+#: The hybrid's configuration: its run collects the same float64 check (int4_g32 x shard 0 of the configuration in use).
+HYBRID_CONFIG = ROOT / "fidelity-hybrid.toml"
 
 # Benchmark scripts are run by hand (``python benchmarks/bench_scorer.py``), not collected.
 collect_ignore = ["benchmarks", "fixtures"]
@@ -81,7 +83,8 @@ class _ConfigChecks(pytest.Module):
 
 
 def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Module | None:
-    """``pytest fidelity-moe.toml`` also runs the MoE ladder's float64 check (fidelity_tests/check_moe_float64.py)."""
-    if file_path.resolve() == MOE_CONFIG:
+    """``pytest fidelity-moe.toml`` and ``pytest fidelity-hybrid.toml`` also run the float64 check of their
+    int4_g32 x shard 0 (fidelity_tests/check_moe_float64.py)."""
+    if file_path.resolve() in (MOE_CONFIG, HYBRID_CONFIG):
         return _ConfigChecks.from_parent(parent, path=file_path)
     return None

@@ -1,5 +1,6 @@
-"""The MoE ladder's float64 check, collected with ``pytest fidelity-moe.toml`` (``conftest.py`` adds this
-module to that configuration's run; a plain ``pytest`` does not collect it).
+"""The MoE ladder's float64 check, collected with ``pytest fidelity-moe.toml`` and, the same check, with
+``pytest fidelity-hybrid.toml`` (``conftest.py`` adds this module to those configurations' runs; a plain
+``pytest`` does not collect it).
 
 One candidate x shard (``int4_g32``, shard 0) of the configuration in use: the KLD the harness scored
 (bf16 hidden states x the shared bf16 head, fp32 logits) is recomputed here independently in numpy
