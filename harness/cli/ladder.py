@@ -10,12 +10,7 @@ from harness.cli.registry import Builder, SubParsers, formatter, nonneg_int
 from harness.reports.aggregate import format_ladder
 from harness.run.ladder_run import run_ladder
 from harness.run.ray_executor import executor_argument
-
-
-def _device(text: str) -> str:
-    if text in ("auto", "cpu", "cuda") or (text.startswith("cuda:") and text[5:].isdigit()):
-        return text
-    raise argparse.ArgumentTypeError(f"expected auto, cpu, cuda or cuda:N, got {text!r}")
+from harness.scoring.backends import device_argument
 
 
 def add_ladder(sub: SubParsers) -> None:
@@ -40,7 +35,7 @@ def add_ladder(sub: SubParsers) -> None:
     p.add_argument("--candidates", default=None, metavar="NAMES", help="candidates, exact names, e.g. int8,int4_g32 (default: all)")
     p.add_argument("--shards", default=None, metavar="SPEC", help="shards, e.g. 0,2-3 (default: all)")
     p.add_argument("--report-dir", type=Path, default=Path("fidelity-reports"), help="where reports go (default: fidelity-reports/)")
-    p.add_argument("--device", type=_device, default="auto", help="auto|cpu|cuda[:N] (default: auto)")
+    p.add_argument("--device", type=device_argument, default="auto", help="auto|cpu|cuda[:N] (default: auto)")
     p.add_argument("--window", type=nonneg_int, default=0, metavar="N", help="score_from: drop the first N rows of every context")
     p.set_defaults(func=_run)
 

@@ -23,6 +23,7 @@ from harness.plugin.kinds import ReportKind
 from harness.plugin.registry import REPORT_KINDS
 from harness.plugin.run import PARAMETRIZED, RUN_KEY, FidelityRun, active_run
 from harness.run.ray_executor import executor_argument
+from harness.scoring.backends import device_argument
 
 if TYPE_CHECKING:
     from harness.run.session import FidelitySession, ScoredShard
@@ -39,12 +40,6 @@ MARKERS = {
 def _shard_spec(value: str) -> str:
     if not re.fullmatch(r"\s*\d+(\s*-\s*\d+)?(\s*,\s*\d+(\s*-\s*\d+)?)*\s*", value):
         raise argparse.ArgumentTypeError(f"expected shard numbers like '0,2-3', found {value!r}")
-    return value
-
-
-def _device(value: str) -> str:
-    if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", value):
-        raise argparse.ArgumentTypeError(f"expected auto, cpu, cuda or cuda:N, found {value!r}")
     return value
 
 
@@ -79,7 +74,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="candidates to run, exact names, e.g. 'int8,int4_g32' (default: all)")
     group.addoption("--fidelity-shards", dest="fidelity_shards", metavar="SPEC", type=_shard_spec, default=None,
                     help="shards to run, e.g. '0,2-3' (default: all)")
-    group.addoption("--fidelity-device", dest="fidelity_device", type=_device, default="auto",
+    group.addoption("--fidelity-device", dest="fidelity_device", type=device_argument, default="auto",
                     help="device for live candidates and scoring: auto|cpu|cuda[:N] (default: auto)")
     group.addoption("--fidelity-report-dir", dest="fidelity_report_dir", metavar="DIR", default="fidelity-reports",
                     help="where per-shard reports and the ladder are written (default: fidelity-reports/)")

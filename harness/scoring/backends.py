@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import argparse
 import os
+import re
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -12,6 +14,14 @@ if TYPE_CHECKING:
 #: rounding), bound into every hand-over of scored positions. Thread counts (``FIDELITY_THREADS``) are not: they
 #: only reorder a reduction.
 SCORING_ENV = ("FIDELITY_SCORER_BACKEND", "FIDELITY_GEMM", "FIDELITY_FUSED_BLOCKS", "TRITON_INTERPRET")
+
+
+def device_argument(value: str) -> str:
+    """argparse type of a scoring device option (``fidelity ladder --device``, pytest's ``--fidelity-device``):
+    ``auto``, ``cpu``, ``cuda`` or ``cuda:N``; anything else is a usage error naming what was found."""
+    if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", value):
+        raise argparse.ArgumentTypeError(f"expected auto, cpu, cuda or cuda:N, found {value!r}")
+    return value
 
 
 def scoring_env() -> dict[str, str]:
