@@ -10,6 +10,7 @@ import random
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 # pytester's in-process runs (runpytest) snapshot sys.modules and drop what a run imported; torch (and the
@@ -227,6 +228,30 @@ def _reference_studentized_interval(values: Any, cluster: Any, weights: Any, lev
     hi_t = r - float(np.quantile(ts, a_t)) * se
     lo_p, hi_p = (float(x) for x in np.quantile(reps, [a, 1.0 - a]))
     return [min(lo_t, lo_p), max(hi_t, hi_p)]
+
+
+def _store_kl64(p_store: Any, q_store: Any, suite: Any, head: Any) -> tuple[np.ndarray, np.ndarray]:
+    """Per-position KL(P || Q) and argmax agreement over shard 0 in float64, computed here from the two
+    stores' tensors (a hidden-state side through the head) with numpy's own log-softmax."""
+    w = head.weight.double().numpy()
+    kl, agree = [], []
+    for i in suite.shard_indices(0):
+        sides = []
+        for st in (p_store, q_store):
+            x = st.load(i).double().numpy()
+            x = x if st.kind == "logits" else x @ w.T
+            x = x - x.max(axis=1, keepdims=True)
+            sides.append(x - np.log(np.exp(x).sum(axis=1, keepdims=True)))
+        lp, lq = sides
+        kl.append((np.exp(lp) * (lp - lq)).sum(axis=1))
+        agree.append(lp.argmax(axis=1) == lq.argmax(axis=1))
+    return np.concatenate(kl), np.concatenate(agree)
+
+
+@pytest.fixture
+def store_kl64() -> Any:
+    """:func:`_store_kl64` (an independent float64 check of the scorer, from two capture stores)."""
+    return _store_kl64
 
 
 @pytest.fixture

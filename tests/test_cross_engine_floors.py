@@ -48,23 +48,6 @@ def _sharpened(ref: Any, head: Any, suite: Any, out: Path) -> Any:
     return CaptureStore.open(out, suite)
 
 
-def _kl64(p_store: Any, q_store: Any, suite: Any, head: Any) -> tuple[np.ndarray, np.ndarray]:
-    """Per-position KL(P || Q) and argmax agreement over shard 0, float64, by hand."""
-    w = head.weight.double().numpy()
-    kl, agree = [], []
-    for i in suite.shard_indices(0):
-        sides = []
-        for st in (p_store, q_store):
-            x = st.load(i).double().numpy()
-            x = x if st.kind == "logits" else x @ w.T
-            x = x - x.max(axis=1, keepdims=True)
-            sides.append(x - np.log(np.exp(x).sum(axis=1, keepdims=True)))
-        lp, lq = sides
-        kl.append((np.exp(lp) * (lp - lq)).sum(axis=1))
-        agree.append(lp.argmax(axis=1) == lq.argmax(axis=1))
-    return np.concatenate(kl), np.concatenate(agree)
-
-
 def _pair(s: dict[str, Any], r: str, c: str) -> Any:
     from harness.run.cross_engine import score_pair
 
@@ -81,9 +64,9 @@ def _pair(s: dict[str, Any], r: str, c: str) -> Any:
     ("bad_l", "good_l", "logits"),
     ("bad_l", "ref", "logits (candidate through head)"),
 ])
-def test_cell_matches_float64(stores: dict[str, Any], r: str, c: str, mode: str) -> None:
+def test_cell_matches_float64(stores: dict[str, Any], r: str, c: str, mode: str, store_kl64: Any) -> None:
     cell = _pair(stores, r, c)
-    kl, agree = _kl64(stores[r], stores[c], stores["suite"], stores["head"])
+    kl, agree = store_kl64(stores[r], stores[c], stores["suite"], stores["head"])
     assert cell.mode == mode and (cell.reference, cell.candidate) == (r, c)
     assert cell.n_positions == kl.size
     assert cell.mean_kld == pytest.approx(kl.mean(), rel=1e-3)
@@ -91,11 +74,11 @@ def test_cell_matches_float64(stores: dict[str, Any], r: str, c: str, mode: str)
     assert abs(cell.top1 - agree.mean()) <= 2 / kl.size
 
 
-def test_direction_is_row_as_reference(stores: dict[str, Any]) -> None:
+def test_direction_is_row_as_reference(stores: dict[str, Any], store_kl64: Any) -> None:
     """KL is asymmetric: cell (R, C) is KL(P_R || Q_C), and its mirror is the other direction."""
     fwd, back = _pair(stores, "ref", "sharp_l"), _pair(stores, "sharp_l", "ref")
-    kl_rc, _ = _kl64(stores["ref"], stores["sharp_l"], stores["suite"], stores["head"])
-    kl_cr, _ = _kl64(stores["sharp_l"], stores["ref"], stores["suite"], stores["head"])
+    kl_rc, _ = store_kl64(stores["ref"], stores["sharp_l"], stores["suite"], stores["head"])
+    kl_cr, _ = store_kl64(stores["sharp_l"], stores["ref"], stores["suite"], stores["head"])
     assert abs(kl_rc.mean() - kl_cr.mean()) > 0.2 * kl_rc.mean()  # the directions really differ here
     assert fwd.mean_kld == pytest.approx(kl_rc.mean(), rel=1e-3) and back.mean_kld == pytest.approx(kl_cr.mean(), rel=1e-3)
     assert fwd.direction == "KL(ref || sharp_l)" and back.direction == "KL(sharp_l || ref)"
@@ -129,7 +112,7 @@ def _matrix(stores: dict[str, Any]) -> Any:
     return m
 
 
-def test_net_of_floor_rows(stores: dict[str, Any]) -> None:
+def test_net_of_floor_rows(stores: dict[str, Any], store_kl64: Any) -> None:
     from harness.run.cross_engine import net_row, skipped_row
     from harness.run.shard import shard_positions
     from harness.run.shard_inputs import ShardInputs
@@ -139,8 +122,8 @@ def test_net_of_floor_rows(stores: dict[str, Any]) -> None:
     row = net_row("bad", "good_l", "x.toml", pos.scores, m, 123)
     # against the float64 KL computed by hand from the stores: the candidate's, the floor (cell ref -> good_l)
     # and their difference
-    kl_bad, _ = _kl64(stores["ref"], stores["bad_l"], stores["suite"], stores["head"])
-    kl_floor, _ = _kl64(stores["ref"], stores["good_l"], stores["suite"], stores["head"])
+    kl_bad, _ = store_kl64(stores["ref"], stores["bad_l"], stores["suite"], stores["head"])
+    kl_floor, _ = store_kl64(stores["ref"], stores["good_l"], stores["suite"], stores["head"])
     assert row.mean_kld == pytest.approx(kl_bad.mean(), rel=1e-3)
     assert row.floor == pytest.approx(kl_floor.mean(), rel=1e-3)
     assert row.net_of_floor == pytest.approx(kl_bad.mean() - kl_floor.mean(), abs=1e-3 * (kl_bad.mean() + kl_floor.mean()))
@@ -153,7 +136,7 @@ def test_net_of_floor_rows(stores: dict[str, Any]) -> None:
     assert skipped.mean_kld is None and skipped.net_of_floor is None
 
 
-def test_render_round_trip_and_write(stores: dict[str, Any], tmp_path: Path) -> None:
+def test_render_round_trip_and_write(stores: dict[str, Any], tmp_path: Path, store_kl64: Any) -> None:
     from harness.errors import FidelityError
     from harness.plugin.registry import write_extras
     from harness.run.cross_engine import from_json_dict, net_row, render_markdown, to_json_dict
@@ -167,8 +150,8 @@ def test_render_round_trip_and_write(stores: dict[str, Any], tmp_path: Path) -> 
     json.dumps(doc, allow_nan=False)
     cells = {(c["reference"], c["candidate"]): c for c in doc["cells"]}
     assert cells[("good_l", "ref")]["direction"] == "KL(good_l || ref)"
-    kl_bad, _ = _kl64(stores["ref"], stores["bad_h"], stores["suite"], stores["head"])
-    kl_floor, _ = _kl64(stores["ref"], stores["good_l"], stores["suite"], stores["head"])
+    kl_bad, _ = store_kl64(stores["ref"], stores["bad_h"], stores["suite"], stores["head"])
+    kl_floor, _ = store_kl64(stores["ref"], stores["good_l"], stores["suite"], stores["head"])
     assert doc["candidates"][0]["net_of_floor"] == pytest.approx(kl_bad.mean() - kl_floor.mean(),
                                                                  abs=1e-3 * (kl_bad.mean() + kl_floor.mean()))
     m2, rows2 = from_json_dict(doc)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -22,24 +23,6 @@ def _need_llamacpp() -> None:
 
     if not available():
         pytest.skip(f"llama_cpp is not importable (install: {INSTALL_HINT})")
-
-
-def _kl64(p_store: object, q_store: object, suite: object, head: object) -> tuple[np.ndarray, np.ndarray]:
-    """Per-position KL(P || Q) and argmax agreement over shard 0 in float64, computed here from the two
-    stores' tensors (a hidden-state side through the head) with numpy's own log-softmax."""
-    w = head.weight.double().numpy()  # type: ignore[attr-defined]
-    kl, agree = [], []
-    for i in suite.shard_indices(0):  # type: ignore[attr-defined]
-        sides = []
-        for st in (p_store, q_store):
-            x = st.load(i).double().numpy()  # type: ignore[attr-defined]
-            x = x if st.kind == "logits" else x @ w.T  # type: ignore[attr-defined]
-            x = x - x.max(axis=1, keepdims=True)
-            sides.append(x - np.log(np.exp(x).sum(axis=1, keepdims=True)))
-        lp, lq = sides
-        kl.append((np.exp(lp) * (lp - lq)).sum(axis=1))
-        agree.append(lp.argmax(axis=1) == lq.argmax(axis=1))
-    return np.concatenate(kl), np.concatenate(agree)
 
 
 def _matches(scores: object, kl: np.ndarray, agree: np.ndarray) -> None:
@@ -61,7 +44,7 @@ def _gguf(name: str) -> Path:
     return p
 
 
-def test_logits_candidate_against_hidden_reference(fidelity_project: Path, tmp_path: Path) -> None:
+def test_logits_candidate_against_hidden_reference(fidelity_project: Path, tmp_path: Path, store_kl64: Any) -> None:
     """A logits store (what llama.cpp gives) is scored against a hidden-state reference through the head."""
     from harness.capture.loop import capture
     from harness.capture.store import CaptureStore
@@ -83,7 +66,7 @@ def test_logits_candidate_against_hidden_reference(fidelity_project: Path, tmp_p
     ps = shard_positions(ShardInputs(suite=suite, shard=0, reference=ref, candidate=self_l, head=head))
     assert pl.mode == "logits (reference through head)" and pl.head_sha256 == head.sha256
     for store, pos in ((bad_h, ph), (bad_l, pl), (self_l, ps)):
-        _matches(pos.scores, *_kl64(ref, store, suite, head))
+        _matches(pos.scores, *store_kl64(ref, store, suite, head))
 
 
 def test_engine_refuses_non_gguf(tmp_path: Path) -> None:
@@ -104,7 +87,7 @@ def fixture_suite() -> object:
     return Suite.load(ROOT / "fixtures" / "suite")
 
 
-def test_capture_bf16_gguf_matches_reference(fixture_suite: object, tmp_path: Path) -> None:
+def test_capture_bf16_gguf_matches_reference(fixture_suite: object, tmp_path: Path, store_kl64: Any) -> None:
     """The fixture model's own bf16 weights through llama.cpp: KLD to the transformers reference is a
     small floor (different kernels, not different weights); the store is a verified logits store."""
     _need_llamacpp()
@@ -124,7 +107,7 @@ def test_capture_bf16_gguf_matches_reference(fixture_suite: object, tmp_path: Pa
     ref = CaptureStore.open(ROOT / "fixtures" / "reference", suite)
     head = load_head(ROOT / "fixtures" / "lm_head.safetensors")
     pos = shard_positions(ShardInputs(suite=suite, shard=0, reference=ref, candidate=store, head=head))
-    _matches(pos.scores, *_kl64(ref, store, suite, head))
+    _matches(pos.scores, *store_kl64(ref, store, suite, head))
     # the stored rows are llama.cpp's own logits: llama-cpp-python called directly (one context per batch from
     # an empty cache, as documented), row t = the prediction after token t; fp32 logits of a few units, so
     # 1e-3 absolute + 1e-4 relative allows any CPU backend's summation order (a bf16 or fp16 rounding of the
@@ -158,7 +141,7 @@ def test_capture_is_deterministic(fixture_suite: object) -> None:
     assert np.array_equal(a, b)
 
 
-def test_session_uses_llamacpp_engine(fixture_suite: object, tmp_path: Path) -> None:
+def test_session_uses_llamacpp_engine(fixture_suite: object, tmp_path: Path, store_kl64: Any) -> None:
     """``engine = "llamacpp"`` in fidelity.toml: the session captures the GGUF live into its cache."""
     _need_llamacpp()
     from harness.inputs.config import load_config
@@ -190,12 +173,12 @@ model = "{g.name}"
     from harness.inputs.head import load_head
 
     suite = fixture_suite
-    kl, _ = _kl64(CaptureStore.open(ROOT / "fixtures" / "reference", suite), CaptureStore.open(sess.live_store_path(cand), suite),
+    kl, _ = store_kl64(CaptureStore.open(ROOT / "fixtures" / "reference", suite), CaptureStore.open(sess.live_store_path(cand), suite),
                   suite, load_head(ROOT / "fixtures" / "lm_head.safetensors"))
     assert res.headline.mean_kld == pytest.approx(kl.mean(), rel=1e-3)
 
 
-def test_capture_hidden_states_through_shared_head(fixture_suite: object, tmp_path: Path) -> None:
+def test_capture_hidden_states_through_shared_head(fixture_suite: object, tmp_path: Path, store_kl64: Any) -> None:
     """kind hidden_states: llama.cpp's per-token embeddings (no pooling) are the final norm's output;
     through the shared head they score like the logits capture of the same bf16 GGUF."""
     _need_llamacpp()
@@ -215,8 +198,8 @@ def test_capture_hidden_states_through_shared_head(fixture_suite: object, tmp_pa
     head = load_head(ROOT / "fixtures" / "lm_head.safetensors")
     ph = shard_positions(ShardInputs(suite=suite, shard=0, reference=ref, candidate=hs, head=head)).scores
     pl = shard_positions(ShardInputs(suite=suite, shard=0, reference=ref, candidate=lg, head=head)).scores
-    _matches(ph, *_kl64(ref, hs, suite, head))
-    _matches(pl, *_kl64(ref, lg, suite, head))
+    _matches(ph, *store_kl64(ref, hs, suite, head))
+    _matches(pl, *store_kl64(ref, lg, suite, head))
 
 
 def test_cli_capture_engine_llamacpp(tmp_path: Path) -> None:
