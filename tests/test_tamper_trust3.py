@@ -23,6 +23,21 @@ from harness.errors import VerificationError
 # ----------------------------------------------------------------------------- adaptive.json
 
 
+def _resealed_verify_output(pub: Path, res: dict[str, Any], capsys: pytest.CaptureFixture[str]) -> str:
+    """Write a tampered ``results.json`` into the published set ``pub`` and reseal its checksums (so only the
+    re-derivation can see the lie); ``fidelity verify`` must then refuse it: its output, for the message check."""
+    from harness.cli.main import main
+    from harness.reports.publish import write_checksums
+
+    (pub / "results.json").write_text(json.dumps(res))
+    (pub / "checksums.txt").unlink()
+    write_checksums(pub)
+    capsys.readouterr()
+    assert main(["verify", str(pub)]) != 0
+    got = capsys.readouterr()
+    return got.out + got.err
+
+
 def _rows(n_clusters: int, shards: int, seed: int) -> dict[int, list[dict[str, Any]]]:
     """Per-shard per-context rows (``cluster``, ``positions``, ``sum_kld``) of one candidate."""
     rng = np.random.default_rng(seed)
@@ -125,7 +140,6 @@ def test_publish_and_verify_refuse_a_lying_adaptive_json(fidelity_run: Path, tmp
     results.json ``adaptive`` block was edited and resealed."""
     from harness.cli.main import main
     from harness.io.jsonio import read_json
-    from harness.reports.publish import write_checksums
 
     root = tmp_path / "p"
     shutil.copytree(fidelity_run, root, symlinks=True)
@@ -147,13 +161,8 @@ def test_publish_and_verify_refuse_a_lying_adaptive_json(fidelity_run: Path, tmp
     res = json.loads((tmp_path / "pub2" / "results.json").read_text())
     assert res["adaptive"] == doc
     res["adaptive"]["looks"][0]["clusters"] += 1
-    (tmp_path / "pub2" / "results.json").write_text(json.dumps(res))
-    (tmp_path / "pub2" / "checksums.txt").unlink()
-    write_checksums(tmp_path / "pub2")  # resealed: only the re-derivation can see the lie
-    capsys.readouterr()
-    assert main(["verify", str(tmp_path / "pub2")]) != 0
-    got = capsys.readouterr()
-    assert "results.json: adaptive: looks[0].clusters: expected 2 (shards [0] of bad's reports), found 3" in got.out + got.err
+    assert ("results.json: adaptive: looks[0].clusters: expected 2 (shards [0] of bad's reports), found 3"
+            in _resealed_verify_output(tmp_path / "pub2", res, capsys))
 
 
 # ----------------------------------------------------------------------------- provenance records
@@ -740,7 +749,6 @@ def test_publish_refuses_tails_that_do_not_follow_from_the_shard_reports(fidelit
 def test_verify_refuses_resealed_results_with_edited_tails(fidelity_run: Path, tmp_path: Path,
                                                            capsys: pytest.CaptureFixture[str]) -> None:
     from harness.cli.main import main
-    from harness.reports.publish import write_checksums
 
     root = tmp_path / "p"
     shutil.copytree(fidelity_run, root, symlinks=True)
@@ -748,13 +756,7 @@ def test_verify_refuses_resealed_results_with_edited_tails(fidelity_run: Path, t
     assert main(["publish", "--reports", str(root / "reports"), "--config", str(root / "fidelity.toml"), "--out", str(pub)]) == 0
     res = json.loads((pub / "results.json").read_text())
     res["candidates"]["good"]["tails"]["cumulative"]["max"] *= 0.5
-    (pub / "results.json").write_text(json.dumps(res))
-    (pub / "checksums.txt").unlink()
-    write_checksums(pub)
-    capsys.readouterr()
-    assert main(["verify", str(pub)]) != 0
-    got = capsys.readouterr()
-    assert "results.json: candidates.good.tails.cumulative: expected " in got.out + got.err
+    assert "results.json: candidates.good.tails.cumulative: expected " in _resealed_verify_output(pub, res, capsys)
 
 
 # ----------------------------------------------------------------------------- paired reports re-derived by publish
@@ -834,7 +836,6 @@ def test_publish_refuses_a_paired_report_that_does_not_follow_from_the_shard_rep
 def test_verify_refuses_resealed_results_with_an_edited_pair(paired_run: Path, tmp_path: Path,
                                                              capsys: pytest.CaptureFixture[str]) -> None:
     from harness.cli.main import main
-    from harness.reports.publish import write_checksums
 
     pub = tmp_path / "pub"
     assert main(["publish", "--reports", str(paired_run / "reports"), "--config", str(paired_run / "fidelity.toml"),
@@ -843,13 +844,7 @@ def test_verify_refuses_resealed_results_with_an_edited_pair(paired_run: Path, t
     res = json.loads((pub / "results.json").read_text())
     assert [p["shards"] for p in res["paired"]] == [[0, 1, 2, 3]]
     res["paired"][0]["kld_mean"]["b"] *= 2
-    (pub / "results.json").write_text(json.dumps(res))
-    (pub / "checksums.txt").unlink()
-    write_checksums(pub)
-    capsys.readouterr()
-    assert main(["verify", str(pub)]) != 0
-    got = capsys.readouterr()
-    assert "results.json: paired[0]: kld_mean.b: expected " in got.out + got.err
+    assert "results.json: paired[0]: kld_mean.b: expected " in _resealed_verify_output(pub, res, capsys)
 
 
 # ----------------------------------------------------------------------------- window.json re-derived by publish
@@ -939,7 +934,6 @@ def test_publish_refuses_a_window_json_that_does_not_follow(window_run: Path, tm
 def test_verify_refuses_resealed_results_with_an_edited_window(window_run: Path, tmp_path: Path,
                                                                capsys: pytest.CaptureFixture[str]) -> None:
     from harness.cli.main import main
-    from harness.reports.publish import write_checksums
 
     pub = tmp_path / "pub"
     assert main(["publish", "--reports", str(window_run / "reports"), "--config", str(window_run / "fidelity.toml"),
@@ -947,10 +941,4 @@ def test_verify_refuses_resealed_results_with_an_edited_window(window_run: Path,
     assert main(["verify", str(pub)]) == 0
     res = json.loads((pub / "results.json").read_text())
     res["window"]["windows"]["16"]["candidates"]["good"]["rel_change_mean_kld"] = 0.0
-    (pub / "results.json").write_text(json.dumps(res))
-    (pub / "checksums.txt").unlink()
-    write_checksums(pub)
-    capsys.readouterr()
-    assert main(["verify", str(pub)]) != 0
-    got = capsys.readouterr()
-    assert "results.json: window: windows.16.candidates.good.rel_change_mean_kld: expected " in got.out + got.err
+    assert "results.json: window: windows.16.candidates.good.rel_change_mean_kld: expected " in _resealed_verify_output(pub, res, capsys)
