@@ -160,9 +160,40 @@ def test_recipe_names_every_unit_once(family: ProjectFamily) -> None:
         assert w["strategy"] == ("group" if s.group_size else "channel") and w["symmetric"] is True
 
 
+def _undeclared(value: object, record: object, where: str = "") -> list[str]:
+    """The keys of ``value`` (JSON) that the type ``record`` does not declare, recursively (dotted paths)."""
+    import types
+    import typing
+
+    if typing.is_typeddict(record) and isinstance(value, dict):
+        hints = typing.get_type_hints(record)
+        out = [f"{where}.{k}" for k in value if k not in hints]
+        for k, v in value.items():
+            out += _undeclared(v, hints[k], f"{where}.{k}") if k in hints else []
+        return out
+    origin, args = typing.get_origin(record), typing.get_args(record)
+    if origin is list and isinstance(value, list):
+        return [x for i, v in enumerate(value) for x in _undeclared(v, args[0], f"{where}[{i}]")]
+    if origin is dict and isinstance(value, dict):
+        return [x for k, v in value.items() for x in _undeclared(v, args[1], f"{where}.{k}")]
+    if origin in (typing.Union, types.UnionType) and value is not None:
+        (inner,) = [a for a in args if a is not type(None)]
+        return _undeclared(value, inner, where)
+    return []
+
+
+def test_the_undeclared_key_walk_sees_nested_keys() -> None:
+    from harness.allocation.records import GroupRecord, ProxyRecord
+
+    proxy = {"definition": "d", "contexts": 1, "scale_nats_per_unit": 0.0, "rank_agreement": {"n": 0, "rho": 1}}
+    assert _undeclared(proxy, ProxyRecord) == [".rank_agreement.rho"]
+    assert _undeclared([{"name": "g", "units": [], "x": 1}], list[GroupRecord]) == ["[0].x"]
+
+
 @pytest.mark.slow
-def test_search_proposes_its_own_optimum(family: ProjectFamily) -> None:
-    """The search on the embedded model, by layer (4 groups x 3 choices, shard 0, ~20 s)."""
+def test_search_proposes_its_own_optimum(family: ProjectFamily, tmp_path: Path) -> None:
+    """The search on the embedded model, by layer (4 groups x 3 choices, shard 0, ~20 s); ``allocation.json`` is
+    exactly its declared record (:class:`harness.allocation.records.AllocationDoc`), checked when read back."""
     from harness.allocation.plan import AllocationRequest, allocate
 
     torch.set_num_threads(1)
@@ -197,6 +228,20 @@ def test_search_proposes_its_own_optimum(family: ProjectFamily) -> None:
 
     assert ra["n"] == 8 and abs(ra["spearman"] - spearmanr([e["proxy"] for e in r["effects"]],
                                                             [e["delta_kld"]["value"] for e in r["effects"]]).statistic) < 1e-12
+
+    from harness.allocation.records import AllocationDoc
+    from harness.allocation.render import write_allocation
+    from harness.io.jsonio import read_json
+    from harness.io.schema import check, schema_of
+
+    write_allocation(r, tmp_path)
+    path = tmp_path / "allocation.json"
+    doc = read_json(path)
+    check(doc, schema_of(AllocationDoc), path)  # every declared key present, with its type
+    assert _undeclared(doc, AllocationDoc) == []  # and nothing undeclared
+    del doc["proposals"][0]["interaction"]["ci95"]
+    with pytest.raises(VerificationError, match=r"allocation.json: proposals\[0\]\.interaction\.ci95: expected present, found missing"):
+        check(doc, schema_of(AllocationDoc), path)
 
 
 def _gguf_ready() -> None:

@@ -20,10 +20,13 @@
 from __future__ import annotations
 
 import ctypes
+import enum
+import importlib
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from types import ModuleType
+from typing import Protocol
 
 import numpy as np
 
@@ -54,9 +57,23 @@ def tensor_type_lines(layout: Mapping[str, str], token_embedding_type: str) -> l
     return lines + [f"--token-embedding-type {token_embedding_type.lower()}"]
 
 
-def _require() -> Any:
+class GgufTensor(Protocol):
+    """What this module reads of a tensor of ``gguf.GGUFReader`` (its ``ReaderTensor``)."""
+
+    name: str
+    #: the ggml type written (``gguf.GGMLQuantizationType``: ``.name`` is ``Q4_0``, ...)
+    tensor_type: enum.IntEnum
+    #: ggml order: ``[in, out]``
+    shape: np.ndarray
+    #: the tensor's data bytes in the file
+    n_bytes: int
+    #: the raw blocks, as ``gguf.quants.dequantize`` takes them
+    data: np.ndarray
+
+
+def _require() -> ModuleType:
     try:
-        import gguf
+        gguf = importlib.import_module("gguf")
     except ImportError:
         raise FidelityError("GGUF layouts need the gguf package: pip install 'fidelity-harness[gguf]'") from None
     return gguf
@@ -108,7 +125,7 @@ def quantize(src: Path, dst: Path, layout: Mapping[str, str], *, token_embedding
     return dst
 
 
-def read_tensors(path: Path) -> dict[str, Any]:
+def read_tensors(path: Path) -> dict[str, GgufTensor]:
     """``{name: gguf ReaderTensor}`` of a GGUF file."""
     gguf = _require()
     try:

@@ -28,9 +28,9 @@ quantize with, and :mod:`harness.run.allocation_check` builds them and scores th
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Final, TypedDict, Unpack
 
 import numpy as np
 
@@ -39,11 +39,12 @@ from harness.allocation.family import Family, layout_bytes
 from harness.allocation.knapsack import solve
 from harness.allocation.measure import InProcess, group_variants, with_group
 from harness.allocation.proxy import group_proxy, rank_agreement, unit_errors
-from harness.attribution.effects import INTERVAL_METHOD, INTERVAL_METHOD_TEXT, PairedMeans
+from harness.allocation.records import AllocationResult, EffectRow, Proposal
+from harness.attribution.effects import INTERVAL_METHOD, INTERVAL_METHOD_TEXT, PairedMeans, TestedEstimate, tested
 from harness.errors import FidelityError
 from harness.inputs.suite import Suite
 
-SCHEMA = "fidelity.allocation/1"
+SCHEMA: Final = "fidelity.allocation/1"
 EFFECTS = ("measured", "proxy")
 ADDITIVITY = ("predicted KLD(L) = KLD(base) + Σ_g Δ(g, L_g), each Δ measured with every other group at the base "
               "layout; checked by measuring each proposed layout (interaction = measured − predicted)")
@@ -66,7 +67,19 @@ class AllocationRequest:
     seed: int = 20240601
     device: str = "cpu"
     progress: bool = True
-    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class RequestOptions(TypedDict, total=False):
+    """The optional fields of an :class:`AllocationRequest` (their defaults are the request's)."""
+
+    grouping: str
+    shards: str | None
+    effects: str
+    proxy_contexts: int
+    n_boot: int
+    seed: int
+    device: str
+    progress: bool
 
 
 def budget_key(spec: str, family: Family) -> str:
@@ -88,13 +101,11 @@ def resolve_budget(spec: str, family: Family, base: dict[str, str]) -> tuple[int
     return layout_bytes(family, {u: s for u in family.units}), f"the bytes of uniform {s}"
 
 
-def _estimate(pm: PairedMeans, per_context: np.ndarray, nonnegative: bool = False) -> dict[str, Any]:
-    e = pm.estimate(per_context, nonnegative=nonnegative)
-    ci = e["ci95"]
-    return {**e, "excludes_zero": ci is not None and (ci[0] > 0 or ci[1] < 0)}
+def _estimate(pm: PairedMeans, per_context: np.ndarray, nonnegative: bool = False) -> TestedEstimate:
+    return tested(pm.estimate(per_context, nonnegative=nonnegative))
 
 
-def allocate(req: AllocationRequest) -> dict[str, Any]:
+def allocate(req: AllocationRequest) -> AllocationResult:
     """Run the search (module docstring); returns the JSON-ready result (schema :data:`SCHEMA`)."""
     if req.effects not in EFFECTS:
         raise FidelityError(f"effects {req.effects!r}: expected one of {', '.join(EFFECTS)}")
@@ -131,7 +142,7 @@ def allocate(req: AllocationRequest) -> dict[str, Any]:
     errors = unit_errors(fam, inputs, run.original)
     base_kld = _estimate(pm, base_sum, nonnegative=True)
 
-    effect_rows: list[dict[str, Any]] = []
+    effect_rows: list[EffectRow] = []
     for name, c in variants:
         units = units_of[name]
         eff = _estimate(pm, sums[(name, c)] - base_sum)
@@ -144,9 +155,11 @@ def allocate(req: AllocationRequest) -> dict[str, Any]:
     scale = base_kld["value"] / base_energy if base_energy > 0 else 0.0
     by_key = {(r["group"], r["choice"]): r for r in effect_rows}
 
-    proposals = []
+    proposals: list[Proposal] = []
     for spec, budget, what in budgets:
-        costs, values, opts = [], [], []
+        costs: list[list[int]] = []
+        values: list[list[float]] = []
+        opts: list[list[str]] = []
         for g in groups:
             o_costs = [sum(fam.unit_bytes(u, base[u]) for u in g.units)]
             o_vals = [0.0]
@@ -163,7 +176,7 @@ def allocate(req: AllocationRequest) -> dict[str, Any]:
             opts.append(o_names)
         picks = solve(costs, values, budget - fam.fixed_bytes)
         layout = dict(base)
-        chosen = {}
+        chosen: dict[str, str] = {}
         for g, o_names, k in zip(groups, opts, picks):
             chosen[g.name] = o_names[k]
             if o_names[k] != "base":
@@ -208,7 +221,6 @@ def allocate(req: AllocationRequest) -> dict[str, Any]:
         "compute": {"device": req.device, "dtype": "float32", "capture": "LM-head input, in-process weight swaps"},
         "variants_scored": run.variants_scored,
         "timing": {"effects_s": t1 - t0, "proposals_s": t2 - t1, "total_s": time.perf_counter() - t0},
-        **req.extra,
     }
 
 
@@ -217,7 +229,8 @@ def _group_base(base: dict[str, str], units: tuple[str, ...]) -> str:
     return kinds[0] if len(kinds) == 1 else "base (" + "/".join(kinds) + ")"
 
 
-def request_from_args(reference: Path, suite: Path, family: Family, base: str, budgets: str, **kw: Any) -> AllocationRequest:
+def request_from_args(reference: Path, suite: Path, family: Family, base: str, budgets: str,
+                      **kw: Unpack[RequestOptions]) -> AllocationRequest:
     """An :class:`AllocationRequest` from command-line text (``budgets`` comma-separated)."""
     specs = tuple(x.strip() for x in budgets.split(",") if x.strip())
     if not specs:

@@ -19,13 +19,12 @@ import json
 import shutil
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
 
 from harness.allocation.choices import ProjectScheme, parse_project
-from harness.engines.quantization import CONFIG_FILE, LAYER_SCHEMES, QUANT_FILE, WEIGHTS_FILE
+from harness.engines.quantization import CONFIG_FILE, QUANT_FILE, WEIGHTS_FILE, LayerScheme, QuantRecipe
 from harness.engines.quantized import pack_codes, packed_size
 from harness.errors import FidelityError, VerificationError
 from harness.io.hashing import sha256_file
@@ -91,7 +90,7 @@ def fixed_bytes(source: Mapping[str, torch.Tensor], units: set[str]) -> int:
     return sum(2 * t.numel() for k, t in source.items() if k.removesuffix(".weight") not in units)
 
 
-def build(model_dir: Path, out: Path, layout: Mapping[str, str], base: str) -> dict[str, Any]:
+def build(model_dir: Path, out: Path, layout: Mapping[str, str], base: str) -> QuantRecipe:
     """Write the checkpoint of ``layout`` ({unit: choice}) to ``out``; returns its ``quantization.json``.
 
     ``base`` is the top-level recipe; every unit whose choice differs is in ``layer_schemes``."""
@@ -102,7 +101,7 @@ def build(model_dir: Path, out: Path, layout: Mapping[str, str], base: str) -> d
         shutil.rmtree(out)
     out.mkdir(parents=True)
     tensors: dict[str, torch.Tensor] = {}
-    schemes: dict[str, dict[str, int | None]] = {}
+    schemes: dict[str, LayerScheme] = {}
     for key, t in source.items():
         unit = key.removesuffix(".weight")
         if unit in layout:
@@ -121,10 +120,10 @@ def build(model_dir: Path, out: Path, layout: Mapping[str, str], base: str) -> d
 
     save_file(tensors, str(out / WEIGHTS_FILE), metadata={"format": "pt"})
     shutil.copyfile(model_dir / CONFIG_FILE, out / CONFIG_FILE)
-    meta: dict[str, Any] = {"method": METHOD, "bits": base_s.bits, "group_size": base_s.group_size, "code_kind": "int",
-                            "library": LIBRARY, "simulated": False, "layers": sorted(layout)}
+    meta: QuantRecipe = {"method": METHOD, "bits": base_s.bits, "group_size": base_s.group_size, "code_kind": "int",
+                         "library": LIBRARY, "simulated": False, "layers": sorted(layout)}
     if schemes:
-        meta[LAYER_SCHEMES] = dict(sorted(schemes.items()))
+        meta["layer_schemes"] = dict(sorted(schemes.items()))
     meta["on_disk_bytes"] = sum((out / n).stat().st_size for n in (CONFIG_FILE, WEIGHTS_FILE))
     meta["source_model_sha256"] = sha256_file(model_dir / WEIGHTS_FILE)
     (out / QUANT_FILE).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")

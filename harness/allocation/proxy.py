@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 import numpy as np
 import torch
 
 from harness.allocation.family import Family
+from harness.allocation.records import RankAgreement
 
 
 def unit_errors(family: Family, inputs: Mapping[str, torch.Tensor], reference: Mapping[str, torch.Tensor]) -> dict[str, dict[str, float]]:
@@ -41,7 +41,7 @@ def group_proxy(errors: Mapping[str, Mapping[str, float]], units: Sequence[str],
     return float(sum(errors[u][choice] - errors[u][base[u]] for u in units))
 
 
-def rank_agreement(proxy: Sequence[float], measured: Sequence[float]) -> dict[str, Any]:
+def rank_agreement(proxy: Sequence[float], measured: Sequence[float]) -> RankAgreement:
     """Spearman's ρ and Kendall's τ (with their p-values) between proxy and measured effects; None where undefined
     (fewer than three pairs, or one side constant)."""
     from scipy.stats import kendalltau, spearmanr

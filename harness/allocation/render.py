@@ -10,12 +10,12 @@ Everything is rendered in memory, then written as one unit.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 from harness.allocation.gguf_format import tensor_type_lines
 from harness.allocation.outputs import llmcompressor_recipe
+from harness.allocation.records import AllocationCheck, AllocationResult
+from harness.attribution.effects import Estimate
 from harness.io.atomic import atomic_write_files
 from harness.reports.plot import kld_vs_size_figure
 
@@ -26,14 +26,14 @@ def _g(x: float | None) -> str:
     return f"{x:.3e}" if x != 0 and (abs(x) < 1e-2 or abs(x) >= 1e4) else f"{x:.4f}"
 
 
-def _ci(d: Mapping[str, Any] | None) -> str:
+def _ci(d: Estimate | None) -> str:
     if not d:
         return "—"
-    ci = d.get("ci95")
+    ci = d["ci95"]
     return f"{_g(d['value'])} [{_g(ci[0])}, {_g(ci[1])}]" if ci else f"{_g(d['value'])} [not estimable]"
 
 
-def render_markdown(r: Mapping[str, Any], check: Mapping[str, Any] | None = None) -> str:
+def render_markdown(r: AllocationResult, check: AllocationCheck | None = None) -> str:
     """Effects, proxy agreement, proposals with predicted vs measured KLD, and the paired comparisons."""
     ra = r["proxy"]["rank_agreement"]
     lines = [
@@ -63,20 +63,21 @@ def render_markdown(r: Mapping[str, Any], check: Mapping[str, Any] | None = None
         lines += ["", f"## Built and scored as ordinary candidates ({check['engine']}, shards {check['shards']})", "",
                   "| candidate | on-disk bytes | predicted KLD | measured KLD [95% CI] | versus | its KLD | paired diff [95% CI] | verdict |",
                   "|---|---|---|---|---|---|---|---|"]
-        for p in check["proposals"]:
-            c = p.get("comparator")
+        for q in check["proposals"]:
+            c = q.get("comparator")
             pair = ("| — | — | — | — |" if c is None else
                     f"| {c['candidate']} ({c['on_disk_bytes']} bytes, ×{c['size_ratio']:.4f}) | {_ci(c['measured_kld'])} | "
                     f"{_ci({'value': c['paired']['diff'], 'ci95': c['paired']['ci95']})} | {c['paired']['verdict']} |")
-            lines.append(f"| {p['candidate']} | {p['on_disk_bytes']} | {_ci(p['predicted_kld'])} | {_ci(p['measured_kld'])} " + pair)
-        for p in check["proposals"]:
-            b = p.get("predicted_kld_on_measured_base")
+            lines.append(f"| {q['candidate']} | {q['on_disk_bytes']} | {_ci(q['predicted_kld'])} | {_ci(q['measured_kld'])} " + pair)
+        for q in check["proposals"]:
+            b = q.get("predicted_kld_on_measured_base")
             if b is not None:
-                lines.append(f"- {p['candidate']}: predicted on the base as scored here ({b['base']} {_g(b['base_kld'])} + "
-                             f"Σ Δ {_g(b['value'] - b['base_kld'])}) = {_g(b['value'])}; measured {_g(p['measured_kld']['value'])}")
-            h = (p.get("comparator") or {}).get("paired_held_out")
-            if h is not None:
-                lines.append(f"- {p['candidate']} vs {p['comparator']['candidate']} on the shards the search did not see "
+                lines.append(f"- {q['candidate']}: predicted on the base as scored here ({b['base']} {_g(b['base_kld'])} + "
+                             f"Σ Δ {_g(b['value'] - b['base_kld'])}) = {_g(b['value'])}; measured {_g(q['measured_kld']['value'])}")
+            c = q.get("comparator")
+            h = c.get("paired_held_out") if c is not None else None
+            if c is not None and h is not None:
+                lines.append(f"- {q['candidate']} vs {c['candidate']} on the shards the search did not see "
                              f"({h['shards']}): {_ci({'value': h['diff'], 'ci95': h['ci95']})}, {h['verdict']}")
         lines += ["", "Every proposal against every uniform layout at least as large (paired, same positions):", "",
                   "| proposed | versus | bytes (proposed / versus) | diff [95% CI] | verdict |", "|---|---|---|---|---|"]
@@ -84,12 +85,12 @@ def render_markdown(r: Mapping[str, Any], check: Mapping[str, Any] | None = None
             lines.append(f"| {w['proposed']} | {w['versus']} | {w['proposed_bytes']} / {w['versus_bytes']} | "
                          f"{_ci({'value': w['diff'], 'ci95': w['ci95']})} | {w['verdict']} |")
         lines += ["", "Measured candidates:", "", "| candidate | on-disk bytes | mean KLD [95% CI] |", "|---|---|---|"]
-        for n, c in sorted(check["candidates"].items(), key=lambda kv: kv[1]["on_disk_bytes"]):
-            lines.append(f"| {n} | {c['on_disk_bytes']} | {_ci({'value': c['mean_kld'], 'ci95': c['ci95']})} |")
+        for n, m in sorted(check["candidates"].items(), key=lambda kv: kv[1]["on_disk_bytes"]):
+            lines.append(f"| {n} | {m['on_disk_bytes']} | {_ci({'value': m['mean_kld'], 'ci95': m['ci95']})} |")
     return "\n".join(lines) + "\n"
 
 
-def proposal_files(r: Mapping[str, Any], out: Path, token_embedding_type: str = "Q8_0") -> dict[Path, str]:
+def proposal_files(r: AllocationResult, out: Path, token_embedding_type: str = "Q8_0") -> dict[Path, str]:
     """Each proposal's layout files (module docstring)."""
     files: dict[Path, str] = {}
     for p in r["proposals"]:
@@ -102,10 +103,10 @@ def proposal_files(r: Mapping[str, Any], out: Path, token_embedding_type: str = 
     return files
 
 
-def write_allocation(r: Mapping[str, Any], out: Path, check: Mapping[str, Any] | None = None) -> list[Path]:
+def write_allocation(r: AllocationResult, out: Path, check: AllocationCheck | None = None) -> list[Path]:
     """Write ``allocation.json`` (the search, and ``check`` when given), ``allocation.md``, the layout files and the plot."""
     out = Path(out)
-    doc = {**r, "check": check} if check is not None else dict(r)
+    doc: dict[str, object] = {**r, "check": check} if check is not None else dict(r)  # an AllocationDoc
     files: dict[Path, bytes | str] = {out / "allocation.json": json.dumps(doc, indent=1, sort_keys=True, allow_nan=False) + "\n",
                                       out / "allocation.md": render_markdown(r, check)}
     files.update(proposal_files(r, out))

@@ -31,7 +31,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 
@@ -49,6 +49,28 @@ MIB = 2**20
 INTERVAL_METHOD = MEAN_METHOD
 #: The same in words, with the pairing: every variant's interval applies the same cluster draws.
 INTERVAL_METHOD_TEXT = MEAN_METHOD_TEXT + "; common random numbers (the same cluster draws for every variant)"
+
+
+class Estimate(TypedDict):
+    """A token mean (or a difference of two over the same positions) with its 95% interval."""
+
+    #: nats
+    value: float
+    #: the studentized cluster interval; None below the bootstrap's minimum of clusters
+    ci95: list[float] | None
+
+
+class TestedEstimate(Estimate):
+    """An :class:`Estimate` with whether its interval lies off zero."""
+
+    #: the interval lies wholly above or wholly below zero (False when there is no interval)
+    excludes_zero: bool
+
+
+def tested(e: Estimate) -> TestedEstimate:
+    """``e`` with ``excludes_zero`` (:class:`TestedEstimate`)."""
+    ci = e["ci95"]
+    return {"value": e["value"], "ci95": ci, "excludes_zero": ci is not None and (ci[0] > 0 or ci[1] < 0)}
 
 
 @dataclass(frozen=True)
@@ -81,7 +103,7 @@ class PairedMeans:
         self.weights = draw_cluster_weights(self.n_clusters, n_boot, seed)
         self.n_boot, self.seed = n_boot, seed
 
-    def estimate(self, per_context: np.ndarray, *, nonnegative: bool = False) -> dict[str, Any]:
+    def estimate(self, per_context: np.ndarray, *, nonnegative: bool = False) -> Estimate:
         """``{"value", "ci95"}`` of ``sum(per_context) / positions`` (a difference when the sums are differences):
         the studentized cluster interval of the shard reports (:func:`harness.metrics.bootstrap.ratio_intervals`),
         clipped at 0 for a KLD (``nonnegative``); ``ci95`` None below the bootstrap's minimum of clusters."""
@@ -89,10 +111,6 @@ class PairedMeans:
         bounds = (0.0, math.inf) if nonnegative else (-math.inf, math.inf)
         (ci,) = ratio_intervals(self.weights, sums[:, None], self.cluster_positions, bounds=bounds)
         return {"value": float(sums.sum() / self.n_positions), "ci95": ci}
-
-
-def _excludes_zero(ci: list[float] | None) -> bool:
-    return ci is not None and (ci[0] > 0 or ci[1] < 0)
 
 
 def grouping_effects(pm: PairedMeans, candidate_sum_kld: np.ndarray, rule: str, partition: bool,
@@ -110,13 +128,13 @@ def grouping_effects(pm: PairedMeans, candidate_sum_kld: np.ndarray, rule: str, 
             "bytes": int(g.bytes),
             "byte_share": g.bytes / candidate_bytes if candidate_bytes else None,
             "restore_cost_bytes": int(g.reference_bytes - g.bytes),
-            "restore": {**restore, "excludes_zero": _excludes_zero(restore["ci95"])},
+            "restore": tested(restore),
             "restore_share_of_whole": restore["value"] / whole["value"] if whole["value"] else None,
             "restore_per_mib": restore["value"] / (g.bytes / MIB) if g.bytes else None,
         }
         if g.only_sum_kld is not None:
             only = pm.estimate(g.only_sum_kld, nonnegative=True)
-            row["only"] = {**only, "excludes_zero": _excludes_zero(only["ci95"])}
+            row["only"] = tested(only)
         rows.append(row)
     rows.sort(key=lambda r: (-r["restore"]["value"], r["group"]))
     for i, r in enumerate(rows, 1):
@@ -130,14 +148,14 @@ def grouping_effects(pm: PairedMeans, candidate_sum_kld: np.ndarray, rule: str, 
         sum_restore = pm.estimate(k * cand - restored_all)
         add: dict[str, Any] = {
             "sum_restore": sum_restore,
-            "interaction_restore": {**inter, "excludes_zero": _excludes_zero(inter["ci95"])},
+            "interaction_restore": tested(inter),
             "explained_restore": sum_restore["value"] / whole["value"] if whole["value"] else None,
         }
         if all(g.only_sum_kld is not None for g in groups):
             only_all = sum((np.asarray(g.only_sum_kld, dtype=np.float64) for g in groups), np.zeros_like(cand))
             inter_o = pm.estimate(cand - only_all)
             add["sum_only"] = pm.estimate(only_all)
-            add["interaction_only"] = {**inter_o, "excludes_zero": _excludes_zero(inter_o["ci95"])}
+            add["interaction_only"] = tested(inter_o)
             add["explained_only"] = add["sum_only"]["value"] / whole["value"] if whole["value"] else None
         out["additivity"] = add
     else:

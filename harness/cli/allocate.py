@@ -54,14 +54,14 @@ def _allocate(a: argparse.Namespace) -> int:
     for p in result["proposals"]:
         print(f"budget {p['budget_spec']} ({p['budget_bytes']} bytes): predicted KLD {p['predicted_kld']['value']:.4e}, "
               f"in process {p['in_process_kld']['value']:.4e}, bytes {p['predicted_bytes']}")
-    for p in (check or {}).get("proposals", []):
-        c = p.get("comparator")
-        line = f"{p['candidate']}: measured {p['measured_kld']['value']:.4e} ({p['on_disk_bytes']} bytes)"
+    for q in check["proposals"] if check is not None else []:
+        c = q.get("comparator")
+        line = f"{q['candidate']}: measured {q['measured_kld']['value']:.4e} ({q['on_disk_bytes']} bytes)"
         if c is not None:
             line += (f" vs {c['candidate']} {c['measured_kld']['value']:.4e} ({c['on_disk_bytes']} bytes): diff "
                      f"{c['paired']['diff']:.4e} {_iv(c['paired']['ci95'])}, {c['paired']['verdict']}")
         print(line)
-        h = (c or {}).get("paired_held_out")
+        h = c.get("paired_held_out") if c is not None else None
         if h is not None:
             print(f"  on the shards the search did not see {h['shards']}: diff {h['diff']:.4e} {_iv(h['ci95'])}, "
                   f"{h['verdict']}")

@@ -50,6 +50,8 @@ class QuantRecipe(TypedDict):
     #: the stochastic rounding's seed, where the method draws
     seed: NotRequired[int]
     layer_schemes: NotRequired[dict[str, LayerScheme]]
+    #: bytes of the checkpoint's ``config.json`` and weights file: the candidate's on-disk size in its reports
+    on_disk_bytes: NotRequired[int]
     source_model_sha256: NotRequired[str | None]
 
 

@@ -17,10 +17,11 @@ from __future__ import annotations
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from harness.allocation.choices import DEFAULT_CHOICES, parse_choices, parse_subset
 from harness.allocation.family import Family, GgufFamily, ProjectFamily
+from harness.allocation.records import AllocationCheck, AllocationDoc
 from harness.allocation.render import write_allocation
 from harness.plugin.kinds import CaseRun, Payload, Uncollected, Written
 from harness.run.allocation_check import check_allocation
@@ -31,7 +32,7 @@ if TYPE_CHECKING:
 _KEYS = {"base", "budget", "family", "choices", "by", "shards", "check_shards", "uniforms", "gguf_bf16", "n_boot", "expect"}
 
 
-def verdict_problems(check: dict[str, Any], expect: str | None) -> list[str]:
+def verdict_problems(check: AllocationCheck, expect: str | None) -> list[str]:
     """Why the proposals fail the marker's paired test (empty: they pass)."""
     out = []
     for p in check["proposals"]:
@@ -60,7 +61,7 @@ class Allocation(Uncollected):
                   "and fail when it is worse than the uniform layout of that size (fixture fidelity_allocation)")
     fixture = "fidelity_allocation"
 
-    def case(self, run: CaseRun, request: pytest.FixtureRequest, param: Any) -> dict[str, Any]:
+    def case(self, run: CaseRun, request: pytest.FixtureRequest, param: object) -> AllocationDoc:
         """The marker's search, built and checked; written to ``<report dir>/allocation/<test name>/``."""
         import pytest
 

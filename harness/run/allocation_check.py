@@ -21,11 +21,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Final
 
 from harness.allocation.family import Family, layout_bytes
+from harness.allocation.records import AllocationCheck, AllocationResult, CheckProposal, Comparator, PairRow
 from harness.errors import FidelityError, VerificationError
 from harness.inputs.config import CandidateConfig, FidelityConfig
 from harness.inputs.suite import parse_shard_spec
@@ -36,7 +37,7 @@ from harness.reports.paired import paired_report
 if TYPE_CHECKING:
     from harness.run.shard import ShardPositions
 
-SCHEMA = "fidelity.allocation-check/1"
+SCHEMA: Final = "fidelity.allocation-check/1"
 
 
 def _mean_kld(positions: Sequence[ShardPositions]) -> float:
@@ -49,9 +50,9 @@ def _candidate(name: str, engine: str, model: Path) -> CandidateConfig:
     return CandidateConfig(name, engine, model.resolve(), None, None, None, ("allocation",))
 
 
-def check_allocation(config: FidelityConfig, result: Mapping[str, Any], family: Family, out: Path, *,
+def check_allocation(config: FidelityConfig, result: AllocationResult, family: Family, out: Path, *,
                      uniforms: Sequence[str] = (), shards: str | None = None, device: str = "cpu",
-                     engine: str = "transformers", base_model: Path | None = None, margin: float = 1e-4) -> dict[str, Any]:
+                     engine: str = "transformers", base_model: Path | None = None, margin: float = 1e-4) -> AllocationCheck:
     """Build, score and compare (module docstring) with the suite and reference of ``config`` (a
     :class:`~harness.inputs.config.FidelityConfig`); shard reports go to ``out/reports/<candidate>/``."""
     from harness.run.session import FidelitySession
@@ -99,18 +100,18 @@ def check_allocation(config: FidelityConfig, result: Mapping[str, Any], family: 
     base_kinds = set(result["base"]["layout"].values())
     base_name = "base" if "base" in built else (f"uniform-{next(iter(base_kinds))}" if len(base_kinds) == 1 else None)
     base_row = by_name.get(base_name) if base_name is not None else None
-    proposals = []
+    proposals: list[CheckProposal] = []
     for p in result["proposals"]:
         name = f"alloc-{p['budget_spec']}"
         cand = cfg.candidate(name)
-        row: dict[str, Any] = {
+        row: CheckProposal = {
             "candidate": name, "budget_spec": p["budget_spec"], "budget_bytes": p["budget_bytes"],
             "predicted_bytes": predicted_bytes[name], "built_bytes": family.built_bytes(built[name]),
             "on_disk_bytes": by_name[name]["size_bytes"],
             "predicted_kld": p["predicted_kld"], "in_process_kld": p["in_process_kld"], "interaction": p["interaction"],
             "measured_kld": {"value": by_name[name]["mean_kld"], "ci95": by_name[name]["ci95"], "shards": chosen},
         }
-        if base_row is not None:  # the search's predicted change added to the base layout as scored here
+        if base_row is not None and base_name is not None:  # the search's predicted change added to the base as scored here
             row["predicted_kld_on_measured_base"] = {"value": base_row["mean_kld"] + p["predicted_delta_kld"]["value"],
                                                      "base": base_name, "base_kld": base_row["mean_kld"]}
         if search_shards:
@@ -121,30 +122,32 @@ def check_allocation(config: FidelityConfig, result: Mapping[str, Any], family: 
             cc = cfg.candidate(comp)
             rep = paired_report(name, comp, [session.positions(cand, s) for s in chosen],
                                 [session.positions(cc, s) for s in chosen], margin=margin, n_boot=cfg.n_boot)
-            row["comparator"] = {"candidate": comp, "on_disk_bytes": by_name[comp]["size_bytes"],
-                                 "measured_kld": {"value": by_name[comp]["mean_kld"], "ci95": by_name[comp]["ci95"]},
-                                 "size_ratio": by_name[name]["size_bytes"] / by_name[comp]["size_bytes"],
-                                 "paired": {"diff": rep["kld_mean"]["diff"], "ci95": rep["kld_mean"]["ci95"],
-                                            "verdict": rep["verdict_named"], "margin": margin}}
+            comparator: Comparator = {
+                "candidate": comp, "on_disk_bytes": by_name[comp]["size_bytes"],
+                "measured_kld": {"value": by_name[comp]["mean_kld"], "ci95": by_name[comp]["ci95"]},
+                "size_ratio": by_name[name]["size_bytes"] / by_name[comp]["size_bytes"],
+                "paired": {"diff": rep["kld_mean"]["diff"], "ci95": rep["kld_mean"]["ci95"],
+                           "verdict": rep["verdict_named"], "margin": margin}}
             held_out = [s for s in chosen if s not in result["suite"]["shards"]]
             if held_out and len(held_out) < len(chosen):  # the shards the search did not measure its effects on
                 rep = paired_report(name, comp, [session.positions(cand, s) for s in held_out],
                                     [session.positions(cc, s) for s in held_out], margin=margin, n_boot=cfg.n_boot)
-                row["comparator"]["paired_held_out"] = {"shards": held_out, "diff": rep["kld_mean"]["diff"],
-                                                        "ci95": rep["kld_mean"]["ci95"], "verdict": rep["verdict_named"]}
+                comparator["paired_held_out"] = {"shards": held_out, "diff": rep["kld_mean"]["diff"],
+                                                 "ci95": rep["kld_mean"]["ci95"], "verdict": rep["verdict_named"]}
+            row["comparator"] = comparator
         proposals.append(row)
-    wins = []
-    for p in proposals:
+    wins: list[PairRow] = []
+    for q in proposals:
         for u in (n for n in built if n.startswith("uniform-") or n == "base"):
-            if by_name[u]["size_bytes"] < p["on_disk_bytes"]:
+            if by_name[u]["size_bytes"] < q["on_disk_bytes"]:
                 continue  # a smaller candidate: no like-for-like comparison
             cu = cfg.candidate(u)
-            cp = cfg.candidate(p["candidate"])
-            rep = paired_report(p["candidate"], u, [session.positions(cp, s) for s in chosen],
+            cp = cfg.candidate(q["candidate"])
+            rep = paired_report(q["candidate"], u, [session.positions(cp, s) for s in chosen],
                                 [session.positions(cu, s) for s in chosen], margin=margin, n_boot=cfg.n_boot)
-            wins.append({"proposed": p["candidate"], "versus": u, "diff": rep["kld_mean"]["diff"],
+            wins.append({"proposed": q["candidate"], "versus": u, "diff": rep["kld_mean"]["diff"],
                          "ci95": rep["kld_mean"]["ci95"], "verdict": rep["verdict_named"],
-                         "proposed_bytes": p["on_disk_bytes"], "versus_bytes": by_name[u]["size_bytes"]})
+                         "proposed_bytes": q["on_disk_bytes"], "versus_bytes": by_name[u]["size_bytes"]})
     return {"schema": SCHEMA, "family": family.name, "engine": engine, "shards": chosen, "config": str(config.path),
             "candidates": {n: {"model": str(m), "on_disk_bytes": by_name[n]["size_bytes"],
                                "mean_kld": by_name[n]["mean_kld"], "ci95": by_name[n]["ci95"]} for n, m in built.items()},
