@@ -8,9 +8,10 @@ paired interval below zero).
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
+
+from harness.allocation.records import AllocationDoc
+from harness.io.schema import check, schema_of
 
 pytestmark = pytest.mark.slow
 
@@ -18,8 +19,9 @@ pytestmark = pytest.mark.slow
 @pytest.mark.fidelity_allocate(base="int4_g32", budget="int4_g32", choices="int3_g32,int4_g32,int5_g32", by="layer",
                                check_shards="1-3",
                                expect="better")
-def test_int4_budget_spent_better(fidelity_allocation: dict[str, Any]) -> None:
+def test_int4_budget_spent_better(fidelity_allocation: AllocationDoc) -> None:
     """At int4_g32's bytes the layout beats uniform int4_g32, and its built bytes are the predicted bytes."""
+    check(fidelity_allocation, schema_of(AllocationDoc), "fidelity_allocation")  # the declared record, check included
     (p,) = fidelity_allocation["check"]["proposals"]
     assert p["built_bytes"] == p["predicted_bytes"] <= p["budget_bytes"]
     assert abs(p["on_disk_bytes"] / p["comparator"]["on_disk_bytes"] - 1) < 0.02

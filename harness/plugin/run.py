@@ -40,7 +40,7 @@ from harness.gate.baselines import headline_of
 from harness.inputs.config import load_config
 from harness.inputs.suite import parse_shard_spec
 from harness.interchange.suite_manifest import load_any_suite
-from harness.plugin import builtin, tracker
+from harness.plugin import builtin, kind_adaptive, tracker
 from harness.plugin.junit import headline_numbers, record_not_measured, record_on_case, record_on_suite
 from harness.plugin.keywords import add_tag_keywords
 from harness.plugin.kinds import Payload, ReportKind
@@ -669,7 +669,7 @@ class FidelityRun:
             scored = _or_fail(f"{name} shard {shard:02d}", lambda: self._score(name, shard))
         if monitor is not None:
             d = monitor.observe(name, shard, scored.report.metrics)
-            self.send(request, "adaptive", {"candidate": name, "shard": shard, **d.record()})
+            self.send(request, kind_adaptive.KIND.name, {"candidate": name, "shard": shard, **d.record()})
 
         record_on_case(self.pytest_config, request.node, headline_numbers(scored.headline))
         request.node.stash[_PAYLOAD] = scored.report.to_json_dict()

@@ -1,0 +1,57 @@
+"""Report kinds are one class each behind ``harness.plugin.kinds.ReportKind``, listed once in
+``harness.plugin.registry.REPORT_KINDS``, and the plugin's markers, fixtures and collected case functions
+come from that list (checked on the plugin's modules, and on the source: no kind is chosen by its name)."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+from pathlib import Path
+
+from harness.plugin import builtin, pytest_plugin
+from harness.plugin.kinds import ReportKind
+from harness.plugin.registry import REPORT_KINDS
+
+PLUGIN = Path(__file__).resolve().parents[1] / "harness" / "plugin"
+#: The members of the protocol (properties and methods), read from its class body.
+MEMBERS = sorted(n for n in vars(ReportKind) if not n.startswith("_"))
+
+
+def test_each_kind_module_is_one_registered_kind() -> None:
+    modules = sorted(p.stem for p in PLUGIN.glob("kind_*.py"))
+    kinds = [importlib.import_module(f"harness.plugin.{m}").KIND for m in modules]
+    assert sorted(map(id, kinds)) == sorted(map(id, REPORT_KINDS)) and len(REPORT_KINDS) == len(modules) == 8
+    assert {"name", "marker", "fixture", "test", "params", "case", "write"} <= set(MEMBERS)
+    for kind in REPORT_KINDS:
+        missing = [m for m in MEMBERS if not hasattr(kind, m)]
+        assert not missing, f"{type(kind).__name__} lacks {missing}"
+    for member in ("name", "marker", "fixture", "test"):
+        values = [getattr(k, member) for k in REPORT_KINDS if getattr(k, member) is not None]
+        assert len(values) == len(set(values)), f"two kinds share a {member}: {values}"
+
+
+def test_markers_fixtures_and_cases_come_from_the_registry() -> None:
+    for kind in REPORT_KINDS:
+        if kind.marker is not None:
+            assert pytest_plugin.MARKERS[kind.marker] == kind.marker_doc
+        for fixture in (kind.fixture, kind.param_fixture):
+            if fixture is not None:
+                assert callable(getattr(pytest_plugin, fixture)), fixture
+        if kind.test is not None:
+            assert getattr(builtin, kind.test).__doc__ == kind.test_doc
+
+
+def test_no_plugin_module_chooses_a_kind_by_name() -> None:
+    """Outside its own module a kind is never named by a string: compared with one (an if-chain over kind
+    names) or passed as one (a payload sent under a spelled-out kind)."""
+    names = {k.name for k in REPORT_KINDS}
+    found = []
+    for path in sorted(PLUGIN.glob("*.py")):
+        if path.stem.startswith("kind_"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            operands = ([node.left, *node.comparators] if isinstance(node, ast.Compare) else
+                        [*node.args, *(k.value for k in node.keywords)] if isinstance(node, ast.Call) else [])
+            found += [f"{path.name}:{node.lineno} {x.value!r}" for x in operands
+                      if isinstance(x, ast.Constant) and x.value in names]
+    assert not found, found
