@@ -85,17 +85,17 @@ class GroupData:
     only_sum_kld: np.ndarray | None  # per context: KLD sums of the reference with only this group quantized
 
 
-def cluster_ids(clusters: Sequence[Any]) -> tuple[np.ndarray, int]:
+def cluster_ids(clusters: Sequence[str]) -> tuple[np.ndarray, int]:
     """Dense cluster id per context and the number of clusters."""
     names: dict[str, int] = {}
-    ids = np.array([names.setdefault(str(c), len(names)) for c in clusters], dtype=np.int64)
+    ids = np.array([names.setdefault(c, len(names)) for c in clusters], dtype=np.int64)
     return ids, len(names)
 
 
 class PairedMeans:
     """Token means of per-context sums over the same positions, with common-random-number intervals."""
 
-    def __init__(self, clusters: Sequence[Any], positions: np.ndarray, n_boot: int = DEFAULT_N_BOOT, seed: int = DEFAULT_SEED) -> None:
+    def __init__(self, clusters: Sequence[str], positions: np.ndarray, n_boot: int = DEFAULT_N_BOOT, seed: int = DEFAULT_SEED) -> None:
         self.ids, self.n_clusters = cluster_ids(clusters)
         self.positions = np.asarray(positions, dtype=np.float64)
         self.n_positions = float(self.positions.sum())
