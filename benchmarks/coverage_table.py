@@ -1,6 +1,6 @@
 """Per-side miss rates of the harness's 95 % mean-KLD interval (the table in docs/statistics.md).
 
-Run by hand (minutes): ``python benchmarks/coverage_table.py [reps]``. For each synthetic model of
+Run by hand (minutes): ``python benchmarks/coverage_table.py [reps] [models]``. For each synthetic model of
 :mod:`harness.metrics.simulation` (plus two heavier lognormal shapes) and each cluster count the
 harness gates on, ``reps`` data sets are drawn and the production function
 :func:`harness.metrics.bootstrap.ratio_intervals` (2,000 replicates) gives each one's interval; the
@@ -13,6 +13,7 @@ from __future__ import annotations
 import sys
 
 import numpy as np
+from coverage_unseen import BEFORE, calibration, rate  # run as a script: benchmarks/ is on the path
 
 from harness.metrics.bootstrap import draw_cluster_weights, ratio_intervals
 from harness.metrics.simulation import ALL_MODELS, LAYOUTS, ClusterModel
@@ -23,23 +24,30 @@ HEAVIER = (
 )
 
 
-def main(reps: int = 4000) -> None:
-    print("| model | clusters | data sets | upper end below the truth | lower end above | upper half-width / mean | lower |")
-    print("|---|---|---|---|---|---|---|")
+def main(reps: int = 4000, models: str = "") -> None:
+    """The table with ``reps`` data sets per cell (half from 100 clusters), for the models whose name contains one
+    of the comma-separated ``models`` (all when empty)."""
+    print("| model | clusters | data sets | upper end below the truth: before | now | lower end above: before | now "
+          "| upper half-width / mean: before / now | lower: now |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for model in ALL_MODELS[:2] + HEAVIER + ALL_MODELS[2:]:
+        if models and not any(m in model.name for m in models.split(",")):
+            continue
         for C, k in LAYOUTS:
             n = reps if C < 100 else reps // 2
             rng = np.random.default_rng(7000 + C)
             sums, counts = model.draw(rng, n, C, k)
             W = draw_cluster_weights(C, 2000, seed=C + 1)
-            iv = np.array(ratio_intervals(W, sums, counts, bounds=(0.0, np.inf)), dtype=np.float64)
             r = sums.sum(axis=0) / counts.sum()
-            below, above = float((iv[:, 1] < model.mean).mean()), float((iv[:, 0] > model.mean).mean())
-            se_b, se_a = (float(np.sqrt(max(x, 1e-4) * (1 - x) / n)) for x in (below, above))
-            wu, wl = float(np.median((iv[:, 1] - r) / r)), float(np.median((r - iv[:, 0]) / r))
-            print(f"| {model.name} | {C} | {n} | {100 * below:.2f} % ± {100 * se_b:.2f} | {100 * above:.2f} % ± "
-                  f"{100 * se_a:.2f} | {wu:.3f} | {wl:.3f} |", flush=True)
+            with calibration(*BEFORE):
+                before = np.array(ratio_intervals(W, sums, counts, bounds=(0.0, np.inf)), dtype=np.float64)
+            iv = np.array(ratio_intervals(W, sums, counts, bounds=(0.0, np.inf)), dtype=np.float64)
+            cols = [rate(float(x), n) for x in ((before[:, 1] < model.mean).mean(), (iv[:, 1] < model.mean).mean(),
+                                             (before[:, 0] > model.mean).mean(), (iv[:, 0] > model.mean).mean())]
+            wb, wu = (float(np.median((x[:, 1] - r) / r)) for x in (before, iv))
+            wl = float(np.median((r - iv[:, 0]) / r))
+            print(f"| {model.name} | {C} | {n} | {' | '.join(cols)} | {wb:.3f} / {wu:.3f} | {wl:.3f} |", flush=True)
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]) if len(sys.argv) > 1 else 4000)
+    main(int(sys.argv[1]) if len(sys.argv) > 1 else 4000, sys.argv[2] if len(sys.argv) > 2 else "")

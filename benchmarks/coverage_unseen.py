@@ -1,13 +1,20 @@
 """Each side's miss rate of the harness's intervals on shapes the calibration never saw.
 
-Run by hand (minutes): ``python benchmarks/coverage_unseen.py [mean_reps] [tail_reps]``. The calibration
-of :func:`harness.metrics.bootstrap.ratio_intervals` was chosen on equal-sized clusters at 8, 16, 47, 85
-and 842 clusters (``benchmarks/coverage_table.py``); here every cell differs from those in at least one of
+Run by hand (minutes): ``python benchmarks/coverage_unseen.py [mean_reps] [tail_reps] [shapes]``, ``shapes``
+the letters of the shapes to run (``SHAPES`` are ``a``-``e``, ``IN_USE_SHAPES`` ``f``-``j``; all when absent). The first
+calibration of :func:`harness.metrics.bootstrap.ratio_intervals` was chosen on equal-sized clusters at 8, 16,
+47, 85 and 842 clusters (``benchmarks/coverage_table.py``); here every cell differs from those in at least one of
 
 * the cluster count (10, 20, 30, 64, 150, 400),
 * cluster sizes: skewed (contexts per cluster lognormal, 1 to 40, fixed per layout as a suite's are),
   optionally with difficulty that grows with size (larger documents harder),
-* tails: lognormal position KLD with log-sd 2.5, Pareto(3) cluster effects.
+* tails: lognormal position KLD with log-sd 2.5, Pareto(3) cluster effects;
+
+and five further shapes at the cluster counts in use (8, 16, 47, 85, 842): lognormal cluster effects of
+log-sd 1.3 with skewed sizes, a mixture where 5 % of clusters are 20 times harder, Pareto(2.2) cluster
+effects with skewed sizes, difficulty proportional to size (one document holding up to 40 % of the KLD),
+and lognormal 0.9 / 0.8 / 2.0. Each mean cell runs the same data sets through the previous calibration
+(:data:`BEFORE`) and the current one, so the two columns differ only by the calibration.
 
 Each data set's interval comes from the production functions with the production defaults: the mean's
 from :func:`ratio_intervals` (10,000 replicates, as every shard report draws), the tails' (p99, CVaR1%)
@@ -23,11 +30,14 @@ from __future__ import annotations
 
 import math
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
 from scipy.stats import norm
 
+import harness.metrics.bootstrap as bootstrap
 from harness.metrics.bootstrap import (
     DEFAULT_N_BOOT,
     DEFAULT_N_BOOT_TAILS,
@@ -42,6 +52,24 @@ from harness.metrics.simulation import ClusterModel
 
 POSITIONS = 255
 MEAN = 1e-3
+#: The previous calibration (factor, clusters) of the bootstrap-t level, run on the same data sets for comparison.
+BEFORE = (0.5, 120.0)
+
+
+def rate(x: float, n: int) -> str:
+    """A miss rate in percent with its Monte-Carlo standard error over ``n`` data sets."""
+    return f"{100 * x:.2f} % ± {100 * math.sqrt(max(x, 1e-4) * (1 - x) / n):.2f}"
+
+
+@contextmanager
+def calibration(factor: float, clusters: float) -> Iterator[None]:
+    """Read the bootstrap-t quantiles at ``alpha * factor * C' / (C' + clusters)`` inside the block."""
+    old = bootstrap.CALIBRATION_FACTOR, bootstrap.CALIBRATION_CLUSTERS
+    bootstrap.CALIBRATION_FACTOR, bootstrap.CALIBRATION_CLUSTERS = factor, clusters
+    try:
+        yield
+    finally:
+        bootstrap.CALIBRATION_FACTOR, bootstrap.CALIBRATION_CLUSTERS = old
 
 
 @dataclass(frozen=True)
@@ -55,7 +83,9 @@ class Shape:
     @property
     def name(self) -> str:
         m = self.model
-        law = f"Pareto({m.pareto_shape:g})" if m.cluster_law == "pareto" else f"{m.sigma_cluster:g}"
+        law = {"pareto": f"Pareto({m.pareto_shape:g})",
+               "mixture": f"{m.sigma_cluster:g} x ({100 * m.hard_fraction:g} % of clusters {m.hard_ratio:g}x)"}.get(
+            m.cluster_law, f"{m.sigma_cluster:g}")
         sizes = "skewed sizes" if self.skewed_sizes else "2 contexts each"
         extra = f", difficulty ~ size^{self.size_exponent:g}" if self.size_exponent else ""
         return f"{law} / {m.sigma_context:g} / {m.sigma_position:g}, {sizes}{extra}"
@@ -88,21 +118,25 @@ def draw_mean_data(shape: Shape, rng: np.random.Generator, reps: int, sizes: np.
 
 
 def mean_cell(shape: Shape, C: int, reps: int, seed: int) -> dict[str, float]:
+    """Each side's miss rate and the median upper half-width / mean, now and with :data:`BEFORE` (same data)."""
     sizes = cluster_sizes(C, shape.skewed_sizes, seed)
     rng = np.random.default_rng(seed + 1)
     W = draw_cluster_weights(C, DEFAULT_N_BOOT, seed=seed + 2)
-    below = above = 0
-    widths = []
-    truth = math.nan
+    miss = {"below": 0, "above": 0, "below_before": 0, "above_before": 0}
+    widths: dict[str, list[np.ndarray]] = {"": [], "_before": []}
     for r0 in range(0, reps, 250):
         sums, counts, truth = draw_mean_data(shape, rng, min(250, reps - r0), sizes)
-        iv = np.array(ratio_intervals(W, sums, counts, bounds=(0.0, np.inf)), dtype=np.float64)
-        below += int((iv[:, 1] < truth).sum())
-        above += int((iv[:, 0] > truth).sum())
         r = sums.sum(axis=0) / counts.sum()
-        widths.append((iv[:, 1] - r) / r)
-    return {"below": below / reps, "above": above / reps, "truth": truth, "upper_half": float(np.median(np.concatenate(widths))),
-            "largest_share": float(sizes.max() / sizes.sum())}
+        for tag in ("", "_before"):
+            with calibration(*(BEFORE if tag else (bootstrap.CALIBRATION_FACTOR, bootstrap.CALIBRATION_CLUSTERS))):
+                iv = np.array(ratio_intervals(W, sums, counts, bounds=(0.0, np.inf)), dtype=np.float64)
+            miss["below" + tag] += int((iv[:, 1] < truth).sum())
+            miss["above" + tag] += int((iv[:, 0] > truth).sum())
+            widths[tag].append((iv[:, 1] - r) / r)
+    out = {k: v / reps for k, v in miss.items()}
+    out.update({"upper_half" + k: float(np.median(np.concatenate(v))) for k, v in widths.items()})
+    out["largest_share"] = float(sizes.max() / sizes.sum())
+    return out
 
 
 def lognormal_tails(mean: float, sigma: float, q: float = 0.99) -> tuple[float, float]:
@@ -151,23 +185,39 @@ SHAPES = (
           skewed_sizes=True),
 )
 MEAN_CLUSTERS = (10, 20, 30, 64, 150, 400)
+#: Shapes run at the cluster counts in use (one shard, ladders, the seed suite) instead.
+IN_USE_SHAPES = (
+    Shape(ClusterModel("f", sigma_cluster=1.3, sigma_context=0.3, sigma_position=1.5), skewed_sizes=True),
+    Shape(ClusterModel("g", sigma_cluster=0.3, sigma_context=0.3, sigma_position=1.5, cluster_law="mixture")),
+    Shape(ClusterModel("h", sigma_cluster=0.0, sigma_context=0.3, sigma_position=1.5, cluster_law="pareto", pareto_shape=2.2),
+          skewed_sizes=True),
+    Shape(ClusterModel("i", sigma_cluster=1.0, sigma_context=0.3, sigma_position=1.5), skewed_sizes=True, size_exponent=1.0),
+    Shape(ClusterModel("j", sigma_cluster=0.9, sigma_context=0.8, sigma_position=2.0)),
+)
+IN_USE_CLUSTERS = (8, 16, 47, 85, 842)
 TAIL_SHAPES = (SHAPES[0], SHAPES[2], SHAPES[3])
 TAIL_CLUSTERS = (250, 400)
 
 
-def main(mean_reps: int = 2000, tail_reps: int = 200) -> None:
-    """The mean table with ``mean_reps`` data sets per cell (half from 100 clusters), then the tails table with
-    ``tail_reps`` (none when 0)."""
-    print("Mean KLD, 95 % interval (each side stated at 2.5 %):\n")
-    print("| shape | clusters | largest cluster's share | data sets | upper end below the truth | lower end above | upper half-width / mean |")
-    print("|---|---|---|---|---|---|---|")
-    for i, shape in enumerate(SHAPES):
-        for C in MEAN_CLUSTERS:
-            n = mean_reps if C < 100 else mean_reps // 2
-            r = mean_cell(shape, C, n, seed=31_000 + 100 * i + C)
-            se = [math.sqrt(max(x, 1e-4) * (1 - x) / n) for x in (r["below"], r["above"])]
-            print(f"| {shape.name} | {C} | {r['largest_share']:.2f} | {n} | {100 * r['below']:.2f} % ± {100 * se[0]:.2f} | "
-                  f"{100 * r['above']:.2f} % ± {100 * se[1]:.2f} | {r['upper_half']:.3f} |", flush=True)
+def main(mean_reps: int = 2000, tail_reps: int = 200, shapes: str = "abcdefghij") -> None:
+    """The mean table with ``mean_reps`` data sets per cell (half from 100 clusters) for the shapes named in
+    ``shapes``, then the tails table with ``tail_reps`` (none when 0)."""
+    f0, k0 = BEFORE
+    print("Mean KLD, 95 % interval (each side stated at 2.5 %); before: bootstrap-t read at "
+          f"{f0:g} a C'/(C' + {k0:g}), now: {bootstrap.CALIBRATION_FACTOR:g} a C'/(C' + {bootstrap.CALIBRATION_CLUSTERS:g}):\n")
+    print("| shape | clusters | largest cluster's share | data sets | upper end below the truth: before | now | "
+          "lower end above: before | now | upper half-width / mean: before / now |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    cells = [(i, s, C) for i, s in enumerate(SHAPES) for C in MEAN_CLUSTERS]
+    cells += [(len(SHAPES) + i, s, C) for i, s in enumerate(IN_USE_SHAPES) for C in IN_USE_CLUSTERS]
+    for i, shape, C in cells:
+        if shape.model.name not in shapes:
+            continue
+        n = mean_reps if C < 100 else mean_reps // 2
+        r = mean_cell(shape, C, n, seed=31_000 + 100 * i + C)
+        cols = " | ".join(rate(r[k], n) for k in ("below_before", "below", "above_before", "above"))
+        print(f"| {shape.name} | {C} | {r['largest_share']:.2f} | {n} | {cols} | "
+              f"{r['upper_half_before']:.3f} / {r['upper_half']:.3f} |", flush=True)
     if tail_reps <= 0:
         return
     print(f"\nTails (percentile interval at {TAIL_ALPHA:g} per side, {DEFAULT_N_BOOT_TAILS} replicates), {tail_reps} data sets per cell:\n")
@@ -181,4 +231,4 @@ def main(mean_reps: int = 2000, tail_reps: int = 200) -> None:
 
 
 if __name__ == "__main__":
-    main(*(int(a) for a in sys.argv[1:3]))
+    main(*(int(a) for a in sys.argv[1:3]), *sys.argv[3:4])

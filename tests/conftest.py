@@ -194,8 +194,11 @@ def _reference_studentized_interval(values: Any, cluster: Any, weights: Any, lev
     token mean, from raw positions: every replicate is expanded into its resampled positions and
     its mean and cluster-robust standard error are computed directly, with plain loops (no matrix
     products, no residual expansion). Per side the wider of bootstrap-t and percentile; the
-    bootstrap-t quantiles at alpha * 0.5 * C' / (C' + 120), C' = (sum n_c)^2 / sum n_c^2 (the documented
-    small-sample calibration)."""
+    bootstrap-t quantiles at alpha * 0.25 * C' / (C' + 200), C' = (sum n_c)^2 / sum n_c^2 (the documented
+    small-sample calibration), read from at least 20 / a' replicates: the given draws followed by the documented
+    extension (uniform cluster ids from numpy's default_rng seeded by the first 8 bytes, little-endian, of the sha256
+    of the given draws, counted per replicate)."""
+    import hashlib
     import math
 
     import numpy as np
@@ -216,14 +219,24 @@ def _reference_studentized_interval(values: Any, cluster: Any, weights: Any, lev
         return r, math.sqrt(C / (C - 1) * q) / tot
 
     r, se = mean_se([1] * C)
+    a = (1.0 - level) / 2.0
+    c_eff = math.fsum(n) ** 2 / math.fsum(x * x for x in n)  # Kish's effective number of clusters
+    a_t = a * 0.25 * c_eff / (c_eff + 200.0)
+    rows = [list(map(int, row)) for row in np.asarray(weights)]
+    need = math.ceil(20.0 / a_t - 1e-9)
+    if len(rows) < need:
+        seed = int.from_bytes(hashlib.sha256(np.ascontiguousarray(weights).tobytes()).digest()[:8], "little")
+        ids = np.random.default_rng(seed).integers(0, C, size=(need - len(rows), C), dtype=np.int64)
+        for drawn in ids:
+            mult = [0] * C
+            for c in drawn:
+                mult[int(c)] += 1
+            rows.append(mult)
     reps, ts = [], []
-    for row in np.asarray(weights):
+    for row in rows:
         rb, seb = mean_se([int(w) for w in row])
         reps.append(rb)
         ts.append((rb - r) / seb)
-    a = (1.0 - level) / 2.0
-    c_eff = math.fsum(n) ** 2 / math.fsum(x * x for x in n)  # Kish's effective number of clusters
-    a_t = a * 0.5 * c_eff / (c_eff + 120.0)
     lo_t = r - float(np.quantile(ts, 1.0 - a_t)) * se
     hi_t = r - float(np.quantile(ts, a_t)) * se
     lo_p, hi_p = (float(x) for x in np.quantile(reps, [a, 1.0 - a]))

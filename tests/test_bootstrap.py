@@ -8,15 +8,19 @@ module keeps a quick check at 300 clusters against the i.i.d. interval's failure
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
 from harness.metrics.bootstrap import (
     MIN_CLUSTERS,
     draw_cluster_weights,
+    extended_weights,
     ratio_interval,
     ratio_intervals,
     ratio_replicates,
+    replicates_needed,
 )
 
 N_REPEATS = 400
@@ -92,6 +96,24 @@ def test_studentized_interval_matches_an_independent_float64_implementation(refe
     want = reference_interval(values, cluster, w)
     assert got == pytest.approx(want, rel=1e-9)
     assert got[1] - got[0] > 0
+
+
+@pytest.mark.parametrize("n_clusters", [8, 16, 85, 842])
+def test_each_bootstrap_t_bound_has_at_least_20_replicates_beyond_it(n_clusters: int) -> None:
+    """The documented count: quantiles read at a' = 0.025 * 0.25 * C / (C + 200) from >= 20 / a' replicates, the
+    report's own draws first (the same extension for the same draws)."""
+    a_cal = 0.025 * 0.25 * n_clusters / (n_clusters + 200)
+    need = replicates_needed(float(n_clusters), 0.025, 0.025)
+    assert need == math.ceil(20 / a_cal - 1e-9) and need * a_cal >= 20 > (need - 1) * a_cal
+    assert replicates_needed(float(n_clusters), 0.0, 0.0) == 0
+    w = draw_cluster_weights(n_clusters, 2000, seed=4)
+    ext = extended_weights(w, need)
+    assert ext.shape == (max(2000, need), n_clusters) and (ext[:2000] == w).all()
+    assert (ext.sum(axis=1) == n_clusters).all() and (ext >= 0).all()
+    assert (extended_weights(w.copy(), need) == ext).all()
+    if need > 2000:  # the extension differs from the first rows (fresh draws, not copies)
+        extra = ext[2000 : 2000 + min(2000, need - 2000)]
+        assert not (extra == w[: len(extra)]).all()
 
 
 def test_below_the_minimum_clusters_nothing_is_estimable() -> None:

@@ -29,6 +29,7 @@ from ``numpy.random.default_rng(seed)``.
 
 from __future__ import annotations
 
+import hashlib
 import math
 from dataclasses import dataclass
 
@@ -63,12 +64,12 @@ TAIL_METHOD_TEXT = (
 #: ``alpha * CALIBRATION_FACTOR * C / (C + CALIBRATION_CLUSTERS)``. ``docs/statistics.md`` has the simulation
 #: that chose it: with right-skewed cluster effects the upper end (the gating side: a too-low upper bound lets
 #: a candidate pass ``max_ci_high``) misses more than its stated 2.5 % at every cluster count when read at
-#: ``alpha`` (about 3-4 % at 8-16 clusters, 2.6-3 % at 85, 2.5-2.7 % at 842 clusters); the ``C / (C + K)``
-#: term corrects the few-cluster excess, the factor the excess that remains at hundreds of clusters. The factor
-#: is 0.5: at 0.8 heavy-tailed lognormal KLD (position log-sd 2.5) and skewed cluster sizes still missed 2.6-3.4 %
-#: at 10-400 clusters (``benchmarks/coverage_unseen.py``).
-CALIBRATION_CLUSTERS = 120.0
-CALIBRATION_FACTOR = 0.5
+#: ``alpha`` (7-15 % on Pareto and lognormal-1.3 cluster effects); the ``C / (C + K)`` term corrects the
+#: few-cluster excess, the factor the excess that remains at hundreds of clusters. It is 0.25 / 200: at 0.5 / 120
+#: lognormal cluster effects of log-sd 1.3 with skewed cluster sizes missed 3.2-4.4 % at 16-85 clusters and
+#: Pareto(2.2) cluster effects 3.3-4.1 % at 40-842 (``benchmarks/coverage_unseen.py``).
+CALIBRATION_CLUSTERS = 200.0
+CALIBRATION_FACTOR = 0.25
 
 
 def calibrated_alpha(alpha: float, n_clusters: float) -> float:
@@ -76,9 +77,36 @@ def calibrated_alpha(alpha: float, n_clusters: float) -> float:
     ``n_clusters`` is the effective number of clusters (:func:`effective_clusters`: the cluster count when
     every cluster holds as many positions).
 
-    ``n_boot * calibrated_alpha(alpha, C)`` replicates lie beyond each bootstrap-t bound (15 at 16 clusters
-    with the default 10,000 replicates, 8 at 8 clusters, 109 at 842)."""
+    ``n_boot * calibrated_alpha(alpha, C)`` replicates lie beyond each bootstrap-t bound (2.4 at 8 clusters with
+    the default 10,000 replicates, 4.6 at 16, 11.9 at 47, 18.6 at 85, 50.5 at 842)."""
     return alpha * CALIBRATION_FACTOR * n_clusters / (n_clusters + CALIBRATION_CLUSTERS)
+
+
+#: Fewest replicates beyond each bootstrap-t bound: :func:`ratio_intervals` reads its quantiles from at least
+#: ``MIN_BEYOND / a'`` replicates (:func:`replicates_needed`), extending a smaller draw (:func:`extended_weights`).
+MIN_BEYOND = 20
+_BLOCK_ELEMENTS = 1 << 22  # replicates x statistics per block of ratio_intervals (bounds memory)
+
+
+def replicates_needed(n_clusters: float, alpha_lo: float, alpha_hi: float) -> int:
+    """Replicates from which :func:`ratio_intervals` reads a bootstrap-t quantile at ``calibrated_alpha`` of the
+    smaller positive side so that at least :data:`MIN_BEYOND` lie beyond it (0 when neither side is read)."""
+    sides = [a for a in (alpha_lo, alpha_hi) if a > 0]
+    return int(math.ceil(MIN_BEYOND / calibrated_alpha(min(sides), n_clusters) - 1e-9)) if sides else 0
+
+
+def extended_weights(weights: np.ndarray, n_rows: int) -> np.ndarray:
+    """``weights`` followed by further replicates up to ``n_rows`` rows (itself when it has as many).
+
+    The further rows are cluster multiplicities like :func:`draw_cluster_weights`, from a generator seeded by the
+    sha256 of ``weights``: the same draws always get the same extension, so an interval recomputed from a report's
+    ``n_boot`` and ``seed`` is the same, and the two candidates of a paired comparison share it."""
+    B, C = weights.shape
+    if B >= n_rows:
+        return weights
+    seed = int.from_bytes(hashlib.sha256(np.ascontiguousarray(weights).tobytes()).digest()[:8], "little")
+    extra = draw_cluster_weights(C, n_rows - B, seed).astype(weights.dtype)
+    return np.concatenate([weights, extra], axis=0)
 
 
 def effective_clusters(counts: np.ndarray) -> float:
@@ -104,10 +132,6 @@ def percentile_interval(replicates: np.ndarray, level: float = LEVEL) -> list[fl
     a = (1.0 - level) / 2.0
     lo, hi = np.quantile(replicates, [a, 1.0 - a], method="linear")
     return [float(lo), float(hi)]
-
-
-def _quantile(x: np.ndarray, q: float) -> np.ndarray:
-    return np.asarray(np.quantile(x, q, axis=0, method="linear"), dtype=np.float64)
 
 
 def ratio_intervals(
@@ -136,42 +160,100 @@ def ratio_intervals(
     * percentile: ``[q_(alpha_lo)(r_b), q_(1 - alpha_hi)(r_b)]``;
     * per side the wider of the two, clipped to ``bounds`` (the statistic's possible range).
 
+    The quantiles come from at least ``MIN_BEYOND / a'`` replicates (:func:`replicates_needed`): ``weights``
+    extended by :func:`extended_weights` when it holds fewer, so at least :data:`MIN_BEYOND` replicates lie beyond
+    each bootstrap-t bound (the percentile interval reads the same replicates).
+
     Returns one ``[lo, hi]`` per statistic, or ``None`` for every statistic when there are fewer
     than :data:`MIN_CLUSTERS` clusters (not estimable).
     """
     n = np.asarray(counts, dtype=np.float64)
     s = np.asarray(sums, dtype=np.float64)
-    single = s.ndim == 1
-    s2 = s[:, None] if single else s
+    s2 = s[:, None] if s.ndim == 1 else s
     C = n.shape[0]
     k = s2.shape[1]
     if C < MIN_CLUSTERS:
         return [None] * k
-    w = weights if weights.dtype == np.float64 else weights.astype(np.float64)
+    c_eff = effective_clusters(n)
+    w = extended_weights(weights, replicates_needed(c_eff, alpha_lo, alpha_hi))
+    w = w if w.dtype == np.float64 else w.astype(np.float64)
+    a_lo, a_hi = calibrated_alpha(alpha_lo, c_eff), calibrated_alpha(alpha_hi, c_eff)
+    block = max(1, _BLOCK_ELEMENTS // w.shape[0])
+    lo = np.empty(k)
+    hi = np.empty(k)
+    for j in range(0, k, block):
+        lo[j : j + block], hi[j : j + block] = _studentized_block(w, n, s2[:, j : j + block], alpha_lo, alpha_hi, a_lo, a_hi)
+    lo = np.clip(lo, bounds[0], bounds[1])
+    hi = np.clip(hi, bounds[0], bounds[1])
+    return [[float(lo[j]), float(hi[j])] for j in range(k)]
+
+
+def _studentized_block(
+    w: np.ndarray, n: np.ndarray, s2: np.ndarray, alpha_lo: float, alpha_hi: float, a_lo: float, a_hi: float,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Unclipped lower and upper ends of :func:`ratio_intervals` for the statistics ``s2`` [C, k] (``a_lo``, ``a_hi``:
+    the calibrated levels of the bootstrap-t quantiles). Replicates run along the rows' last axis ([k, B])."""
+    C, k = s2.shape
     N = float(n.sum())
     r = s2.sum(axis=0) / N
     e = s2 - n[:, None] * r[None, :]
     factor = C / (C - 1.0)
     se = np.sqrt(factor * (e**2).sum(axis=0)) / N
-    Nb = w @ n
-    d = (w @ e) / Nb[:, None]  # r_b - r
-    Q = w @ (e**2) - 2.0 * d * (w @ (e * n[:, None])) + d**2 * (w @ (n**2))[:, None]
-    se_b = np.sqrt(factor * np.maximum(Q, 0.0)) / Nb[:, None]
-    with np.errstate(divide="ignore", invalid="ignore"):
-        t = np.where(se_b > 0, d / np.where(se_b > 0, se_b, 1.0), np.sign(d) * 1e12)
-    t = np.clip(t, -1e12, 1e12)
-    c_eff = effective_clusters(n)
-    t_hi = _quantile(t, 1.0 - calibrated_alpha(alpha_lo, c_eff)) if alpha_lo > 0 else np.full(k, np.inf)
-    t_lo = _quantile(t, calibrated_alpha(alpha_hi, c_eff)) if alpha_hi > 0 else np.full(k, -np.inf)
+    wt = w.T
+    Nb = n @ wt
+    d = (e.T @ wt) / Nb[None, :]  # r_b - r, [k, B]
+    # se_b = sqrt(factor * max(Q, 0)) / N_b, Q = W.e^2 - 2 d W.(e n) + d^2 W.n^2 (in place: the arrays are [k, B])
+    se_b = (e**2).T @ wt
+    tmp = (e * n[:, None]).T @ wt
+    tmp *= d
+    tmp *= 2.0
+    se_b -= tmp
+    np.multiply(d, d, out=tmp)
+    tmp *= ((n**2) @ wt)[None, :]
+    se_b += tmp
+    np.maximum(se_b, 0.0, out=se_b)
+    se_b *= factor
+    np.sqrt(se_b, out=se_b)
+    se_b /= Nb[None, :]
+    positive = se_b > 0
+    t = np.sign(d)
+    t *= 1e12  # t where se_b = 0 (every drawn cluster at the replicate's mean)
+    np.divide(d, se_b, out=t, where=positive)
+    np.clip(t, -1e12, 1e12, out=t)
+    del tmp, positive
+    t_hi, t_lo = _row_quantiles(t, (1.0 - a_lo if alpha_lo > 0 else None, a_hi if alpha_hi > 0 else None))
     with np.errstate(invalid="ignore"):
-        lo_t = np.where(se > 0, r - t_hi * se, r)
-        hi_t = np.where(se > 0, r - t_lo * se, r)
-    rep = r[None, :] + d
-    lo_p = _quantile(rep, alpha_lo) if alpha_lo > 0 else np.full(k, -np.inf)
-    hi_p = _quantile(rep, 1.0 - alpha_hi) if alpha_hi > 0 else np.full(k, np.inf)
-    lo = np.clip(np.minimum(lo_t, lo_p), bounds[0], bounds[1])
-    hi = np.clip(np.maximum(hi_t, hi_p), bounds[0], bounds[1])
-    return [[float(lo[j]), float(hi[j])] for j in range(k)]
+        lo_t = np.where(se > 0, r - t_hi * se, r) if t_hi is not None else np.full(k, -np.inf)
+        hi_t = np.where(se > 0, r - t_lo * se, r) if t_lo is not None else np.full(k, np.inf)
+    p_lo, p_hi = _row_quantiles(d, (alpha_lo if alpha_lo > 0 else None, 1.0 - alpha_hi if alpha_hi > 0 else None))
+    lo_p = r + p_lo if p_lo is not None else np.full(k, -np.inf)
+    hi_p = r + p_hi if p_hi is not None else np.full(k, np.inf)
+    return np.minimum(lo_t, lo_p), np.maximum(hi_t, hi_p)
+
+
+def _row_quantiles(x: np.ndarray, qs: tuple[float | None, ...]) -> list[np.ndarray | None]:
+    """numpy's "linear" quantiles of every row of ``x`` [k, B] at each ``q`` (None: not needed), from one partial
+    sort of the rows (the order statistics around each ``q (B - 1)``)."""
+    B = x.shape[1]
+    idx: list[tuple[int, int, float]] = []
+    for q in qs:
+        if q is None:
+            continue
+        v = q * (B - 1)
+        lo = min(max(int(math.floor(v)), 0), B - 1)
+        idx.append((lo, min(lo + 1, B - 1), v - lo))
+    kth = sorted({i for lo, hi, _ in idx for i in (lo, hi)})
+    part = np.partition(x, kth, axis=1) if kth else x
+    out: list[np.ndarray | None] = []
+    it = iter(idx)
+    for q in qs:
+        if q is None:
+            out.append(None)
+            continue
+        lo, hi, f = next(it)
+        a, b = part[:, lo], part[:, hi]
+        out.append(np.asarray(a + (b - a) * f if f < 0.5 else b - (b - a) * (1.0 - f), dtype=np.float64))
+    return out
 
 
 def ratio_interval(

@@ -10,8 +10,9 @@ Model (a *cluster multiplier* × *context multiplier* × *position* model of per
 * position KLD is lognormal with log-sd ``sigma_position``; a context's mean of ``positions`` such
   values is drawn from the moment-matched lognormal (Fenton-Wilkinson), so its skew is kept;
 * every context has a lognormal multiplier (log-sd ``sigma_context``) and every cluster a multiplier
-  drawn from ``cluster_law``: ``lognormal`` (log-sd ``sigma_cluster``) or ``pareto`` (Lomax with
-  shape ``pareto_shape``: heavy right tail, finite variance for shape > 2);
+  drawn from ``cluster_law``: ``lognormal`` (log-sd ``sigma_cluster``), ``pareto`` (Lomax with
+  shape ``pareto_shape``: heavy right tail, finite variance for shape > 2) or ``mixture`` (lognormal
+  with log-sd ``sigma_cluster``, and a fraction ``hard_fraction`` of clusters ``hard_ratio`` times harder);
 * every multiplier has expectation 1, so the true token-mean KLD is exactly ``mean``.
 
 :data:`FIXTURE` is fitted to the embedded default's shard reports (per-context rows: the log-sd
@@ -39,6 +40,8 @@ class ClusterModel:
     sigma_position: float
     cluster_law: str = "lognormal"
     pareto_shape: float = 2.5
+    hard_fraction: float = 0.05
+    hard_ratio: float = 20.0
     positions: int = 255
     mean: float = 1e-3
 
@@ -52,8 +55,12 @@ class ClusterModel:
         if self.cluster_law == "pareto":
             a = self.pareto_shape
             return np.asarray(rng.pareto(a, size) * (a - 1.0), dtype=np.float64)  # Lomax(a) has mean 1/(a-1)
+        if self.cluster_law == "mixture":
+            hard = 1.0 + (self.hard_ratio - 1.0) * (rng.random(size) < self.hard_fraction)
+            scale = 1.0 + (self.hard_ratio - 1.0) * self.hard_fraction
+            return np.asarray(self._unit_lognormal(rng, self.sigma_cluster, size) * hard / scale, dtype=np.float64)
         if self.cluster_law != "lognormal":
-            raise ValueError(f"cluster_law: expected 'lognormal' or 'pareto', found {self.cluster_law!r}")
+            raise ValueError(f"cluster_law: expected 'lognormal', 'pareto' or 'mixture', found {self.cluster_law!r}")
         return self._unit_lognormal(rng, self.sigma_cluster, size)
 
     def context_means(self, rng: np.random.Generator, size: tuple[int, ...]) -> np.ndarray:
