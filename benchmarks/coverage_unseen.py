@@ -1,7 +1,9 @@
 """Each side's miss rate of the harness's intervals on shapes the calibration never saw.
 
 Run by hand (minutes): ``python benchmarks/coverage_unseen.py [mean_reps] [tail_reps] [shapes]``, ``shapes``
-the letters of the shapes to run (``SHAPES`` are ``a``-``e``, ``IN_USE_SHAPES`` ``f``-``j``; all when absent). The first
+the letters of the shapes to run (``SHAPES`` are ``a``-``e``, ``IN_USE_SHAPES`` ``f``-``j``; all when absent);
+one tail cell: ``python benchmarks/coverage_unseen.py tails a|d|n REPS CHUNK`` (a line of JSON; chunks 0, 1, 2 ...
+are further data sets of the same cell, so runs of a few minutes add up). The first
 calibration of :func:`harness.metrics.bootstrap.ratio_intervals` was chosen on equal-sized clusters at 8, 16,
 47, 85 and 842 clusters (``benchmarks/coverage_table.py``); here every cell differs from those in at least one of
 
@@ -18,9 +20,9 @@ and lognormal 0.9 / 0.8 / 2.0. Each mean cell runs the same data sets through th
 
 Each data set's interval comes from the production functions with the production defaults: the mean's
 from :func:`ratio_intervals` (10,000 replicates, as every shard report draws), the tails' (p99, CVaR1%)
-from :func:`tail_replicates` on per-position values (2,000 replicates, the percentile interval at
-:data:`TAIL_ALPHA` per side, as :mod:`harness.metrics.summary` reports them from
-:data:`TAIL_MIN_CLUSTERS` clusters). The truth is exact: the mean of every effect is 1, so the token
+from :func:`tail_replicates` on per-position values (2,000 replicates, as :mod:`harness.metrics.summary`
+draws them; the percentile interval read at each of :data:`TAIL_LEVELS` per side, the harness's
+``TAIL_ALPHA`` among them). The truth is exact: the mean of every effect is 1, so the token
 mean is ``mean`` (or the size-weighted design mean when difficulty grows with size); per-position values
 are products of independent lognormals, so their pooled law is lognormal with the summed log-variance,
 whose p99 and CVaR1% are closed-form.
@@ -28,6 +30,7 @@ whose p99 and CVaR1% are closed-form.
 
 from __future__ import annotations
 
+import json
 import math
 import sys
 from collections.abc import Iterator
@@ -41,7 +44,6 @@ import harness.metrics.bootstrap as bootstrap
 from harness.metrics.bootstrap import (
     DEFAULT_N_BOOT,
     DEFAULT_N_BOOT_TAILS,
-    TAIL_ALPHA,
     TailData,
     draw_cluster_weights,
     percentile_interval,
@@ -146,20 +148,25 @@ def lognormal_tails(mean: float, sigma: float, q: float = 0.99) -> tuple[float, 
     return math.exp(mu + sigma * z), mean * float(norm.cdf(sigma - z)) / (1.0 - q)
 
 
-def tail_cell(shape: Shape, C: int, reps: int, seed: int) -> dict[str, float]:
-    """Per-position data sets; misses of the p99 and CVaR1% intervals as the shard report computes them."""
+TAIL_LEVELS = (0.01, 0.005, 0.0025)
+
+
+def tail_cell(shape: Shape, C: int, reps: int, seed: int, chunk: int = 0) -> dict[str, float]:
+    """Per-position data sets; misses of the p99 and CVaR1% percentile intervals read at each of
+    :data:`TAIL_LEVELS` per side, from the production replicates (``chunk``: another stream of data sets on
+    the same layout and draws, so chunks add up)."""
     m = shape.model
     if m.cluster_law != "lognormal" or shape.size_exponent:
         raise ValueError("tail truth is closed-form only for independent lognormal effects")
     sizes = cluster_sizes(C, shape.skewed_sizes, seed)
     sigma = math.sqrt(m.sigma_cluster**2 + m.sigma_context**2 + m.sigma_position**2)
     p99, cvar1 = lognormal_tails(m.mean, sigma)
-    rng = np.random.default_rng(seed + 1)
+    rng = np.random.default_rng(seed + 1 + 7919 * chunk)
     W = draw_cluster_weights(C, DEFAULT_N_BOOT, seed=seed + 2)[:DEFAULT_N_BOOT_TAILS]
     ctx_cluster = np.repeat(np.arange(C), sizes)
     pos_cluster = np.repeat(ctx_cluster, m.positions)
     n_ctx = ctx_cluster.shape[0]
-    miss = {"p99_below": 0, "p99_above": 0, "cvar_below": 0, "cvar_above": 0}
+    miss = {f"{k}_{a:g}": 0 for k in ("p99_below", "p99_above", "cvar_below", "cvar_above") for a in TAIL_LEVELS}
 
     def unit(sig: float, size: int | tuple[int, ...]) -> np.ndarray:
         return np.asarray(rng.lognormal(-0.5 * sig * sig, sig, size), dtype=np.float64)
@@ -168,11 +175,12 @@ def tail_cell(shape: Shape, C: int, reps: int, seed: int) -> dict[str, float]:
         u = unit(m.sigma_cluster, C)[ctx_cluster] * unit(m.sigma_context, n_ctx)
         v = m.mean * np.repeat(u, m.positions) * unit(m.sigma_position, n_ctx * m.positions)
         qr, cr = tail_replicates(TailData.build(v, pos_cluster, C), W, 0.99, 0.01)
-        (ql, qh), (cl, ch) = (percentile_interval(x, 1.0 - 2.0 * TAIL_ALPHA) for x in (qr, cr))
-        miss["p99_below"] += qh < p99
-        miss["p99_above"] += ql > p99
-        miss["cvar_below"] += ch < cvar1
-        miss["cvar_above"] += cl > cvar1
+        for a in TAIL_LEVELS:
+            (ql, qh), (cl, ch) = (percentile_interval(x, 1.0 - 2.0 * a) for x in (qr, cr))
+            miss[f"p99_below_{a:g}"] += qh < p99
+            miss[f"p99_above_{a:g}"] += ql > p99
+            miss[f"cvar_below_{a:g}"] += ch < cvar1
+            miss[f"cvar_above_{a:g}"] += cl > cvar1
     return {k: v / reps for k, v in miss.items()}
 
 
@@ -195,8 +203,14 @@ IN_USE_SHAPES = (
     Shape(ClusterModel("j", sigma_cluster=0.9, sigma_context=0.8, sigma_position=2.0)),
 )
 IN_USE_CLUSTERS = (8, 16, 47, 85, 842)
-TAIL_SHAPES = (SHAPES[0], SHAPES[2], SHAPES[3])
-TAIL_CLUSTERS = (250, 400)
+#: The tails' shapes at 250 clusters (skewed sizes) and the seed of each (layout and draws; ``a`` and ``d`` share
+#: theirs): the two shapes of the earlier tail check and a heavier one.
+TAIL_SHAPES = {
+    "a": (SHAPES[0], 47_251),
+    "d": (SHAPES[3], 47_251),
+    "n": (Shape(ClusterModel("n", sigma_cluster=0.9, sigma_context=0.5, sigma_position=2.0), skewed_sizes=True), 47_253),
+}
+TAIL_CLUSTERS = 250
 
 
 def main(mean_reps: int = 2000, tail_reps: int = 200, shapes: str = "abcdefghij") -> None:
@@ -220,15 +234,20 @@ def main(mean_reps: int = 2000, tail_reps: int = 200, shapes: str = "abcdefghij"
               f"{r['upper_half_before']:.3f} / {r['upper_half']:.3f} |", flush=True)
     if tail_reps <= 0:
         return
-    print(f"\nTails (percentile interval at {TAIL_ALPHA:g} per side, {DEFAULT_N_BOOT_TAILS} replicates), {tail_reps} data sets per cell:\n")
-    print("| shape | clusters | p99: upper end below / lower end above | CVaR1%: upper end below / lower end above |")
-    print("|---|---|---|---|")
-    for i, shape in enumerate(TAIL_SHAPES):
-        for C in TAIL_CLUSTERS:
-            t = tail_cell(shape, C, tail_reps, seed=47_000 + 100 * i + C)
-            print(f"| {shape.name} | {C} | {100 * t['p99_below']:.1f} / {100 * t['p99_above']:.1f} % | "
-                  f"{100 * t['cvar_below']:.1f} / {100 * t['cvar_above']:.1f} % |", flush=True)
+    print(f"\nTails ({TAIL_CLUSTERS} clusters, {DEFAULT_N_BOOT_TAILS} replicates), {tail_reps} data sets per cell:\n")
+    for key in TAIL_SHAPES:
+        tails(key, tail_reps, 0)
+
+
+def tails(key: str, reps: int, chunk: int) -> None:
+    """One tail cell (a line of JSON: the shape, the data sets and each miss rate per level)."""
+    shape, seed = TAIL_SHAPES[key]
+    t = tail_cell(shape, TAIL_CLUSTERS, reps, seed, chunk)
+    print(json.dumps({"shape": shape.name, "clusters": TAIL_CLUSTERS, "reps": reps, "chunk": chunk, **t}), flush=True)
 
 
 if __name__ == "__main__":
-    main(*(int(a) for a in sys.argv[1:3]), *sys.argv[3:4])
+    if sys.argv[1:2] == ["tails"]:
+        tails(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
+    else:
+        main(*(int(a) for a in sys.argv[1:3]), *sys.argv[3:4])

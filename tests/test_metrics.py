@@ -97,7 +97,7 @@ def test_too_few_clusters_is_not_estimable() -> None:
 
 def test_tail_intervals_only_from_the_clusters_they_need() -> None:
     """Below TAIL_MIN_CLUSTERS the p99 / CVaR1% intervals are null and the report says why; from it on they are
-    the percentile intervals (1 % per side) of the tail statistics of the expanded resampled positions (checked one replicate
+    the percentile intervals (0.25 % per side) of the tail statistics of the expanded resampled positions (checked one replicate
     at a time with numpy on np.repeat-expanded samples, independent of the weighted-tail code)."""
     from harness.metrics.bootstrap import DEFAULT_SEED, MIN_CLUSTERS, TAIL_MIN_CLUSTERS, draw_cluster_weights
     from harness.metrics.tails import cvar
@@ -121,8 +121,8 @@ def test_tail_intervals_only_from_the_clusters_they_need() -> None:
     W = draw_cluster_weights(C, 100, DEFAULT_SEED)[:nt]
     q99 = [np.quantile(np.repeat(s.kld, W[b][ci]), 0.99) for b in range(nt)]
     cv = [cvar(np.repeat(s.kld, W[b][ci]), 0.01) for b in range(nt)]
-    assert m["kld"]["p99_ci95"] == pytest.approx(list(np.quantile(q99, [0.01, 0.99])), rel=1e-12)
-    assert m["kld"]["cvar1_ci95"] == pytest.approx(list(np.quantile(cv, [0.01, 0.99])), rel=1e-12)
+    assert m["kld"]["p99_ci95"] == pytest.approx(list(np.quantile(q99, [0.0025, 0.9975])), rel=1e-12)
+    assert m["kld"]["cvar1_ci95"] == pytest.approx(list(np.quantile(cv, [0.0025, 0.9975])), rel=1e-12)
 
 
 def test_headline_recomputable_from_context_rows() -> None:
