@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from harness.io.atomic import dumps_json
 from harness.metrics import ContextLabel, LogHistogram, headline_from_totals, merge_totals, paired, summarize, totals
+from harness.metrics.bootstrap import TAIL_MIN_CLUSTERS
 from harness.metrics.histogram import EDGES, N_BINS, exceedance_counts
 from harness.metrics.scores import PositionScores
 from harness.metrics.tails import cvar, quantile, weighted_tail_stats
@@ -99,7 +100,7 @@ def test_tail_intervals_only_from_the_clusters_they_need() -> None:
     """Below TAIL_MIN_CLUSTERS the p99 / CVaR1% intervals are null and the report says why; from it on they are
     the percentile intervals (0.25 % per side) of the tail statistics of the expanded resampled positions (checked one replicate
     at a time with numpy on np.repeat-expanded samples, independent of the weighted-tail code)."""
-    from harness.metrics.bootstrap import DEFAULT_SEED, MIN_CLUSTERS, TAIL_MIN_CLUSTERS, draw_cluster_weights
+    from harness.metrics.bootstrap import DEFAULT_SEED, MIN_CLUSTERS, draw_cluster_weights
     from harness.metrics.tails import cvar
     from harness.reports.shard import ShardReport, render_markdown
 
@@ -265,12 +266,35 @@ def test_weighted_tails_equal_expanded_sample() -> None:
 # ---- paired -----------------------------------------------------------------------------------
 
 
+def test_paired_tail_differences_follow_the_tail_rule() -> None:
+    """From TAIL_MIN_CLUSTERS clusters the p99 / CVaR1 differences get an interval read at TAIL_ALPHA per side.
+
+    Scaling b = 1.1 a makes every replicate's difference exactly -0.1 times a's own replicate, so the paired
+    interval must be -0.1 times the reversed single-candidate interval of ``summarize`` (same seed, same draws)."""
+    n_ctx = TAIL_MIN_CLUSTERS + 10
+    s = make_scores(n_ctx * 4, seed=11)
+    ci = np.repeat(np.arange(100, 100 + n_ctx), 4)
+    row = np.tile(np.arange(4), n_ctx)
+    labels = [ContextLabel(100 + i, f"doc{i}", "prose") for i in range(n_ctx)]
+    worse = PositionScores(**{**s.to_dict(), "kld": s.kld * 1.1})
+    p = paired(s, worse, ci, row, labels, n_boot=400, n_boot_tails=400)
+    m = summarize(s, ci, row, labels, n_boot=400, n_boot_tails=400)
+    assert p["bootstrap"]["tail_estimable"] is True and m["bootstrap"]["tail_estimable"] is True
+    for pk, mk in (("kld_p99", "p99_ci95"), ("kld_cvar1", "cvar1_ci95")):
+        lo, hi = m["kld"][mk]
+        assert p[pk]["ci95"] == pytest.approx([-0.1 * hi, -0.1 * lo], rel=1e-9)
+    same = paired(s, s, ci, row, labels, n_boot=400, n_boot_tails=400)
+    assert same["kld_p99"]["ci95"] == [0.0, 0.0] and same["kld_cvar1"]["ci95"] == [0.0, 0.0]
+
+
 def test_paired_identical_is_zero_and_common_random_numbers() -> None:
     s = make_scores(2000, seed=8)
     ci, row, labels = make_suite(40, 50, 12, seed=8)
     p = paired(s, s, ci, row, labels, n_boot=200, n_boot_tails=50)
     assert p["kld_mean"]["diff"] == 0.0 and p["kld_mean"]["ci95"] == [0.0, 0.0]
-    assert p["kld_p99"]["ci95"] == [0.0, 0.0]
+    # 12 source clusters: below TAIL_MIN_CLUSTERS the tail differences get no interval, like a shard's tails
+    assert p["kld_p99"]["ci95"] is None and p["kld_cvar1"]["ci95"] is None
+    assert p["bootstrap"]["tail_estimable"] is False
     assert p["contexts"] == {"a_wins": 0, "b_wins": 0, "ties": 40}
     worse = PositionScores(**{**s.to_dict(), "kld": s.kld * 1.1})
     p2 = paired(s, worse, ci, row, labels, n_boot=200, n_boot_tails=50)

@@ -6,7 +6,9 @@ both candidates (common random numbers), so shared difficulty cancels and the in
 the difference, not of two independent estimates. The mean differences (KLD, top-1, EAR) get the
 studentized interval of :func:`harness.metrics.bootstrap.ratio_intervals` (per side the wider of
 bootstrap-t and percentile: the percentile interval alone covers too little with few clusters);
-the tail differences (p99, CVaR1) keep percentile intervals. Below
+the tail differences (p99, CVaR1) keep percentile intervals under the single-candidate tails' rule:
+read at :data:`~harness.metrics.bootstrap.TAIL_ALPHA` per side and ``None`` (not estimable) below
+:data:`~harness.metrics.bootstrap.TAIL_MIN_CLUSTERS` source clusters. Below
 :data:`~harness.metrics.bootstrap.MIN_CLUSTERS` source clusters every interval is ``None`` (not
 estimable). The equivalence test built on it lives in :mod:`harness.reports.paired`.
 
@@ -29,7 +31,9 @@ from harness.metrics.bootstrap import (
     MEAN_METHOD,
     MEAN_METHOD_TEXT,
     MIN_CLUSTERS,
+    TAIL_ALPHA,
     TAIL_METHOD_TEXT,
+    TAIL_MIN_CLUSTERS,
     TailData,
     draw_cluster_weights,
     percentile_interval,
@@ -79,6 +83,8 @@ def paired(
             "level": LEVEL,
             "min_clusters": MIN_CLUSTERS,
             "estimable": C >= MIN_CLUSTERS,
+            "tail_estimable": C >= max(MIN_CLUSTERS, TAIL_MIN_CLUSTERS),
+            "tail_min_clusters": TAIL_MIN_CLUSTERS,
             "n_boot": int(n_boot),
             "n_boot_tails": int(min(n_boot, n_boot_tails)),
             "seed": int(seed),
@@ -100,10 +106,11 @@ def paired(
     nt = min(n_boot, n_boot_tails)
     tail_pairs = {"kld_p99": (quantile(sa.kld, 0.99), quantile(sb.kld, 0.99)), "kld_cvar1": (cvar(sa.kld), cvar(sb.kld))}
     tail_ci: dict[str, list[float] | None] = {"kld_p99": None, "kld_cvar1": None}
-    if C >= MIN_CLUSTERS:
+    if C >= max(MIN_CLUSTERS, TAIL_MIN_CLUSTERS):
         qa, ca = tail_replicates(TailData.build(sa.kld, La.cluster, C), W[:nt])
         qb, cb = tail_replicates(TailData.build(sb.kld, Lb.cluster, C), W[:nt])
-        tail_ci = {"kld_p99": percentile_interval(qa - qb), "kld_cvar1": percentile_interval(ca - cb)}
+        level = 1.0 - 2.0 * TAIL_ALPHA
+        tail_ci = {"kld_p99": percentile_interval(qa - qb, level), "kld_cvar1": percentile_interval(ca - cb, level)}
     for name, (fa, fb) in tail_pairs.items():
         out[name] = {"a": fa, "b": fb, "diff": fa - fb, "ci95": tail_ci[name]}
     ma = np.bincount(La.ctx, weights=sa.kld, minlength=nc) / pos_ctx
