@@ -268,6 +268,22 @@ def store_kl64() -> Any:
 
 
 @pytest.fixture
+def session_captures(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
+    """Every capture a :class:`FidelitySession` starts in this test (the output folder of each), in order."""
+    import harness.run.session as session_mod
+
+    captured: list[Path] = []
+    real = session_mod.capture
+
+    def counting(*a: Any, **k: Any) -> Any:
+        captured.append(Path(a[3]))
+        return real(*a, **k)
+
+    monkeypatch.setattr(session_mod, "capture", counting)
+    return captured
+
+
+@pytest.fixture
 def reference_interval() -> Any:
     """:func:`_reference_studentized_interval` (an independent check of the bootstrap module)."""
     return _reference_studentized_interval

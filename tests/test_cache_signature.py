@@ -28,21 +28,6 @@ def project(tmp_path: Path, fidelity_project: Path, monkeypatch: pytest.MonkeyPa
     return tmp_path / "p"
 
 
-def _counting(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
-    """Every capture the session starts (the output folder of each)."""
-    import harness.run.session as session_mod
-
-    captured: list[Path] = []
-    real = session_mod.capture
-
-    def counting(*a: Any, **k: Any) -> Any:
-        captured.append(Path(a[3]))
-        return real(*a, **k)
-
-    monkeypatch.setattr(session_mod, "capture", counting)
-    return captured
-
-
 def _session(project: Path) -> Any:
     from harness.inputs.config import load_config
     from harness.run.session import FidelitySession
@@ -88,11 +73,12 @@ def _assert_close(a: dict[str, Any], b: dict[str, Any]) -> None:
 
 
 @pytest.mark.parametrize("forger_key", [None, b"k" * 32], ids=["unsigned", "another-key"])
-def test_a_forged_cache_store_is_recaptured(project: Path, monkeypatch: pytest.MonkeyPatch, forger_key: bytes | None) -> None:
+def test_a_forged_cache_store_is_recaptured(project: Path, monkeypatch: pytest.MonkeyPatch, forger_key: bytes | None,
+                                            session_captures: list[Path]) -> None:
     from harness.capture.cache_sign import FIELD, UntrustedCacheWarning
     from harness.capture.store import CaptureStore
 
-    captured = _counting(monkeypatch)
+    captured = session_captures
     s = _session(project)
     good = s.config.candidate("good")
     real_mean = s.score(good, 0).headline.mean_kld
@@ -123,11 +109,11 @@ def test_a_forged_cache_store_is_recaptured(project: Path, monkeypatch: pytest.M
 
 
 def test_a_signed_cache_store_is_reused_and_the_key_is_private_and_outside_the_cache(
-        project: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+        project: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, session_captures: list[Path]) -> None:
     from harness.capture.cache_sign import key_path, load_key
     from harness.errors import FidelityError
 
-    captured = _counting(monkeypatch)
+    captured = session_captures
     for _ in range(2):
         s = _session(project)
         s.candidate_store(s.config.candidate("good"), 0)

@@ -435,23 +435,16 @@ def _edit_weights(root: Path, edit: Any) -> None:
 
 
 def test_a_setting_that_changes_numbers_gets_its_own_capture(tmp_path: Path, fidelity_project: Path,
-                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+                                                            monkeypatch: pytest.MonkeyPatch,
+                                                            session_captures: list[Path]) -> None:
     """A live candidate captured under one setting is captured again (into another cache folder, the first
     untouched) when a kernel/ISA variable torch reads changes, and reused when a variable that does not change
     numbers (a vLLM memory size, for a transformers candidate) changes -- each run a new session, as a rerun is."""
-    import harness.run.session as session_mod
     from harness.inputs.config import load_config
     from harness.run.session import FidelitySession
 
     shutil.copytree(fidelity_project, tmp_path / "p", symlinks=True)
-    captured: list[Path] = []
-    real = session_mod.capture
-
-    def counting(*a: Any, **k: Any) -> Any:
-        captured.append(Path(a[3]))
-        return real(*a, **k)
-
-    monkeypatch.setattr(session_mod, "capture", counting)
+    captured = session_captures
     for var in ("ATEN_CPU_CAPABILITY", "VLLM_CPU_KVCACHE_SPACE", "FIDELITY_UNRELATED"):
         monkeypatch.delenv(var, raising=False)
 
