@@ -64,7 +64,7 @@ def test_datasets_sources_of_every_format_give_one_suite(tmp_path: Path, tiny_to
     for fmt, src in (("parquet", tmp_path / "rows.parquet"), ("json", tmp_path / "rows.jsonl"), ("arrow", arrow),
                      ("save_to_disk", tmp_path / "saved")):
         s = _build(tmp_path, tiny_tokenizer, "--from-dataset", str(src), "--text-column", "body", "--id-column", "doc_id",
-                   "--source-name", "acme/tiny-docs", "--source-revision", "abc123", "--licence", "CC-BY-4.0", name=fmt)
+                   "--source-name", "acme/tiny-docs", "--source-revision", "abc123", "--license", "CC-BY-4.0", name=fmt)
         corpus = tmp_path / f"{fmt}-corpus"
         # one document per row, named by its id, with the row's text byte for byte
         for doc_id, body in zip(rows["doc_id"], rows["body"]):
@@ -92,7 +92,7 @@ def test_missing_licence_warns_and_is_recorded_as_null(tmp_path: Path, tiny_toke
     datasets.Dataset.from_dict(rows).to_parquet(str(tmp_path / "rows.parquet"))
     s = _build(tmp_path, tiny_tokenizer, "--from-dataset", str(tmp_path / "rows.parquet"), "--text-column", "body")
     err = capsys.readouterr().err
-    assert "warning:" in err and "9 of 9 documents have no licence" in err and "pass --licence" in err
+    assert "warning:" in err and "9 of 9 documents have no licence" in err and "pass --license" in err
     assert {d["licence"] for d in s.meta["documents"].values()} == {None}
     assert sorted(s.meta["documents"])[0] == "row-000000.txt"  # no id column: row numbers
     assert s.meta["corpus_source"]["licence"] is None
@@ -124,7 +124,7 @@ def test_one_long_file_split_into_documents(tmp_path: Path, tiny_tokenizer: Path
     sections = [f"# {i}\n{body}" for i, body in zip(rows["doc_id"], rows["body"])]
     long_file = tmp_path / "book.md"
     long_file.write_text("\n".join(sections), "utf-8")
-    s = _build(tmp_path, tiny_tokenizer, "--split-file", str(long_file), "--split-rule", "regex:^# ", "--licence", "MIT")
+    s = _build(tmp_path, tiny_tokenizer, "--split-file", str(long_file), "--split-rule", "regex:^# ", "--license", "MIT")
     corpus = tmp_path / "suite-corpus"
     texts = [(corpus / f"book-{i:05d}.txt").read_text("utf-8") for i in range(len(sections))]
     assert texts == [sec.strip("\n") for sec in sections]
@@ -153,7 +153,7 @@ def test_chat_template_is_applied_and_recorded(tmp_path: Path, tiny_tokenizer: P
                         for q, a in zip(rows["body"][0::2], rows["body"][1::2])]
     datasets.Dataset.from_dict({"messages": chats}).to_json(str(tmp_path / "chats.jsonl"), lines=True)
     s = _build(tmp_path, tiny_tokenizer, "--from-dataset", str(tmp_path / "chats.jsonl"), "--text-column", "messages",
-               "--chat-template", str(tok_dir), "--licence", "MIT", extra=("--contexts", "6"))
+               "--chat-template", str(tok_dir), "--license", "MIT", extra=("--contexts", "6"))
     corpus = tmp_path / "suite-corpus"
     render = jinja2.Template(TEMPLATE)
     for i, chat in enumerate(chats):  # the template rendered here with jinja2 directly

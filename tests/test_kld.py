@@ -324,7 +324,7 @@ def test_stats_cli(fidelity_project: Path, tmp_path: Path, capsys: pytest.Captur
     capsys.readouterr()
     assert main(["kld", "stats", "--kld", str(out), "--suite", str(root / "suite"), "--candidate", str(cand.root),
                  "--reference", str(root / "reference"), "--head", str(root / "lm_head.safetensors"),
-                 "--n-boot", "200", "--json", str(tmp_path / "s.json")]) == 0
+                 "--n-boot", "200", "--out", str(tmp_path / "s.json")]) == 0
     text = capsys.readouterr().out
     assert text.count("====== KL divergence statistics ======") == 2
     doc = json.loads((tmp_path / "s.json").read_text())

@@ -81,7 +81,7 @@ def test_ladder_command_without_the_extra_says_how_to_install(project: pytest.Py
     from harness.cli.main import main
 
     monkeypatch.setattr(rx, "ray_installed", lambda: False)
-    code = main(["ladder", str(project.path / "fidelity.toml"), "--executor", "ray", "--report-dir", str(project.path / "out")])
+    code = main(["ladder", str(project.path / "fidelity.toml"), "--executor", "ray", "--out", str(project.path / "out")])
     assert code == 2
     assert "install it with: pip install 'fidelity-harness[ray]'" in capsys.readouterr().err
     assert not (project.path / "out").exists()
@@ -184,7 +184,7 @@ def test_ray_run_equals_serial_and_survives_a_killed_worker(project: pytest.Pyte
     assert "executor: ray (local cluster for this run); results from 1 node(s)" in text, text
     # the same cases without pytest: fidelity ladder on a local cluster writes the same shard reports and ladder
     cli = subprocess.run([sys.executable, "-m", "harness", "ladder", "fidelity.toml", "--executor", "ray",
-                          "--report-dir", "cli"], cwd=root, env=env, capture_output=True, text=True, timeout=300)
+                          "--out", "cli"], cwd=root, env=env, capture_output=True, text=True, timeout=300)
     assert cli.returncode == 1, cli.stdout + cli.stderr  # broken's cases fail
     assert [line.split(":")[0] for line in cli.stderr.splitlines() if line.startswith("FAILED")] == \
         [f"FAILED broken shard {k:02d}" for k in range(4)], cli.stderr

@@ -10,6 +10,7 @@ from harness.allocation.choices import DEFAULT_CHOICES, parse_choices, parse_sub
 from harness.allocation.family import Family, GgufFamily, ProjectFamily
 from harness.allocation.render import write_allocation
 from harness.cli.registry import Builder, SubParsers, formatter, positive_int
+from harness.cli.vocabulary import add_quiet
 from harness.errors import FidelityError
 from harness.inputs.config import load_config
 from harness.run.allocation_check import check_allocation
@@ -111,7 +112,7 @@ def add_allocate(sub: SubParsers) -> None:
     p.add_argument("--n-boot", type=positive_int, default=10_000, help="bootstrap replicates (default 10000)")
     p.add_argument("--threads", type=positive_int, default=None, help="torch / llama.cpp threads")
     p.add_argument("--out", required=True, type=Path, help="output folder")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_quiet(p)
     p.set_defaults(func=_allocate)
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 from harness.attribution.render import write_attribution
 from harness.attribution.run import attribute, request_from
 from harness.cli.registry import Builder, SubParsers, formatter, positive_int
+from harness.cli.vocabulary import add_quiet
 
 
 def _attribute(a: argparse.Namespace) -> int:
@@ -63,7 +64,7 @@ def add_attribute(sub: SubParsers) -> None:
     p.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
     p.add_argument("--dtype", default="float32", help="compute dtype (default float32; weights keep their values)")
     p.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_quiet(p)
     p.add_argument("--out", required=True, type=Path, help="folder for attribution.json/.md/.png")
     p.set_defaults(func=_attribute)
 

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from harness.capture.store import CaptureStore
 from harness.cli.registry import Builder, SubParsers, formatter
+from harness.cli.vocabulary import add_config
 from harness.dataset.build import build_dataset, size_lines
 from harness.errors import FidelityError
 from harness.inputs.config import load_config
@@ -21,7 +22,7 @@ def _build(a: argparse.Namespace) -> int:
     print(f"{a.out}: dataset written; sizes per part:")
     for line in size_lines(doc):
         print(line)
-    print(f"check it with: fidelity verify {a.out}")
+    print(f"check it with: fidelity publish verify {a.out}")
     return 0
 
 
@@ -58,7 +59,7 @@ def add_dataset(sub: SubParsers) -> None:
                                    "  fidelity dataset build --config fidelity.toml --reports fidelity-reports \\\n"
                                    "      --corpus fixtures/corpus --tokenizer fixtures/model/tokenizer.json \\\n"
                                    "      --reference-shards 0 --out dataset/"))
-    b.add_argument("--config", type=Path, default=Path("fidelity.toml"), help="fidelity.toml (suite, reference, head)")
+    add_config(b, "fidelity.toml (suite, reference, head; default: fidelity.toml)", default=Path("fidelity.toml"))
     b.add_argument("--reports", type=Path, default=None,
                    help="report folder of a run (shard-*.json) to include; without it, a reference-only dataset")
     b.add_argument("--corpus", required=True, type=Path, help="folder holding the suite's documents")
@@ -74,7 +75,7 @@ def add_dataset(sub: SubParsers) -> None:
                                    "layout's own replay and kld_aggregate tools read.\n\nexample:\n"
                                    "  fidelity dataset write-published --config fidelity.toml --reference-shards 0 \\\n"
                                    "      --capture int8=captures/int8 --reports fidelity-reports --out published-layout/"))
-    w.add_argument("--config", type=Path, default=Path("fidelity.toml"), help="fidelity.toml (suite, reference, head)")
+    add_config(w, "fidelity.toml (suite, reference, head; default: fidelity.toml)", default=Path("fidelity.toml"))
     w.add_argument("--reference-shards", default="0", dest="reference_shards", help="shards whose reference is written (default 0)")
     w.add_argument("--capture", action="append", default=[], metavar="NAME=STORE", help="a candidate capture store to include (repeatable)")
     w.add_argument("--reports", type=Path, default=None, help="report folder (<candidate>/shard-NN.json) whose reports are included")

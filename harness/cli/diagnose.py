@@ -7,6 +7,7 @@ from pathlib import Path
 
 from harness.attribution.layers_render import write_layers
 from harness.cli.registry import Builder, SubParsers, formatter, positive_int
+from harness.cli.vocabulary import add_config
 from harness.errors import FidelityError
 from harness.inputs.config import load_config
 from harness.run.precision_floor import precision_floor, write_precision_floor
@@ -43,7 +44,7 @@ def add_precision_floor(sub: SubParsers) -> None:
             "  fidelity precision-floor --config fidelity.toml --shards 0 --out fidelity-reports"
         ),
     )
-    p.add_argument("--config", type=Path, default=Path("fidelity.toml"), help="fidelity.toml (reference model, store, head, suite)")
+    add_config(p, "fidelity.toml (reference model, store, head, suite; default: fidelity.toml)", default=Path("fidelity.toml"))
     p.add_argument("--shards", default=None, help="shards to use, e.g. 0-1 (default: all)")
     p.add_argument("--dtype", default="float64", choices=("float64", "float32"), help="compute dtype of the forward (default float64)")
     p.add_argument("--n-boot", type=positive_int, default=10_000, help="bootstrap replicates (default 10000)")

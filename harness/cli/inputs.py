@@ -9,6 +9,7 @@ from pathlib import Path
 from harness.capture.loop import capture
 from harness.capture.store import CaptureStore
 from harness.cli.registry import Builder, SubParsers, device_arg, formatter, nonneg_int, positive_int
+from harness.cli.vocabulary import add_license, add_quiet
 from harness.engines.base import EngineOptions
 from harness.engines.options import validate_options
 from harness.engines.registry import get_engine
@@ -35,26 +36,26 @@ def _suite_build(a: argparse.Namespace) -> int:
         if a.from_dataset is not None:
             made = corpus_sources.from_datasets(a.from_dataset, a.corpus_out, text_column=a.text_column, id_column=a.id_column,
                                                 split=a.split, name=a.source_name, revision=a.source_revision,
-                                                licence=a.licence, chat_template=a.chat_template)
+                                                licence=a.license, chat_template=a.chat_template)
         else:
             if a.split_rule is None:
                 raise FidelityError(f"suite build --split-file: expected --split-rule "
                                     f"({', '.join(corpus_sources.SPLIT_RULES)}), found none")
             made = corpus_sources.from_long_file(a.split_file, a.corpus_out, rule=a.split_rule, name=a.source_name,
-                                                 licence=a.licence, chat_template=a.chat_template)
+                                                 licence=a.license, chat_template=a.chat_template)
         corpus, record = made.folder, made.record
         print(f"{made.folder}: {made.documents} documents from {made.record['name']} ({made.record['kind']})")
     elif a.chat_template is not None:
         raise FidelityError("suite build --chat-template: expected --from-dataset or --split-file (a corpus folder's "
                             "files are used as they are), found --corpus")
     s = build_suite(corpus, a.tokenizer, a.n_ctx, a.contexts, a.shards, a.seed, a.out, grouping_file=a.grouping, documents=a.documents,
-                    provenance=a.provenance, source=a.source, licence=a.licence, corpus_source=record)
+                    provenance=a.provenance, source=a.source, licence=a.license, corpus_source=record)
     print(describe(s))
     unlicensed = sorted(rel for rel, r in (s.meta.get("documents") or {}).items() if not r["licence"])
     if unlicensed:
         print(f"fidelity: warning: {a.out}: {len(unlicensed)} of {len(s.meta['documents'])} documents have no licence "
               f"(e.g. {unlicensed[0]}); they are recorded as licence null and shown as unknown in a dataset card: "
-              "pass --licence or a provenance.json", file=sys.stderr)
+              "pass --license or a provenance.json", file=sys.stderr)
     per_shard = [len({s.contexts[i].source_cluster for i in s.shard_indices(k)}) for k in range(s.n_shards)]
     total = len({c.source_cluster for c in s.contexts})
     if min(per_shard + [total]) < MIN_CLUSTERS:
@@ -112,11 +113,11 @@ def add_suite(sub: SubParsers) -> None:
     b.add_argument("--documents", type=Path, help="file listing the relative document paths to use (e.g. a held-out list)")
     b.add_argument("--grouping", type=Path, help='JSON {"relative/doc/path": "cluster-name"} grouping documents into source clusters')
     b.add_argument("--provenance", type=Path, default=None,
-                   help="provenance sidecar (schema fidelity.corpus-provenance/1: source and licence per document; "
+                   help="provenance sidecar (schema fidelity.corpus-provenance/1: source and license per document; "
                         "default: <corpus>/provenance.json when present)")
     b.add_argument("--source", default=None, help="source of documents the sidecar does not attribute (e.g. a URL)")
-    b.add_argument("--licence", default=None, help="licence of documents the sidecar does not attribute (e.g. CC-BY-4.0); "
-                                                    "with --from-dataset/--split-file: of every document")
+    add_license(b, "SPDX license of documents the sidecar does not attribute (e.g. CC-BY-4.0); "
+                   "with --from-dataset/--split-file: of every document")
     b.add_argument("--corpus-out", type=Path, default=None, dest="corpus_out",
                    help="with --from-dataset/--split-file: new folder the documents are written to (+ provenance.json)")
     b.add_argument("--text-column", default="text", dest="text_column", help="--from-dataset: the text column (default: text)")
@@ -213,7 +214,7 @@ def add_capture(sub: SubParsers) -> None:
                         "attn_implementation, batch_size; llamacpp: n_gpu_layers, flash_attn, n_batch, n_ubatch, "
                         "threads; vllm: tensor_parallel_size, gpu_memory_utilization, max_num_batched_tokens, "
                         "enforce_eager, kv_cache_dtype, batch_size")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_quiet(p)
     p.set_defaults(func=_capture)
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from harness.capture.store import CaptureStore
 from harness.cli.registry import Builder, SubParsers, formatter, positive_int
+from harness.cli.vocabulary import add_out
 from harness.inputs.head import load_head
 from harness.inputs.suite import Suite
 from harness.io.atomic import atomic_write_json
@@ -75,8 +76,8 @@ def _stats(a: argparse.Namespace) -> int:
               f"({m['n_clusters']} clusters, {m['n_positions']} positions); llama.cpp's i.i.d. SE {approx['kld_mean'][1]:.6f}")
         out["exact"] = exact
         out["harness"] = {"kld_mean": m["kld"]["mean"], "ci95": m["kld"]["ci95"], "n_positions": m["n_positions"]}
-    if a.json is not None:
-        atomic_write_json(a.json, _not_estimable_as_null(out))
+    if a.out is not None:
+        atomic_write_json(a.out, _not_estimable_as_null(out))
     return 0
 
 
@@ -123,7 +124,7 @@ def add_kld(sub: SubParsers) -> None:
     s.add_argument("--reference", type=Path, default=None, help="reference store: also print the exact block and our bootstrap CI")
     s.add_argument("--head", type=Path, default=None)
     s.add_argument("--n-boot", dest="n_boot", type=positive_int, default=2000)
-    s.add_argument("--json", type=Path, default=None, help="also write the numbers as JSON")
+    add_out(s, "also write the numbers to this JSON file", required=False, old=("--json",))
     s.set_defaults(func=_stats)
 
 

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from harness.cli.registry import Builder, SubParsers, formatter, nonneg_int
+from harness.cli.vocabulary import add_config, add_out, add_quiet
 from harness.reports.aggregate import format_ladder
 from harness.run.ladder_run import run_ladder
 from harness.run.ray_executor import executor_argument
@@ -19,7 +20,7 @@ def add_ladder(sub: SubParsers) -> None:
         help="score, gate and report every candidate x shard of a fidelity.toml (serially or on a Ray cluster)",
         description=(
             "The candidate x shard cases of a configuration without pytest: each is captured when needed, scored,\n"
-            "gated against its baseline and written as <report-dir>/<candidate>/shard-NN.json + .md, then the\n"
+            "gated against its baseline and written as <out>/<candidate>/shard-NN.json + .md, then the\n"
             "ladder (ladder.md, ladder.json) -- the files `pytest CONFIG` writes for the same selection.\n"
             "Exit 0 when every case passed its baseline, 1 when one failed.\n\n"
             "examples:\n"
@@ -28,24 +29,26 @@ def add_ladder(sub: SubParsers) -> None:
             "  fidelity ladder fidelity.toml --executor ray:auto       # the cluster this machine joined (ray start)"
         ),
     )
-    p.add_argument("config", type=Path, help="the fidelity.toml")
+    add_config(p, "the fidelity.toml", positional=True, required=True)
     p.add_argument("--executor", type=executor_argument, default="serial", metavar="WHERE",
                    help="serial (default), ray, ray:auto, ray:HOST:PORT or ray://HOST:PORT (needs the ray extra: "
                         "pip install 'fidelity-harness[ray]')")
     p.add_argument("--candidates", default=None, metavar="NAMES", help="candidates, exact names, e.g. int8,int4_g32 (default: all)")
     p.add_argument("--shards", default=None, metavar="SPEC", help="shards, e.g. 0,2-3 (default: all)")
-    p.add_argument("--report-dir", type=Path, default=Path("fidelity-reports"), help="where reports go (default: fidelity-reports/)")
+    add_out(p, "report folder: <candidate>/shard-NN.json + .md, ladder.md, ladder.json (default: fidelity-reports/)",
+            required=False, default=Path("fidelity-reports"), old=("--report-dir",))
     p.add_argument("--device", type=device_argument, default="auto", help="auto|cpu|cuda[:N] (default: auto)")
     p.add_argument("--window", type=nonneg_int, default=0, metavar="N", help="score_from: drop the first N rows of every context")
+    add_quiet(p)
     p.set_defaults(func=_run)
 
 
 def _run(a: argparse.Namespace) -> int:
-    out = run_ladder(a.config, report_dir=a.report_dir, executor=a.executor, candidates=a.candidates, shards=a.shards,
-                     device=a.device, window=a.window, progress=lambda line: print(line, flush=True))
+    out = run_ladder(a.config, report_dir=a.out, executor=a.executor, candidates=a.candidates, shards=a.shards,
+                     device=a.device, window=a.window, progress=None if a.quiet else lambda line: print(line, flush=True))
     for line in format_ladder(out.rows):
         print(line)
-    print(f"reports: {a.report_dir}/")
+    print(f"reports: {a.out}/")
     if out.nodes:
         print(f"executor: {a.executor}; results from {len(out.nodes)} node(s): {', '.join(out.nodes)}")
     for line in out.skipped:

@@ -21,6 +21,7 @@ from pathlib import Path
 from harness import __version__
 from harness.cli import allocate, attribute, bench, dataset, diagnose, inputs, kld, ladder, plan, reports
 from harness.cli.registry import formatter
+from harness.cli.vocabulary import resolve
 from harness.errors import FidelityError, VerificationError
 from harness.io.atomic import refuse_overwriting_inputs, removed_on_failure
 from harness.scoring.threads import apply_default_threads
@@ -82,6 +83,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``fidelity`` console script; returns the exit code."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    problem = resolve(args)  # the positional and option forms of --config / --reports (harness/cli/vocabulary.py)
+    if problem is not None:
+        parser.error(problem)
     try:
         apply_default_threads()  # FIDELITY_THREADS, else the free cores (harness/scoring/threads.py)
 

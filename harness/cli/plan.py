@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.cli.registry import Builder, SubParsers, formatter
+from harness.cli.vocabulary import add_reports
 from harness.errors import FidelityError
 from harness.io.atomic import atomic_write_json
 from harness.reports.aggregate import check_comparable
@@ -119,7 +120,7 @@ def add_plan(sub: SubParsers) -> None:
             "  fidelity plan fidelity-reports --candidate int4_g32_sr1 --versus int4_g32_sr2 --delta 2e-4"
         ),
     )
-    p.add_argument("reports", nargs="+", type=Path, help="shard report files or folders")
+    add_reports(p, "shard report files or folders", positional=True, many=True, required=True)
     p.add_argument("--candidate", required=True, help="the pilot candidate")
     p.add_argument("--versus", help="a second candidate on the same contexts (paired difference)")
     p.add_argument("--eps", type=_positive, help="relative half-width wanted, e.g. 0.02")

@@ -1,4 +1,5 @@
-"""Report subcommands of the ``fidelity`` command: ``aggregate``, ``paired``, ``publish``, ``verify``.
+"""Report subcommands of the ``fidelity`` command: ``aggregate``, ``paired``, ``publish`` (``publish verify``; ``verify``
+its alias).
 
 Registered through :func:`harness.cli.main.command`; heavy imports happen inside the handlers.
 """
@@ -9,6 +10,7 @@ import argparse
 from pathlib import Path
 
 from harness.cli.registry import Builder, SubParsers, formatter, nonneg_int, positive_int
+from harness.cli.vocabulary import add_config, add_reports
 from harness.dataset.verify import verify_dataset
 from harness.errors import FidelityError, VerificationError
 from harness.inputs.config import load_config
@@ -105,10 +107,9 @@ def add_aggregate(sub: SubParsers) -> None:
             "  fidelity aggregate reports/int4/shard-00.json --suite suites/s512 --partial --out agg/"
         ),
     )
-    p.add_argument("reports", nargs="+", type=Path,
-                   help="shard report files or folders (searched for shard-*.json); or published reports "
-                        "(qwen38-fidelity-report/1..3, folders searched for report-*.json): aggregated from their "
-                        "per-context rows into <out>/published-aggregate.json")
+    add_reports(p, "shard report files or folders (searched for shard-*.json); or published reports "
+                   "(qwen38-fidelity-report/1..3, folders searched for report-*.json): aggregated from their "
+                   "per-context rows into <out>/published-aggregate.json", positional=True, many=True, required=True)
     p.add_argument("--suite", required=True, type=Path,
                    help="the suite the reports were scored on (every report is checked against it; a published "
                         "suite folder with suite-manifest.json is read in place)")
@@ -192,7 +193,7 @@ def add_paired(sub: SubParsers) -> None:
     p.add_argument("--name-a", dest="name_a", default=None, help="name of A (default: its folder name)")
     p.add_argument("--name-b", dest="name_b", default=None, help="name of B (default: its folder name)")
     p.add_argument("--margin", type=float, default=None, help="equivalence margin on mean KLD, nats")
-    p.add_argument("--config", type=Path, default=None, help="fidelity.toml whose [[pairs]] entry gives the margin")
+    add_config(p, "fidelity.toml whose [[pairs]] entry gives the margin")
     p.add_argument("--shards", default=None, help="shards, e.g. 0,2-3 (default: all)")
     p.add_argument("--window", type=nonneg_int, default=0, help="score_from (default 0)")
     p.add_argument("--n-boot", dest="n_boot", type=positive_int, default=10_000, help="bootstrap replicates (default 10000)")
@@ -208,6 +209,8 @@ def add_paired(sub: SubParsers) -> None:
 
 # ----------------------------------------------------------------------------- publish / verify
 def _publish(a: argparse.Namespace) -> int:
+    if a.reports is None or a.out is None:
+        raise FidelityError("publish: --reports and --out are required (or: fidelity publish verify DIR)")
     cfg = None
     if a.config is not None:
         cfg = load_config(a.config)
@@ -215,7 +218,7 @@ def _publish(a: argparse.Namespace) -> int:
     if a.suite is not None:
         suite = Suite.load(a.suite, verify=True)
     files = publish(a.reports, a.out, config=cfg, n_shards=a.complete, suite=suite, baselines_dir=a.baselines)
-    print(f"{a.out}: {len(files)} files, checksums in {a.out / 'checksums.txt'}; check with: fidelity verify {a.out}")
+    print(f"{a.out}: {len(files)} files, checksums in {a.out / 'checksums.txt'}; check with: fidelity publish verify {a.out}")
     return 0
 
 
@@ -234,13 +237,15 @@ def add_publish(sub: SubParsers) -> None:
             "example:\n  fidelity publish --reports fidelity-reports --out publish/ --config fidelity.toml"
         ),
     )
-    p.add_argument("--reports", required=True, type=Path, help="report folder")
-    p.add_argument("--out", required=True, type=Path, help="output folder (must be new or empty)")
-    p.add_argument("--config", type=Path, default=None, help="fidelity.toml (suite, baselines, reproduction commands)")
+    add_reports(p, "report folder (required to publish)")
+    p.add_argument("--out", type=Path, default=None, help="output folder (must be new or empty; required to publish)")
+    add_config(p, "fidelity.toml (suite, baselines, reproduction commands)")
     p.add_argument("--suite", type=Path, default=None, help="suite folder (required unless --config names it)")
     p.add_argument("--baselines", type=Path, default=None, help="baseline folder for the verdicts (default: the config's)")
     p.add_argument("--complete", type=positive_int, metavar="N", default=None, help="require all N shards per candidate")
     p.set_defaults(func=_publish)
+    ss = p.add_subparsers(dest="publish_cmd", required=False, metavar="{verify}")
+    _add_verify(ss, "check a published set or dataset: checksums, then its numbers re-derived; exit 1 if tampered")
 
 
 def _verify(a: argparse.Namespace) -> int:
@@ -263,11 +268,19 @@ def _verify(a: argparse.Namespace) -> int:
     return 0
 
 
-def add_verify(sub: SubParsers) -> None:
-    p = sub.add_parser("verify", help="check a published set: checksums, then re-derive its numbers from its shard reports; exit 1 if tampered",
-                       formatter_class=formatter, description="example:\n  fidelity verify publish/")
-    p.add_argument("dir", type=Path, help="published set folder")
+def _add_verify(sub: SubParsers, help: str) -> None:
+    p = sub.add_parser("verify", help=help, formatter_class=formatter,
+                       description="Check a published set (fidelity publish) or a reference dataset (fidelity dataset build):\n"
+                                   "every file against checksums.txt, then its numbers re-derived from its shard reports.\n"
+                                   "Exit 1 if anything was changed, added or removed.\n\n"
+                                   "example:\n  fidelity publish verify publish/")
+    p.add_argument("dir", type=Path, help="published set or dataset folder")
     p.set_defaults(func=_verify)
+
+
+def add_verify(sub: SubParsers) -> None:
+    """The top-level ``fidelity verify``: an alias of ``fidelity publish verify``."""
+    _add_verify(sub, "alias of `fidelity publish verify`")
 
 
 #: Parser builders, in help order.

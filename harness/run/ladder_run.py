@@ -2,7 +2,7 @@
 
 The same work as ``pytest fidelity.toml`` minus the report cases: every selected candidate x shard is
 scored (in this process, or as a Ray task: :mod:`harness.run.ray_executor`), gated against its committed
-baseline (:class:`harness.gate.gate.Gate`), and written as ``<report-dir>/<candidate>/shard-NN.json`` +
+baseline (:class:`harness.gate.gate.Gate`), and written as ``<out>/<candidate>/shard-NN.json`` +
 ``.md`` as it arrives; then ``ladder.md`` / ``ladder.json``. The shard reports and the ladder are the
 ones the pytest run writes for the same selection. A folder stamped by a pytest run of another suite
 (``fidelity-run.json``) is refused; the stamp and its ledger are the pytest run's. A candidate whose case fails (its capture, scoring or gate) is named with the reason;
@@ -86,7 +86,7 @@ def run_ladder(config_path: Path, *, report_dir: Path, executor: str = "serial",
     found = read_json(stamp).get("suite_token_sha256") if stamp.is_file() else None
     if found is not None and found != suite.suite_token_sha256:
         raise FidelityError(f"{stamp}: the report folder holds reports of another suite: expected "
-                            f"suite_token_sha256 {suite.suite_token_sha256}, found {found}; pass --report-dir DIR "
+                            f"suite_token_sha256 {suite.suite_token_sha256}, found {found}; pass --out DIR "
                             "(one folder per suite) or remove the folder")
     cases = [(c.name, s) for c in config.candidates for s in chosen]
     out = LadderOutcome(report_dir=report_dir, skipped=skipped)
