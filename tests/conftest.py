@@ -268,6 +268,19 @@ def store_kl64() -> Any:
 
 
 @pytest.fixture
+def same_scores() -> Any:
+    """``tests/fp32_bound.py``'s ``assert_same_scores``: two fp32 summation orders of the scorer agree
+    within tolerances derived from the fp32 accumulation bound (not a fixed rtol that depends on the CPU)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("fp32_bound", Path(__file__).with_name("fp32_bound.py"))
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.assert_same_scores
+
+
+@pytest.fixture
 def session_captures(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
     """Every capture a :class:`FidelitySession` starts in this test (the output folder of each), in order."""
     import harness.run.session as session_mod

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 import torch
@@ -184,7 +186,7 @@ def test_argmax_ties_go_to_lowest_id() -> None:
     assert s.top1.tolist() == [True, True, False]
 
 
-def test_tiling_does_not_change_results() -> None:
+def test_tiling_does_not_change_results(same_scores: Any) -> None:
     g = torch.Generator().manual_seed(5)
     n, h, v = 19, 48, 777
     rh, ch = torch.randn(n, h, generator=g), torch.randn(n, h, generator=g)
@@ -193,8 +195,8 @@ def test_tiling_does_not_change_results() -> None:
     base = score_hidden(rh, ch, head, y)
     for tile, chunk in [(1, 1), (7, 2), (19, 19), (64, 5)]:
         s = score_hidden(rh, ch, head, y, tile_rows=tile, chunk_rows=chunk)
-        for k, v_ in base.to_dict().items():
-            np.testing.assert_allclose(getattr(s, k), v_, rtol=1e-6, atol=1e-9, err_msg=f"{k} tile={tile}")
+        # Another tiling sums each logit in another order: equal within the fp32 accumulation bound.
+        same_scores(s, base, rh, ch, head, label=f"tile={tile} chunk={chunk}")
 
 
 def test_threads_argument_restores_setting() -> None:

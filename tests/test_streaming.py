@@ -7,6 +7,7 @@ import threading
 import time
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
 import pytest
@@ -82,7 +83,7 @@ class _FakeStore:
         return torch.cat([self.rows[i * r : (i + 1) * r] for i in idx])
 
 
-def test_streamed_scores_equal_whole_shard() -> None:
+def test_streamed_scores_equal_whole_shard(same_scores: Any) -> None:
     g = torch.Generator().manual_seed(0)
     rows, n_ctx = 15, 9
     ref = torch.randn(rows * n_ctx, HIDDEN, generator=g).bfloat16()
@@ -93,11 +94,11 @@ def test_streamed_scores_equal_whole_shard() -> None:
     s, wait_s, score_s = score_hidden_streaming(_FakeStore(ref, rows), _FakeStore(cand, rows), list(range(n_ctx)), y, head,
                                                 chunk_bytes=2 * rows * HIDDEN * 2)  # 2 contexts per chunk
     assert wait_s >= 0 and score_s > 0
-    for name, arr in whole.to_dict().items():
-        np.testing.assert_allclose(getattr(s, name), arr, rtol=1e-6, atol=1e-9, err_msg=name)
+    same_scores(s, whole, ref, cand, head)
 
 
-def test_shard_positions_streams_large_shards(tiny_suite: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_shard_positions_streams_large_shards(tiny_suite: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                             same_scores: Any) -> None:
     from harness.run.shard import shard_positions
     from harness.run.shard_inputs import ShardInputs
 
@@ -118,7 +119,9 @@ def test_shard_positions_streams_large_shards(tiny_suite: Path, tmp_path: Path, 
     monkeypatch.setattr(streaming, "STREAM_MIN_BYTES", 0)
     monkeypatch.setattr(streaming, "CHUNK_BYTES", 1)  # one context per chunk
     streamed = shard_positions(inputs)
-    for name, arr in plain.scores.to_dict().items():
-        np.testing.assert_allclose(getattr(streamed.scores, name), arr, rtol=1e-6, atol=1e-9, err_msg=name)
+    rows = {side: {c: stores[k].load(c) for c in set(plain.context_index.tolist())} for k, side in enumerate("rc")}
+    at = list(zip(plain.context_index.tolist(), plain.row.tolist()))
+    ref_rows, cand_rows = (torch.stack([rows[side][c][r] for c, r in at]) for side in "rc")
+    same_scores(streamed.scores, plain.scores, ref_rows, cand_rows, head.weight)
     np.testing.assert_array_equal(streamed.context_index, plain.context_index)
     np.testing.assert_array_equal(streamed.row, plain.row)
