@@ -19,7 +19,7 @@ from harness.inputs.suite import Suite
 @pytest.fixture
 def offline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """No network for datasets or huggingface_hub (as HF_DATASETS_OFFLINE=1 / HF_HUB_OFFLINE=1), a private cache."""
-    import datasets
+    datasets = pytest.importorskip("datasets", reason="the datasets extra is not installed")
     from huggingface_hub import constants
 
     monkeypatch.setattr(datasets.config, "HF_DATASETS_OFFLINE", True)
@@ -53,7 +53,7 @@ def _contexts_match_texts(suite: Suite, corpus: Path, tok: Path) -> None:
 
 def test_datasets_sources_of_every_format_give_one_suite(tmp_path: Path, tiny_tokenizer: Path, rows: dict[str, list[str]],
                                                          offline: None, capsys: pytest.CaptureFixture[str]) -> None:
-    import datasets
+    datasets = pytest.importorskip("datasets", reason="the datasets extra is not installed")
 
     ds = datasets.Dataset.from_dict(rows)
     ds.to_parquet(str(tmp_path / "rows.parquet"))
@@ -87,7 +87,7 @@ def test_datasets_sources_of_every_format_give_one_suite(tmp_path: Path, tiny_to
 
 def test_missing_licence_warns_and_is_recorded_as_null(tmp_path: Path, tiny_tokenizer: Path, rows: dict[str, list[str]],
                                                        offline: None, capsys: pytest.CaptureFixture[str]) -> None:
-    import datasets
+    datasets = pytest.importorskip("datasets", reason="the datasets extra is not installed")
 
     datasets.Dataset.from_dict(rows).to_parquet(str(tmp_path / "rows.parquet"))
     s = _build(tmp_path, tiny_tokenizer, "--from-dataset", str(tmp_path / "rows.parquet"), "--text-column", "body")
@@ -100,13 +100,25 @@ def test_missing_licence_warns_and_is_recorded_as_null(tmp_path: Path, tiny_toke
 
 def test_a_wrong_column_is_named(tmp_path: Path, tiny_tokenizer: Path, rows: dict[str, list[str]], offline: None,
                                  capsys: pytest.CaptureFixture[str]) -> None:
-    import datasets
+    datasets = pytest.importorskip("datasets", reason="the datasets extra is not installed")
 
     datasets.Dataset.from_dict(rows).to_parquet(str(tmp_path / "rows.parquet"))
     assert main(["suite", "build", "--from-dataset", str(tmp_path / "rows.parquet"), "--text-column", "text",
                  "--corpus-out", str(tmp_path / "c"), "--tokenizer", str(tiny_tokenizer), "--n-ctx", "32", "--contexts",
                  "8", "--shards", "2", "--seed", "0", "--out", str(tmp_path / "s")]) == 2
     assert "--text-column: expected one of the columns ['doc_id', 'body'], found 'text'" in capsys.readouterr().err
+
+
+def test_a_datasets_source_without_datasets_names_the_extra(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """datasets is an extra: without it, reading a datasets source is one line naming the install command."""
+    import sys
+
+    from harness.errors import FidelityError
+    from harness.inputs.corpus_sources import load_rows
+
+    monkeypatch.setitem(sys.modules, "datasets", None)  # `import datasets` now raises ImportError
+    with pytest.raises(FidelityError, match=r"needs the datasets package.*fidelity-harness\[datasets\]"):
+        load_rows(tmp_path, None)
 
 
 @pytest.mark.parametrize(("rule", "pieces"), [
@@ -141,7 +153,7 @@ TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}<|end
 
 def test_chat_template_is_applied_and_recorded(tmp_path: Path, tiny_tokenizer: Path, rows: dict[str, list[str]],
                                                offline: None) -> None:
-    import datasets
+    datasets = pytest.importorskip("datasets", reason="the datasets extra is not installed")
     import jinja2
 
     tok_dir = tmp_path / "tok"

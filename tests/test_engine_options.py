@@ -104,6 +104,7 @@ def test_options_of_a_stored_capture_are_refused(fidelity_project: Path, tmp_pat
 def test_transformers_options_are_passed_recorded_and_batching_keeps_the_rows(fidelity_project: Path, tmp_path: Path) -> None:
     """One context per forward vs three per forward (and an explicit device_map): both stores record
     their options, and the stored rows agree to a bf16 rounding step (measured here: identical)."""
+    pytest.importorskip("accelerate", reason="the accelerate extra is not installed (device_map)")
     from harness.capture.loop import capture
 
     model, suite = fidelity_project / "models" / "good", fidelity_project / "suite"
@@ -133,7 +134,19 @@ def test_max_memory_needs_device_map(fidelity_project: Path) -> None:
         load_model(fidelity_project / "models" / "good", options={"max_memory": {"cpu": "1GiB"}})
 
 
+def test_device_map_without_accelerate_names_the_extra(fidelity_project: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """accelerate is an extra: without it, device_map is one line naming the install command."""
+    import sys
+
+    from harness.engines.transformers import load_model
+
+    monkeypatch.setitem(sys.modules, "accelerate", None)  # find_spec / import now see no accelerate
+    with pytest.raises(FidelityError, match=r"'device_map' needs the accelerate package.*fidelity-harness\[accelerate\]"):
+        load_model(fidelity_project / "models" / "good", options={"device_map": "auto"})
+
+
 def test_device_map_auto_with_max_memory_loads_on_the_cpu(fidelity_project: Path, tmp_path: Path) -> None:
+    pytest.importorskip("accelerate", reason="the accelerate extra is not installed (device_map)")
     from harness.capture.loop import capture
 
     opts = {"device_map": "auto", "max_memory": {"cpu": "2GiB"}}

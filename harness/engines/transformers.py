@@ -167,6 +167,11 @@ def load_model(
 
     kw: dict[str, Any] = {}
     if "device_map" in opts:
+        import importlib.util
+
+        if importlib.util.find_spec("accelerate") is None:  # transformers places layers through accelerate (an extra)
+            raise FidelityError(f"{root}: engine 'transformers' option 'device_map' needs the accelerate package, "
+                                "which is not installed: pip install 'fidelity-harness[accelerate]'")
         kw["device_map"] = opts["device_map"]
         if "max_memory" in opts:  # accelerate names GPUs by integer index
             kw["max_memory"] = {(int(k) if str(k).isdigit() else k): v for k, v in table_option(opts, "max_memory").items()}

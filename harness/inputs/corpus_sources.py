@@ -121,7 +121,11 @@ def _data_files(path: Path) -> list[Path]:
 
 def load_rows(path: Path, split: str | None) -> tuple[Any, dict[str, Any]]:
     """The rows of a local ``datasets`` source and what identifies them (fingerprint, data files' sha256)."""
-    import datasets
+    try:
+        import datasets
+    except ImportError:  # an extra, not part of the core install
+        raise FidelityError(f"{path}: reading a datasets source needs the datasets package, which is not installed: "
+                            "pip install 'fidelity-harness[datasets]'") from None
 
     saved = path.is_dir() and ((path / "dataset_info.json").is_file() or (path / "dataset_dict.json").is_file())
     if saved:
