@@ -92,7 +92,7 @@ def test_uniform_build_is_the_committed_candidate(family: ProjectFamily, choice:
 def test_mixed_layout_loads_with_each_units_recipe(family: ProjectFamily, tmp_path: Path) -> None:
     from harness.attribution.sizes import folder_tensor_bytes
     from harness.engines.identity import model_identity
-    from harness.engines.quantized import load_quantized
+    from harness.engines.quant_weights import load_quantized
 
     rng = random.Random(3)
     layout = {u: rng.choice(family.choices) for u in family.units}
@@ -119,7 +119,7 @@ def test_mixed_layout_loads_with_each_units_recipe(family: ProjectFamily, tmp_pa
 
 
 def test_layer_schemes_are_verified(tmp_path: Path, family: ProjectFamily) -> None:
-    from harness.engines.quantization import read_quant
+    from harness.engines.quant_manifest import read_quant
 
     out = family.build({u: "int4_g32" for u in family.units}, tmp_path / "c")
     qpath = out / "quantization.json"

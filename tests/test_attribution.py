@@ -1,7 +1,7 @@
 """``fidelity attribute`` on a candidate whose drift was planted in one known group.
 
 The candidate is built here from ``fixtures/model`` with the project's own quantization code
-(``fixtures/make_candidates.py``: ``quant_int_sym``, packed by ``harness.engines.quantized``): every
+(``fixtures/make_candidates.py``: ``quant_int_sym``, packed by ``harness.engines.quant_weights``): every
 decoder linear is int8 (group 32) except the ``v_proj`` of every layer, which gets int3 codes (same
 8-bit container). The attribution by module kind must rank ``v_proj`` first with an interval above zero.
 """
@@ -34,7 +34,7 @@ def _planted_candidate(out: Path) -> Path:
         quant_int_sym,
     )
 
-    from harness.engines.quantized import pack_codes
+    from harness.engines.quant_weights import pack_codes
 
     out.mkdir(parents=True)
     tensors, layers = {}, []

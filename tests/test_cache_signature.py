@@ -140,8 +140,8 @@ def test_a_signed_cache_store_is_reused_and_the_key_is_private_and_outside_the_c
 def test_a_cluster_task_signs_with_the_key_its_payload_carries(project: Path, tmp_path: Path) -> None:
     """A worker on another machine has no key file: it uses the driver's key from the task payload."""
     from harness.capture.cache_sign import unsigned_reason
-    from harness.run import cluster_task
-    from harness.run.cluster_task import TaskSpec, run_case
+    from harness.run.cluster import task as cluster_task
+    from harness.run.cluster.task import TaskSpec, run_case
 
     config = (project / "fidelity.toml").resolve()
     driver_key = os.urandom(32)

@@ -239,7 +239,7 @@ def test_quantized_checkpoint_is_identified_without_its_loader(tmp_path: Path, t
     """The quantization identity is read from quantization.json alone (torch-free); a bad recipe is named."""
     q = shutil.copytree(tiny_model, tmp_path / "q")
     (q / "quantization.json").write_text("{}")
-    monkeypatch.setitem(sys.modules, "harness.engines.quantized", None)  # the loader cannot even be imported
+    monkeypatch.setitem(sys.modules, "harness.engines.quant_weights", None)  # the loader cannot even be imported
     with pytest.raises(VerificationError, match=r"quantization.json.*missing key 'method'"):
         model_identity(q)
 

@@ -82,7 +82,7 @@ def test_verify_refuses_a_resealed_card_with_another_number(reports: Path, tmp_p
                                                             capsys: pytest.CaptureFixture[str]) -> None:
     from huggingface_hub import ModelCard
 
-    from harness.reports.publish import write_checksums
+    from harness.reports.report_set import write_checksums
 
     out = _publish(reports, tmp_path / "pub")
     card = ModelCard.load(out / "README.md")

@@ -127,7 +127,7 @@ def test_resealed_manifest_lies_are_named(built: tuple[Path, Path], tmp_path: Pa
                                           edit: Any, pattern: str) -> None:
     """A dataset.json with a missing block or a string where a number belongs, resealed in checksums.txt, is a
     named refusal (file, key, expected, found), never a KeyError or TypeError."""
-    from harness.reports.publish import write_checksums
+    from harness.reports.report_set import write_checksums
 
     _tmp, ds = built
     copy = tmp_path / "ds"

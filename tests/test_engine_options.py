@@ -1,4 +1,4 @@
-"""Per-candidate engine options (harness/engines/options.py): validated, passed to the engine,
+"""Per-candidate engine options (harness/engines/option_specs.py): validated, passed to the engine,
 recorded in the capture's engine identity and therefore in every shard report; batched capture
 (several contexts per engine call) stores the same rows as one at a time, within a measured bound."""
 
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from harness.engines.base import EngineOptions
-from harness.engines.options import validate_options
+from harness.engines.option_specs import validate_options
 from harness.engines.registry import BUILTIN, engines, get_engine
 from harness.errors import FidelityError
 from harness.inputs.config import ConfigError, load_config

@@ -16,7 +16,7 @@ import torch
 
 from harness.attribution.groups import NON_EXPERT, by_expert, by_kind, module_kind, split_unit
 from harness.attribution.sizes import unit_bytes
-from harness.engines.quantized import load_quantized
+from harness.engines.quant_weights import load_quantized
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 EXPERTS = 4

@@ -98,7 +98,7 @@ def test_a_candidate_has_one_colour_in_both_figures(figure: Any) -> None:
 def test_one_size_unit_in_the_ladder_the_pages_and_the_plot(n_bytes: int, ladder: str, page: str, axis: str) -> None:
     """A size reads in the same unit everywhere a report set shows it (GiB from 1 GiB, else MiB)."""
     from harness.reports.aggregate import format_ladder
-    from harness.reports.publish import page_size
+    from harness.reports.report_set import page_size
 
     row = {"candidate": "c", "size_bytes": n_bytes, "shards": [0], "mean_kld": 0.01, "ci95": None,
            "p99_bounds": [0.0, 0.05], "top1": 0.9, "verdict": "pass"}

@@ -1,4 +1,4 @@
-"""Tests of the fixture candidates and ``harness.engines.quantized``.
+"""Tests of the fixture candidates and ``harness.engines.quant_weights``.
 
 The expected weights are re-derived here independently, in numpy float64, from
 the bf16 source weights and the recipe formulas (fixtures/README.md).
@@ -16,8 +16,8 @@ import torch
 from safetensors.torch import load_file as load_pt
 from safetensors.torch import save_file as save_pt
 
-from harness.engines.quantization import is_quantized_checkpoint, quantization_identity
-from harness.engines.quantized import load_quantized
+from harness.engines.quant_manifest import is_quantized_checkpoint, quantization_identity
+from harness.engines.quant_weights import load_quantized
 from harness.errors import VerificationError
 from harness.io.hashing import sha256_file
 

@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 
 from harness.errors import FidelityError
-from harness.run.ray_executor import ExecutorSpec, parse_executor
-from harness.run.task_resources import TaskResources, task_resources
+from harness.run.cluster.ray_executor import ExecutorSpec, parse_executor
+from harness.run.cluster.resources import TaskResources, task_resources
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -64,7 +64,7 @@ def project(pytester: pytest.Pytester, fidelity_project: Path) -> pytest.Pyteste
 
 
 def test_without_the_extra_the_option_says_how_to_install(project: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
-    import harness.run.ray_executor as rx
+    import harness.run.cluster.ray_executor as rx
 
     monkeypatch.setattr(rx, "ray_installed", lambda: False)
     result = project.runpytest("--fidelity-executor", "ray", "--collect-only")
@@ -77,7 +77,7 @@ def test_without_the_extra_the_option_says_how_to_install(project: pytest.Pytest
 
 def test_ladder_command_without_the_extra_says_how_to_install(project: pytest.Pytester, monkeypatch: pytest.MonkeyPatch,
                                                               capsys: pytest.CaptureFixture[str]) -> None:
-    import harness.run.ray_executor as rx
+    import harness.run.cluster.ray_executor as rx
     from harness.cli.main import main
 
     monkeypatch.setattr(rx, "ray_installed", lambda: False)

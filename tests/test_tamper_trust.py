@@ -432,7 +432,7 @@ def test_publish_recomputes_verdicts_and_never_copies_them(published: dict[str, 
 
 
 def _reseal(pub: Path) -> None:
-    from harness.reports.publish import write_checksums
+    from harness.reports.report_set import write_checksums
 
     write_checksums(pub)
 

@@ -692,7 +692,7 @@ def _tail(**over: Any) -> dict[str, Any]:
      r"tails\.json: candidates\[0\]\.cumulative: expected present, found missing"),
 ])
 def test_publish_refuses_a_lying_summary_by_name(tmp_path: Path, doc: Any, pattern: str) -> None:
-    from harness.reports.publish import TAILS_SCHEMA, _read_json
+    from harness.reports.report_set import TAILS_SCHEMA, _read_json
 
     (tmp_path / "tails.json").write_text(json.dumps(doc))
     with pytest.raises(VerificationError, match=pattern):
@@ -703,7 +703,7 @@ def test_publish_refuses_a_lying_summary_by_name(tmp_path: Path, doc: Any, patte
 
 
 def test_checksums_not_utf8_is_a_named_problem(tmp_path: Path) -> None:
-    from harness.reports.publish import verify_set
+    from harness.reports.report_set import verify_set
 
     (tmp_path / "checksums.txt").write_bytes(b"\xff\xfe not text")
     assert verify_set(tmp_path) == [f"{tmp_path / 'checksums.txt'}: encoding: expected UTF-8 text, found byte 0: invalid start byte"]

@@ -27,7 +27,7 @@ def _resealed_verify_output(pub: Path, res: dict[str, Any], capsys: pytest.Captu
     """Write a tampered ``results.json`` into the published set ``pub`` and reseal its checksums (so only the
     re-derivation can see the lie); ``fidelity verify`` must then refuse it: its output, for the message check."""
     from harness.cli.main import main
-    from harness.reports.publish import write_checksums
+    from harness.reports.report_set import write_checksums
 
     (pub / "results.json").write_text(json.dumps(res))
     (pub / "checksums.txt").unlink()
@@ -477,7 +477,7 @@ def test_a_setting_that_changes_numbers_gets_its_own_capture(tmp_path: Path, fid
 ])
 def test_numeric_settings_by_engine(engine: str, changes: dict[str, str], same: dict[str, str]) -> None:
     from harness.engines.identity import identity_key
-    from harness.engines.settings import numeric_settings
+    from harness.engines.numeric_env import numeric_settings
 
     base = identity_key(numeric_settings(engine, {}))
     assert identity_key(numeric_settings(engine, changes)) != base
@@ -489,7 +489,7 @@ def test_vllm_settings_are_variables_the_installed_vllm_reads() -> None:
     pytest.importorskip("vllm")
     import vllm.envs
 
-    from harness.engines.settings import VLLM_ENV
+    from harness.engines.numeric_env import VLLM_ENV
 
     assert [k for k in VLLM_ENV if k not in vllm.envs.environment_variables] == []
 
@@ -720,7 +720,7 @@ def test_publish_refuses_tails_that_do_not_follow_from_the_shard_reports(fidelit
     report also holds must be its, the cumulative ones must add up and the CCDF and brackets must be what the
     summed histograms give -- else refused by name and nothing published. A run's own tails.json publishes."""
     from harness.cli.main import main
-    from harness.reports.publish import _read_tails, load_reports
+    from harness.reports.report_set import _read_tails, load_reports
 
     root = tmp_path / "p"
     shutil.copytree(fidelity_run, root, symlinks=True)
@@ -809,7 +809,7 @@ def test_publish_refuses_a_paired_report_that_does_not_follow_from_the_shard_rep
     refused by name and nothing is published; the run's own passes."""
     from harness.cli.main import main
     from harness.inputs.config import load_config
-    from harness.reports.publish import _read_paired, load_reports
+    from harness.reports.report_set import _read_paired, load_reports
 
     root = tmp_path / "p"
     shutil.copytree(paired_run, root, symlinks=True)
@@ -896,7 +896,7 @@ def test_publish_refuses_a_window_json_that_does_not_follow(window_run: Path, tm
     (fewer positions, no more KLD). A careful forgery that recomputes every derived figure is still refused."""
     from harness.cli.main import main
     from harness.inputs.config import load_config
-    from harness.reports.publish import _read_window, load_reports
+    from harness.reports.report_set import _read_window, load_reports
 
     root = tmp_path / "p"
     shutil.copytree(window_run, root, symlinks=True)

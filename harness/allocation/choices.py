@@ -13,7 +13,7 @@ A *choice* is one quantization of a unit, named as the family spells it:
 
 * the project's own format (``family = "project"``): symmetric round-to-nearest integers, ``int<b>_g<g>``
   (``b`` bits, one bf16 scale per ``g`` consecutive inputs of a row) or ``int<b>`` (one scale per row);
-  the codes and scales of :mod:`harness.engines.quantized`;
+  the codes and scales of :mod:`harness.engines.quant_weights`;
 * GGUF (``family = "gguf"``): a ggml tensor type that llama.cpp quantizes to (``Q4_0``, ``Q5_0``, ``Q8_0``, ...).
 """
 

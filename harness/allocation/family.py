@@ -22,7 +22,7 @@ import numpy as np
 from harness.allocation.choices import LINEARS, parse_project
 from harness.allocation.gguf_format import gguf_name, quantize, types_and_bytes, unit_weights
 from harness.attribution.sizes import folder_tensor_bytes
-from harness.engines.quantization import layer_recipe, read_quant
+from harness.engines.quant_manifest import layer_recipe, read_quant
 from harness.errors import FidelityError, VerificationError
 
 if TYPE_CHECKING:

@@ -6,7 +6,7 @@ and ``code = clip(round(w / scale), -2^(b-1), 2^(b-1) - 1) + 2^(b-1)`` (round ha
 layout built here holds the committed candidates' bytes exactly (``tests/test_allocate.py`` checks it on
 ``int4_g32`` and ``int8``). A mixed layout is one ``quantization.json`` whose top-level ``bits`` / ``group_size``
 are the base choice and whose ``layer_schemes`` name every unit quantized otherwise
-(:mod:`harness.engines.quantization`).
+(:mod:`harness.engines.quant_manifest`).
 
 Bytes are the stored tensor bytes of the checkpoint (what ``harness.attribution.sizes`` counts: safetensors
 data, not its header or ``config.json``): per unit ``ceil(out * in * b / 8)`` code bytes plus two bytes per
@@ -24,8 +24,8 @@ import numpy as np
 import torch
 
 from harness.allocation.choices import ProjectScheme, parse_project
-from harness.engines.quantization import CONFIG_FILE, QUANT_FILE, WEIGHTS_FILE, LayerScheme, QuantRecipe
-from harness.engines.quantized import pack_codes, packed_size
+from harness.engines.quant_manifest import CONFIG_FILE, QUANT_FILE, WEIGHTS_FILE, LayerScheme, QuantRecipe
+from harness.engines.quant_weights import pack_codes, packed_size
 from harness.errors import FidelityError, VerificationError
 from harness.io.hashing import sha256_file
 

@@ -1,7 +1,7 @@
 """Weight-swap ablations on one model in memory: capture, score, per-context KLD sums.
 
 The candidate is loaded once (through :func:`harness.engines.transformers.load_model`: plain
-transformers folders, the project's simulated format of :mod:`harness.engines.quantized`, and
+transformers folders, the project's simulated format of :mod:`harness.engines.quant_weights`, and
 compressed-tensors checkpoints that transformers loads decompressed) and the reference's weights
 once. Both must have the same parameters (names and shapes); the parameters whose values differ
 are the ones an attribution can act on. A *variant* is the candidate model with a chosen set of

@@ -4,7 +4,7 @@ An attribution swaps each module's weight between the candidate's and the refere
 needs the candidate's *effective* weight of every module as a dense tensor of the reference's shape:
 the weight the candidate's forward actually multiplies by. Formats:
 
-* plain transformers folders and the project's simulated format (:mod:`harness.engines.quantized`):
+* plain transformers folders and the project's simulated format (:mod:`harness.engines.quant_weights`):
   loaded as they are (the simulated format loads dequantized);
 * **compressed-tensors** (llm-compressor's checkpoints): loaded through transformers with
   ``dequantize=True``, which decompresses every module's packed weight into a dense ``weight``; the

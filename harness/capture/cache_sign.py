@@ -13,7 +13,7 @@ The key: 32 random bytes in the file named by the environment variable ``FIDELIT
 (mode 0600, atomically: concurrent first users -- xdist workers -- all read the one that won) and must
 be a regular file of 32 bytes owned by this user and readable by nobody else; a key file inside the
 cache folder is refused. Ray workers on other machines get the driver's key in memory, in the task
-payload (:class:`harness.run.cluster_task.TaskSpec`), never through a file.
+payload (:class:`harness.run.cluster.task.TaskSpec`), never through a file.
 
 Stores given explicitly in a configuration (the reference store, a candidate's ``store =``, published
 capture folders) are inputs, not cache: they are verified by content as before and never need a signature.

@@ -11,16 +11,16 @@ from harness.capture.store import CaptureStore
 from harness.cli.registry import Builder, SubParsers, device_arg, formatter, nonneg_int, positive_int
 from harness.cli.vocabulary import add_license, add_quiet
 from harness.engines.base import EngineOptions
-from harness.engines.options import validate_options
+from harness.engines.option_specs import validate_options
 from harness.engines.registry import get_engine
 from harness.errors import FidelityError
 from harness.inputs import corpus_sources
 from harness.inputs.head import export_head, sidecar_path
+from harness.inputs.interchange_layout import LAYOUT, looks_like
 from harness.inputs.provenance import format_corpus_check, rederive_contexts
-from harness.inputs.published_layout import LAYOUT, looks_like
 from harness.inputs.suite import Suite, build_suite, describe
 from harness.metrics.bootstrap import MIN_CLUSTERS
-from harness.run.dataset_replay import replay_dataset
+from harness.run.replay.dataset import replay_dataset
 
 # ----------------------------------------------------------------------------- suite
 
@@ -266,11 +266,11 @@ def add_store(sub: SubParsers) -> None:
 
 
 def _replay(a: argparse.Namespace) -> int:
-    from harness.run.replay import replay
+    from harness.run.replay.stores import replay
 
     if a.dataset is not None and (a.dataset / "dataset.json").is_file() is False:
         if looks_like(a.dataset):  # the published layout, read in place (its head may live elsewhere: --head)
-            from harness.run.dataset_replay_published import replay_published
+            from harness.run.replay.interchange import replay_published
 
             if a.suite or a.reference:
                 raise FidelityError(f"replay --dataset ({LAYOUT}) takes the suite and the reference from the dataset: drop --suite/--reference")

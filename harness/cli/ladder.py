@@ -9,8 +9,8 @@ from pathlib import Path
 from harness.cli.registry import Builder, SubParsers, formatter, nonneg_int
 from harness.cli.vocabulary import add_config, add_out, add_quiet
 from harness.reports.aggregate import format_ladder
+from harness.run.cluster.ray_executor import executor_argument
 from harness.run.ladder_run import run_ladder
-from harness.run.ray_executor import executor_argument
 from harness.scoring.backends import device_argument
 
 

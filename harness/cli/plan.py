@@ -11,7 +11,7 @@ from harness.cli.vocabulary import add_reports
 from harness.errors import FidelityError
 from harness.io.atomic import atomic_write_json
 from harness.reports.aggregate import check_comparable
-from harness.reports.publish import load_reports
+from harness.reports.report_set import load_reports
 
 
 def _rows(groups: dict[str, list[Any]], name: str) -> list[dict[str, Any]]:

@@ -25,7 +25,7 @@ from harness.interchange.suite_manifest import load_any_suite
 from harness.io.atomic import atomic_write_json
 from harness.reports.aggregate import format_ladder, ladder_rows, not_measured_lines
 from harness.reports.paired import paired_report, write_paired
-from harness.reports.publish import (
+from harness.reports.report_set import (
     aggregate_groups,
     load_reports,
     not_measured,
@@ -134,7 +134,7 @@ def _paired_published(a: argparse.Namespace, pa: list[Path], pb: list[Path]) -> 
 
 
 def _paired(a: argparse.Namespace) -> int:
-    from harness.run.replay import verify_inputs
+    from harness.run.replay.stores import verify_inputs
     from harness.run.shard import shard_positions
 
     pa, pb = _published_inputs([a.a]), _published_inputs([a.b])

@@ -21,7 +21,7 @@ from harness.inputs.suite import Suite
 from harness.io.atomic import atomic_write_bytes, atomic_write_json, atomic_write_text
 from harness.io.hashing import sha256_file
 from harness.reports.aggregate import not_measured_lines
-from harness.reports.publish import find_shard_reports, not_measured, write_checksums
+from harness.reports.report_set import find_shard_reports, not_measured, write_checksums
 from harness.reports.shard import ShardReport
 
 PROTOCOL_TEXT = """\

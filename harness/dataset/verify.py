@@ -27,7 +27,7 @@ from harness.io.hashing import sha256_file, tokens_sha256
 from harness.io.jsonio import read_json
 from harness.io.schema import MapOf, check
 from harness.reports.aggregate import check_rows_match_summary
-from harness.reports.publish import verify_set
+from harness.reports.report_set import verify_set
 from harness.reports.shard import ShardReport
 
 #: What the rest of the verification and ``replay --dataset`` read from ``dataset.json`` (harness.io.schema).

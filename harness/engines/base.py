@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     import numpy as np
     import torch
 
-    from harness.engines.options import OptionSpec
+    from harness.engines.option_specs import OptionSpec
 
 #: Capture kinds and the dtype each is stored in.
 STORE_DTYPES: dict[str, str] = {"hidden_states": "bfloat16", "logits": "float32"}
@@ -43,7 +43,7 @@ class EngineOptions:
     #: Allow a model's own Python code (off unless asked).
     trust_remote_code: bool = False
     #: The candidate's engine-specific options (``[candidates.options]``), validated against the
-    #: engine's ``options`` table (:func:`harness.engines.options.validate_options`).
+    #: engine's ``options`` table (:func:`harness.engines.option_specs.validate_options`).
     engine_options: Mapping[str, Any] = field(default_factory=dict)
 
 

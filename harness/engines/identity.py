@@ -2,7 +2,7 @@
 
 A model's identity is the sha256 of its ``config.json`` and of every weight file (sorted by
 name), plus its folder name for humans; a quantized checkpoint (``quantization.json`` present)
-also carries the quantization identity (:mod:`harness.engines.quantization`). Two folders with
+also carries the quantization identity (:mod:`harness.engines.quant_manifest`). Two folders with
 the same bytes have the same identity wherever they live. Identifying a model reads each of its
 files once; a pytest run identifies each live candidate once.
 """
@@ -16,7 +16,7 @@ from typing import Any
 
 import harness
 from harness.engines.hub import hub_origin
-from harness.engines.quantization import is_quantized_checkpoint, quantization_identity
+from harness.engines.quant_manifest import is_quantized_checkpoint, quantization_identity
 from harness.errors import FidelityError
 from harness.io.hashing import sha256_bytes, sha256_file
 from harness.io.jsonio import JSONObject

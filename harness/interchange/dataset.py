@@ -20,7 +20,7 @@ from typing import Any
 
 from harness.errors import VerificationError
 from harness.inputs.head import HeadTensor
-from harness.inputs.published_layout import (
+from harness.inputs.interchange_layout import (
     CAPTURE_MANIFEST,
     CAPTURES_DIR,
     HEX64_RE,

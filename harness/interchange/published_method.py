@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from harness.inputs.published_layout import REPORT_FULL, REPORT_WINDOWED
+from harness.inputs.interchange_layout import REPORT_FULL, REPORT_WINDOWED
 from harness.interchange.bootstrap_method import percentile_bootstrap
 from harness.interchange.report_format import bin_edges, identity_block, tail_block, window_block
 

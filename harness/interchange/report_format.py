@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from harness.errors import VerificationError
-from harness.inputs.published_layout import REPORT_FULL, REPORT_LEGACY, REPORT_WINDOWED, TAIL_SCHEMA, WINDOW_SCHEMA
+from harness.inputs.interchange_layout import REPORT_FULL, REPORT_LEGACY, REPORT_WINDOWED, TAIL_SCHEMA, WINDOW_SCHEMA
 from harness.interchange.bootstrap_method import percentile_bootstrap
 from harness.io.jsonio import read_json
 

@@ -29,7 +29,7 @@ import numpy as np
 
 from harness import PROTOCOL_VERSION
 from harness.errors import VerificationError
-from harness.inputs.published_layout import HEX64_RE, SHARD_VIEW_RE, SUITE_MANIFEST, SUITE_SCHEMA, shard_view_name
+from harness.inputs.interchange_layout import HEX64_RE, SHARD_VIEW_RE, SUITE_MANIFEST, SUITE_SCHEMA, shard_view_name
 from harness.inputs.suite import ContextInfo, ShardInfo, Suite
 from harness.io.hashing import sha256_bytes, sha256_file, tokens_sha256
 from harness.io.jsonio import read_json

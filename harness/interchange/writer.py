@@ -1,6 +1,6 @@
 """Write this project's suite, reference, candidate captures and reports in the published layout.
 
-The folder written (``harness.inputs.published_layout`` describes every file) is accepted by the
+The folder written (``harness.inputs.interchange_layout`` describes every file) is accepted by the
 published tool itself: its ``replay`` runs with ``--suite suite/shard-NNNN --reference
 reference/<folder>`` (each reference folder holds one shard and declares that view's digest), and
 its ``kld_aggregate.py`` reads the reports. Nothing is written unless everything was read and
@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from harness.errors import FidelityError
-from harness.inputs.published_layout import (
+from harness.inputs.interchange_layout import (
     CAPTURE_MANIFEST,
     CAPTURE_SCHEMA,
     CAPTURES_DIR,

@@ -22,7 +22,7 @@ from harness.gate.gate import Gate
 from harness.plugin.kinds import ReportKind
 from harness.plugin.registry import REPORT_KINDS
 from harness.plugin.run import PARAMETRIZED, RUN_KEY, FidelityRun, active_run
-from harness.run.ray_executor import executor_argument
+from harness.run.cluster.ray_executor import executor_argument
 from harness.scoring.backends import device_argument
 
 if TYPE_CHECKING:

@@ -58,7 +58,7 @@ from harness.plugin.report_dir import (
 )
 from harness.plugin.step_summary import CASE_MARKERS, ENV, append, failing_case, render
 from harness.reports.aggregate import format_ladder
-from harness.run.ray_executor import RayExecutor, parse_executor, require_ray, scored_shard
+from harness.run.cluster.ray_executor import RayExecutor, parse_executor, require_ray, scored_shard
 from harness.run.shared_scores import Handover, remove_session_files, shared_dir
 from harness.scoring.threads import apply_default_threads, apply_worker_threads
 
@@ -326,7 +326,7 @@ class FidelityRun:
     handover_created: bool = False
     #: An error that ended the session's writing (named once on the terminal; the exit status is non-zero).
     finish_error: str | None = None
-    #: ``--fidelity-executor ray...``: the cases' Ray tasks (:mod:`harness.run.ray_executor`); None: serial.
+    #: ``--fidelity-executor ray...``: the cases' Ray tasks (:mod:`harness.run.cluster.ray_executor`); None: serial.
     executor: RayExecutor | None = None
 
     @classmethod

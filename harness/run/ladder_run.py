@@ -1,7 +1,7 @@
 """``fidelity ladder``: a configuration's candidate x shard cases without pytest, serially or on a Ray cluster.
 
 The same work as ``pytest fidelity.toml`` minus the report cases: every selected candidate x shard is
-scored (in this process, or as a Ray task: :mod:`harness.run.ray_executor`), gated against its committed
+scored (in this process, or as a Ray task: :mod:`harness.run.cluster.ray_executor`), gated against its committed
 baseline (:class:`harness.gate.gate.Gate`), and written as ``<out>/<candidate>/shard-NN.json`` +
 ``.md`` as it arrives; then ``ladder.md`` / ``ladder.json``. The shard reports and the ladder are the
 ones the pytest run writes for the same selection. A folder stamped by a pytest run of another suite
@@ -26,7 +26,7 @@ from harness.interchange.suite_manifest import load_any_suite
 from harness.io.jsonio import read_json
 from harness.reports.aggregate import ladder_rows, write_ladder
 from harness.reports.shard import ShardReport
-from harness.run.ray_executor import RayExecutor, parse_executor, scored_shard
+from harness.run.cluster.ray_executor import RayExecutor, parse_executor, scored_shard
 
 __all__ = ["STAMP", "LadderOutcome", "run_ladder"]
 

@@ -26,13 +26,13 @@ from harness.dataset.verify import verify_dataset
 from harness.engines import identity as engine_identity
 from harness.engines.base import EngineOptions
 from harness.engines.identity import identity_key
+from harness.engines.numeric_env import numeric_settings
 from harness.engines.registry import get_engine, require
-from harness.engines.settings import numeric_settings
 from harness.errors import FidelityError, VerificationError
 from harness.gate.baselines import Headline, headline_of
 from harness.inputs.config import CandidateConfig, FidelityConfig
 from harness.inputs.head import HeadTensor, load_head
-from harness.inputs.published_layout import LAYOUT, scan_layout
+from harness.inputs.interchange_layout import LAYOUT, scan_layout
 from harness.inputs.suite import Suite
 from harness.interchange.dataset import PublishedDataset, open_published
 from harness.io.jsonio import JSONObject, get_int, read_json
@@ -254,7 +254,7 @@ class FidelitySession:
         """Cache folder of a live candidate's capture, keyed by its identity (by content) and by the runtime
         that captures it (python, torch, transformers, numpy, the harness and the engines' packages): another
         environment sharing the cache gets a store of its own, never a mixed one. So do the settings that are not
-        versions but change the engine's numbers (:mod:`harness.engines.settings`: kernel, ISA and precision
+        versions but change the engine's numbers (:mod:`harness.engines.numeric_env`: kernel, ISA and precision
         environment variables)."""
         keyed: dict[str, Any] = {"model": self.candidate_identity(cand), "engine": cand.engine, "device": self.device,
                                  "runtime": {**engine_identity.runtime_identity(), **_engine_packages()},

@@ -1,7 +1,7 @@
 """The ladder on a Ray cluster: every candidate x shard is one Ray task; the driver writes every report.
 
 The driver (the pytest process, or ``fidelity ladder``) submits all planned cases at once; each case
-then waits on its own task. A task (:func:`harness.run.cluster_task.run_case`) captures the shard
+then waits on its own task. A task (:func:`harness.run.cluster.task.run_case`) captures the shard
 when needed, scores it and *returns* its report and positions; the driver checks the result's sha256,
 parses the report with the same strict reader as any report, checks it is the case it asked for, and
 hands it to the caller, which writes the report files exactly as a serial run does. Workers never
@@ -37,10 +37,10 @@ from harness.capture.cache_sign import load_key
 from harness.errors import FidelityError
 from harness.gate.baselines import headline_of
 from harness.reports.shard import ShardReport, report_shard
-from harness.run import cluster_task
-from harness.run.cluster_task import RESULT_SCHEMA, TaskSpec, result_digest
-from harness.run.positions_wire import positions_from_bytes
-from harness.run.task_resources import task_resources
+from harness.run.cluster import task as cluster_task
+from harness.run.cluster.positions_wire import positions_from_bytes
+from harness.run.cluster.resources import task_resources
+from harness.run.cluster.task import RESULT_SCHEMA, TaskSpec, result_digest
 
 if TYPE_CHECKING:
     from harness.inputs.config import FidelityConfig

@@ -5,7 +5,7 @@ every reference file); the candidate is one of: a capture store of this project 
 captured on the same token ids), a published capture folder (``capture-manifest.json``, e.g. the
 dataset's own ``captures/shard-0000/hidden-<name>``), or a transformers model folder, captured on the
 dataset's suite for the replayed shards. Refused: shards the dataset holds no reference for. Scoring
-and writing are :func:`harness.run.replay.write_replay`, the path of every other replay; each report
+and writing are :func:`harness.run.replay.stores.write_replay`, the path of every other replay; each report
 carries the dataset's published digests as ``comparability.custody``.
 """
 
@@ -17,9 +17,9 @@ from harness.capture.loop import capture
 from harness.capture.store import CaptureStore
 from harness.engines.base import EngineOptions
 from harness.errors import FidelityError, VerificationError
-from harness.inputs.published_layout import CAPTURE_MANIFEST, scan_layout
+from harness.inputs.interchange_layout import CAPTURE_MANIFEST, scan_layout
 from harness.interchange.dataset import PublishedDataset, open_published
-from harness.run.replay import ReplayInputs, write_replay
+from harness.run.replay.stores import ReplayInputs, write_replay
 from harness.run.verify import verify_joins
 
 

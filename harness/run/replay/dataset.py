@@ -4,7 +4,7 @@ The dataset is verified whole first (:func:`harness.dataset.verify.verify_datase
 candidate is a capture store (``capture.json``) or a transformers model folder, which is captured
 on the dataset's suite for the replayed shards. Refused: shards the dataset holds no reference
 for, a window its reports do not use, and (through the verification) another protocol version or
-head. Scoring is :func:`harness.run.replay.replay`, the same path as inside the project.
+head. Scoring is :func:`harness.run.replay.stores.replay`, the same path as inside the project.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from harness.io.atomic import refuse_overwriting_inputs, removed_on_failure
 def replay_dataset(dataset: Path, candidate: Path, out: Path, *, shards: str | None = None, score_from: int = 0,
                    name: str | None = None, n_boot: int = 10_000, device: str = "cpu") -> list[Path]:
     """Verify ``dataset``, obtain the candidate's capture, score the reference shards; returns report paths."""
-    from harness.run.replay import replay
+    from harness.run.replay.stores import replay
 
     doc = verify_dataset(dataset)
     held = list(doc["reference"]["shards"])

@@ -1,7 +1,7 @@
 """The quantized checkpoint format's manifest (``quantization.json``): its files, its recipe, its identity.
 
 Torch-free: identifying a model (:func:`harness.engines.identity.model_identity`) reads the recipe
-without loading anything; :mod:`harness.engines.quantized` loads the weights the recipe describes.
+without loading anything; :mod:`harness.engines.quant_weights` loads the weights the recipe describes.
 """
 
 from __future__ import annotations

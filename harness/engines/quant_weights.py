@@ -13,7 +13,7 @@ e.g. a mixture of experts' fused ``mlp.experts.gate_up_proj`` ``[experts, out, i
 * ``<p>.global_scale`` float32 ``[1]`` (nvfp4 only);
 
 ``bits`` and the group are the recipe's, or the layer's entry of ``layer_schemes`` in a mixed layout
-(:func:`harness.engines.quantization.layer_recipe`);
+(:func:`harness.engines.quant_manifest.layer_recipe`);
 
 every other tensor (embeddings, norms) is stored as is, in bf16. The dequantized
 weight is ``(value(code) - zero) * scale * global_scale``, computed exactly in
@@ -34,7 +34,7 @@ import numpy as np
 import torch
 from safetensors import safe_open
 
-from harness.engines.quantization import QUANT_FILE, WEIGHTS_FILE, QuantRecipe, layer_recipe, read_quant
+from harness.engines.quant_manifest import QUANT_FILE, WEIGHTS_FILE, QuantRecipe, layer_recipe, read_quant
 from harness.errors import VerificationError
 
 

@@ -1,6 +1,6 @@
 """One candidate x shard as a task on a cluster node: capture it if needed, score it, hand back its data.
 
-This is the body a Ray worker runs (:mod:`harness.run.ray_executor` submits it); it imports no Ray, so
+This is the body a Ray worker runs (:mod:`harness.run.cluster.ray_executor` submits it); it imports no Ray, so
 it is plain Python that any process can call. The task **returns** what it measured and writes no
 report: the driver verifies the result and writes every report itself, exactly as a serial run does.
 The only files a task writes are capture stores in the configuration's ``cache_dir`` (a live
@@ -20,7 +20,7 @@ key             meaning
 ``schema``      ``fidelity.cluster-result/1``
 ``report``      the shard report as JSON text (``ShardReport.to_json_dict``, sorted keys); its ``timing``
                 adds ``task_s`` (the task's wall time, capture included) and ``node`` (host name)
-``positions``   the scored positions as ``.npz`` bytes (:func:`harness.run.positions_wire.positions_to_bytes`)
+``positions``   the scored positions as ``.npz`` bytes (:func:`harness.run.cluster.positions_wire.positions_to_bytes`)
 ``sha256``      sha256 of the report's UTF-8 bytes followed by the positions' bytes
 ``node``        host name and process id that ran the task
 ``error``       instead of the above: the task's own failure (a ``FidelityError``), one line
@@ -47,7 +47,7 @@ from harness.engines.base import EngineOptions
 from harness.engines.registry import get_engine, require
 from harness.errors import FidelityError, VerificationError
 from harness.inputs.config import load_config
-from harness.run.positions_wire import positions_to_bytes
+from harness.run.cluster.positions_wire import positions_to_bytes
 
 if TYPE_CHECKING:
     from harness.inputs.config import CandidateConfig, FidelityConfig
