@@ -1,9 +1,8 @@
 """Fidelity harness: exact full-vocabulary KL divergence of a quantized LLM against its BF16 original.
 
 The library never imports pytest; ``harness.plugin.pytest_plugin`` is the thin adapter.
-Imports flow one way: each folder has a rank and imports only lower ranks (``io`` < ``metrics`` <
-``engines`` < ``inputs`` < ``capture`` < ``scoring`` < ``gate`` < ``reports`` < ``dataset`` < ``run``
-< ``plugin``, ``cli``; docs/design.md, section 5, checked by tests/test_layout.py).
+Imports flow one way: each folder has a rank and imports only its own folder and lower ranks
+(docs/design.md, section 5, holds the table; tests/test_layout.py checks it).
 """
 
 __version__ = "0.1.0"

@@ -1,9 +1,8 @@
 """The ``fidelity`` command: the top-level parser and the entry point.
 
-Subcommands live in :mod:`harness.cli.inputs`, :mod:`harness.cli.reports`, :mod:`harness.cli.bench`,
-:mod:`harness.cli.kld`, :mod:`harness.cli.attribute`, :mod:`harness.cli.dataset`, :mod:`harness.cli.plan`
-and :mod:`harness.cli.diagnose`; each lists its parser builders in ``COMMANDS``. Heavy imports (torch,
-transformers) happen inside handlers, so ``fidelity --help`` is instant.
+Subcommands live in the modules of ``harness/cli/`` that :func:`build_parser` lists; each lists its
+parser builders in ``COMMANDS``. Heavy imports (torch, transformers) happen inside handlers, so
+``fidelity --help`` is instant.
 
 Exit codes: 0 success; 1 a verification failure (``VerificationError``); 2 a usage error or any
 other ``FidelityError`` (and argparse's own usage errors). Expected errors print one line,

@@ -1,8 +1,6 @@
 """Shared pieces of the ``fidelity`` command's parsers: argument types and the help formatter.
 
-Each subcommand module (:mod:`harness.cli.inputs`, :mod:`harness.cli.reports`,
-:mod:`harness.cli.bench`, :mod:`harness.cli.kld`, :mod:`harness.cli.attribute`,
-:mod:`harness.cli.dataset`, :mod:`harness.cli.plan`, :mod:`harness.cli.diagnose`) lists its parser
+Each subcommand module (the ones :func:`harness.cli.main.build_parser` lists) lists its parser
 builders in a ``COMMANDS`` tuple; :func:`harness.cli.main.build_parser` calls them in order. Nothing registers itself at
 import time, so there is no import cycle and no duplicate registration.
 """
