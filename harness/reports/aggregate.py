@@ -37,7 +37,7 @@ from harness.metrics.histogram import LogHistogram
 from harness.metrics.summary import merge_totals
 from harness.reports.shard import check_finite
 from harness.reports.suite_shape import SuiteShape
-from harness.reports.units import size_text
+from harness.reports.units import bpw_text, size_text
 
 SCHEMA = "fidelity.aggregate/1"
 QUANTILES = (0.5, 0.9, 0.99, 0.999, 0.9999)
@@ -336,6 +336,7 @@ def ladder_rows(reports: Sequence[Any], verdicts: dict[tuple[str, int], bool] | 
             {
                 "candidate": name,
                 "size_bytes": agg["comparability"]["candidate"].get("size_bytes"),
+                "bits_per_weight": agg["comparability"]["candidate"].get("bits_per_weight"),
                 "shards": shards,
                 "n_positions": agg["n_positions"],
                 "mean_kld": agg["kld"]["mean"],
@@ -374,13 +375,14 @@ def _size(b: int | None) -> str:
 
 def format_ladder(rows: Sequence[dict[str, Any]]) -> list[str]:
     """The ladder as aligned text lines (terminal) — also valid Markdown table rows."""
-    head = ["candidate", "size", "shards", "mean KLD [95% CI]", "p99 (bin)", "top-1", "baseline"]
+    head = ["candidate", "bpw (linear / all)", "size", "shards", "mean KLD [95% CI]", "p99 (bin)", "top-1", "baseline"]
     body = []
     for r in rows:
         ci = f"[{_fmt(r['ci95'][0])}, {_fmt(r['ci95'][1])}]" if r["ci95"] else "[not estimable]"
         body.append(
             [
                 r["candidate"],
+                bpw_text(r.get("bits_per_weight")),
                 _size(r["size_bytes"]),
                 str(len(r["shards"])),
                 f"{_fmt(r['mean_kld'])} {ci}",

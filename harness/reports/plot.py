@@ -126,7 +126,7 @@ def place_labels(fig: Any, ax: Any, pts: Sequence[Mapping[str, Any]], scale: flo
     fig.canvas.draw()
     renderer = fig.canvas.get_renderer()
     frame = ax.get_window_extent(renderer)
-    centers = [ax.transData.transform((p["size_gib"] * scale, p["mean_kld"])) for p in pts]
+    centers = [ax.transData.transform((p["x"] * scale, p["mean_kld"])) for p in pts]
     r = 9.0  # a marker's half-size in pixels, with a margin
     placed: list[Any] = []
     texts: list[Any] = []
@@ -134,11 +134,11 @@ def place_labels(fig: Any, ax: Any, pts: Sequence[Mapping[str, Any]], scale: flo
     def label(p: Mapping[str, Any], offset: tuple[int, int], leader: bool) -> Any:
         arrow = ({"arrowstyle": "-", "color": colors[p["candidate"]], "linewidth": 0.8, "shrinkA": 0, "shrinkB": 5}
                  if leader else None)
-        return ax.annotate(_label_text(p), (p["size_gib"] * scale, p["mean_kld"]), textcoords="offset points",
+        return ax.annotate(_label_text(p), (p["x"] * scale, p["mean_kld"]), textcoords="offset points",
                            xytext=offset, fontsize=8, ha="left" if offset[0] > 0 else "right", va="bottom",
                            arrowprops=arrow)
 
-    order = sorted(range(len(pts)), key=lambda i: (pts[i]["size_gib"], -pts[i]["mean_kld"], pts[i]["candidate"]))
+    order = sorted(range(len(pts)), key=lambda i: (pts[i]["x"], -pts[i]["mean_kld"], pts[i]["candidate"]))
     def text_box(p: Mapping[str, Any], offset: tuple[int, int]) -> Any:
         """The label's text extent at ``offset``, in pixels (measured on a probe without a leader)."""
         t = label(p, offset, leader=False)
@@ -170,59 +170,84 @@ def label_box(annotation: Any, renderer: Any) -> Any:
 
 
 def plot_kld_vs_size(points: Sequence[Mapping[str, Any]], path: str | Path,
-                     palette_names: Sequence[str] | None = None) -> Path:
+                     palette_names: Sequence[str] | None = None, floor: Mapping[str, Any] | None = None) -> Path:
     """Write :func:`kld_vs_size_figure` as a PNG at ``path``."""
-    fig, _axes, _labels = kld_vs_size_figure(points, palette_names)
+    fig, _axes, _labels = kld_vs_size_figure(points, palette_names, floor)
     path = Path(path)
     _save(fig, path)
     return path
 
 
-def kld_vs_size_figure(points: Sequence[Mapping[str, Any]],
-                       palette_names: Sequence[str] | None = None) -> tuple[Any, tuple[Any, Any], list[Any]]:
-    """The figure ``(fig, (main axes, relative-interval axes), point labels)``: mean KLD (log y, 95% interval bars) versus on-disk size, points labelled, Pareto frontier drawn;
-    below it, each candidate's 95% interval relative to its mean (%), where bars a few % wide are visible.
+def _x_axis(pts: Sequence[Mapping[str, Any]]) -> tuple[str, float, str]:
+    """``(point key, scale, label)`` of the x axis: whole-checkpoint bits per weight when every point has it,
+    else the on-disk size in GiB or MiB."""
+    if pts and all(p.get("bpw") is not None for p in pts):
+        return "bpw", 1.0, "bits per weight, whole checkpoint (stored tensor bits / parameters)"
+    divisor, unit = axis_unit(max((p["size_gib"] * GIB for p in pts), default=GIB))
+    return "size_gib", GIB / divisor, f"on-disk size ({unit})"
 
-    ``points``: dicts with ``candidate``, ``size_gib``, ``mean_kld``, ``ci95``. The axis is in GiB, or in
-    MiB when every candidate is under 1 GiB (small test models), so the ticks stay readable. Colours are
-    the candidates' colours of every figure of the set (:func:`candidate_colors`).
+
+def kld_vs_size_figure(points: Sequence[Mapping[str, Any]], palette_names: Sequence[str] | None = None,
+                       floor: Mapping[str, Any] | None = None) -> tuple[Any, tuple[Any, Any], list[Any]]:
+    """The figure ``(fig, (main axes, relative-interval axes), point labels)``: mean KLD (log y, 95% interval bars)
+    versus bits per weight, points labelled, Pareto frontier drawn; below it, each candidate's 95% interval
+    relative to its mean (%), where bars a few % wide are visible.
+
+    ``points``: dicts with ``candidate``, ``size_gib``, ``mean_kld``, ``ci95`` and ``bpw`` (whole-checkpoint bits
+    per weight). The x axis is ``bpw`` when every point has it, with the on-disk size on a second axis (drawn
+    when every point has one parameter count, ``params``: bytes = bpw x params / 8); else the size in GiB, or MiB
+    when every candidate is under 1 GiB. ``floor`` (``mean``, ``ci95``): the reference's precision floor, drawn
+    as a band. Colours are the candidates' colours of every figure of the set (:func:`candidate_colors`).
     """
     plt = _plt()
     fig, (ax, rel) = plt.subplots(2, 1, figsize=(8, 8), gridspec_kw={"height_ratios": [3.0, 1.35]})
     pts = [p for p in points if p.get("size_gib") is not None and p["mean_kld"] > 0]
-
-    divisor, unit = axis_unit(max((p["size_gib"] * GIB for p in pts), default=GIB))
-    scale = GIB / divisor  # the points carry GiB
-    front = pareto_front([(p["size_gib"], p["mean_kld"], p["candidate"]) for p in pts])
+    key, scale, xlabel = _x_axis(pts)
+    pts = [{**p, "x": p[key] * scale} for p in pts]
+    front = pareto_front([(p["x"], p["mean_kld"], p["candidate"]) for p in pts])
     colors = candidate_colors([p["candidate"] for p in pts], palette_names)  # the same colours as the tail plot
     if len(front) > 1:  # a frontier of one point is no line
-        ax.plot([f[0] * scale for f in front], [f[1] for f in front], "--", color="0.35", linewidth=1.2,
+        ax.plot([f[0] for f in front], [f[1] for f in front], "--", color="0.35", linewidth=1.2,
                 label="Pareto frontier (no other candidate is both smaller and closer)", zorder=1)
+    if floor is not None:
+        lo_f, hi_f = floor.get("ci95") or (floor["mean"], floor["mean"])
+        ax.axhspan(lo_f, hi_f, color="0.75", alpha=0.5, zorder=0,
+                   label=f"precision floor {floor['mean']:.3g} (bf16 execution of the reference vs float64)")
+        ax.axhline(floor["mean"], color="0.45", linewidth=0.9, zorder=0)
     for p in pts:
         lo, hi = p["ci95"] or (p["mean_kld"], p["mean_kld"])  # no bar when not estimable
-        x, y = p["size_gib"] * scale, p["mean_kld"]
+        x, y = p["x"], p["mean_kld"]
         color = colors[p["candidate"]]
         # the interval is often a few % of the mean, narrower than a marker on a log axis: the marker is
         # hollow, the caps wide, and the panel below shows the interval to scale
         ax.errorbar([x], [y], yerr=[[max(y - lo, 0.0)], [max(hi - y, 0.0)]], fmt="o", mfc="none", color=color,
                     ecolor=color, elinewidth=2.2, capsize=7, capthick=1.6, markersize=7, zorder=3)
-    if len(front) > 1:  # a frontier of one point is no line
+    if len(front) > 1 or floor is not None:
         ax.legend(loc="upper right", fontsize=9)
     ax.set_yscale("log")
     ax.ticklabel_format(axis="x", useOffset=False, style="plain")
-    ax.set_xlabel(f"on-disk size ({unit})")
+    ax.set_xlabel(xlabel)
+    params = {p.get("params") for p in pts}
+    if key == "bpw" and len(params) == 1 and params != {None}:
+        n = float(params.pop())  # type: ignore[arg-type]
+        divisor, unit = axis_unit(max(p["bpw"] for p in pts) * n / 8.0)
+        top = ax.secondary_xaxis("top", functions=(lambda b: b * n / 8.0 / divisor, lambda s: s * divisor * 8.0 / n))
+        top.set_xlabel(f"stored tensor bytes ({unit})")
     ax.set_ylabel("mean KLD vs BF16 (nats, log scale)")
-    ax.set_title("Fidelity versus size (bars and ±: 95% interval of the mean)")
+    ax.set_title("Fidelity versus bits per weight (bars: 95% interval of the mean)" if key == "bpw"
+                 else "Fidelity versus size (bars: 95% interval of the mean)")
     ax.grid(True, which="both", alpha=0.3)
     if pts:
-        xs = [p["size_gib"] * scale for p in pts]
+        xs = [p["x"] for p in pts]
         span = (max(xs) - min(xs)) or max(xs) or 1.0
         ax.set_xlim(min(xs) - 0.08 * span, max(xs) + 0.3 * span)
         ys = [v for p in pts for v in (*(p["ci95"] or ()), p["mean_kld"]) if v > 0]
+        if floor is not None:
+            ys += [v for v in (floor["mean"], *(floor.get("ci95") or ())) if v > 0]
         ax.set_ylim(min(ys) / 2.0, max(ys) * 3.0)
     _relative_intervals(rel, pts, colors)
     fig.tight_layout()
-    return fig, (ax, rel), place_labels(fig, ax, pts, scale, colors)
+    return fig, (ax, rel), place_labels(fig, ax, pts, 1.0, colors)
 
 
 def _relative_intervals(ax: Any, pts: Sequence[Mapping[str, Any]], colors: Mapping[str, Any]) -> None:

@@ -49,7 +49,7 @@ from harness.reports.shard import ShardReport, report_shard
 from harness.reports.suite_shape import SuiteShape
 from harness.reports.tails import FILE_SCHEMA as TAILS_FILE_SCHEMA
 from harness.reports.tails import REPORT_SCHEMA, verify_tail_report
-from harness.reports.units import size_text
+from harness.reports.units import bpw_text, size_text
 from harness.reports.windows import verify_window
 
 SCHEMA_RESULTS = "fidelity.results/1"
@@ -179,13 +179,18 @@ def _read_adaptive(path: Path, groups: dict[str, list[Any]]) -> Any:
 
 # ------------------------------------------------------------------ the publishable set
 def size_points(aggs: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
-    """Points of the KLD-versus-size plot, with the Pareto flag (smaller and closer than all others)."""
+    """Points of the KLD-versus-size plot, with the Pareto flag (fewer bits per weight -- on-disk size where a
+    candidate's bits per weight are unknown -- and closer than all others); ``bpw``, ``linear_bpw`` and ``params``
+    from the candidate's :mod:`bits per weight <harness.allocation.bits_per_weight>` (None when unknown)."""
     pts = []
     for name, a in aggs.items():
         size = a["comparability"]["candidate"].get("size_bytes")
+        b = a["comparability"]["candidate"].get("bits_per_weight") or {}
         pts.append({"candidate": name, "size_bytes": size, "size_gib": None if not size else size / GIB,
+                    "bpw": b.get("total_bpw"), "linear_bpw": b.get("linear_bpw"), "params": b.get("total_params"),
                     "mean_kld": a["kld"]["mean"], "ci95": a["kld"]["ci95"]})
-    front = {n for _, _, n in pareto_front([(p["size_gib"], p["mean_kld"], p["candidate"]) for p in pts if p["size_gib"]])}
+    key = "bpw" if pts and all(p["bpw"] is not None for p in pts) else "size_gib"
+    front = {n for _, _, n in pareto_front([(p[key], p["mean_kld"], p["candidate"]) for p in pts if p[key]])}
     for p in pts:
         p["pareto"] = p["candidate"] in front
     return sorted(pts, key=lambda p: (p["size_gib"] is None, p["size_gib"] or 0.0, p["candidate"]))
@@ -255,7 +260,9 @@ def render_candidate(name: str, agg: dict[str, Any], shards: Sequence[Any], tail
              f"| mean JSD (bits) | {fmt_opt(agg['jsd_bits']['mean'])} |",
              f"| PPL ref / cand | {agg['ppl']['ref']:.4f} / {agg['ppl']['cand']:.4f} |",
              f"| max KLD | {fmt_opt(k['max'])} |",
-             f"| on-disk size | {page_size(size)} |", ""]
+             f"| on-disk size | {page_size(size)} |",
+             f"| bits per weight (quantized linears / whole checkpoint) | {bpw_text(comp['candidate'].get('bits_per_weight'))} |",
+             ""]
     lines += ["## Tails", ""]
     if tails:
         cum = tails["cumulative"]

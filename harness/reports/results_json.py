@@ -4,7 +4,8 @@ Schema ``fidelity.kld-results/1``:
 
 command: the command line that wrote it.
 entries: one per candidate, best mean KLD first: ``name``; ``size_bytes`` (on-disk bytes of the
-    measured file(s), None when unknown) and ``size_gib``; ``mean_kld`` and its 95% interval ``ci95``
+    measured file(s), None when unknown) and ``size_gib``; ``bits_per_weight`` (over the quantized linears and
+    the whole checkpoint, with the counts used: :mod:`harness.allocation.bits_per_weight`); ``mean_kld`` and its 95% interval ``ci95``
     (None: not estimable); ``top1``; ``n_positions``; ``shards``; ``engine`` (the candidate's engine as
     its reports record it); ``identity`` (the candidate's identity by content); ``command`` (how to
     re-measure it: the replay of its capture, or the pytest run of its configuration).
@@ -30,6 +31,7 @@ def results_document(rows: Sequence[dict[str, Any]], command: str, remeasure: st
         comp = r["aggregate"]["comparability"]
         size = r.get("size_bytes")
         entries.append({"name": r["candidate"], "size_bytes": size, "size_gib": None if not size else size / GIB,
+                        "bits_per_weight": r.get("bits_per_weight"),
                         "mean_kld": r["mean_kld"], "ci95": r["ci95"], "top1": r["top1"], "n_positions": r["n_positions"],
                         "shards": r["shards"], "engine": (comp.get("engine") or {}).get("candidate"),
                         "identity": comp["candidate"].get("identity"), "command": remeasure.format(name=r["candidate"])})

@@ -19,6 +19,7 @@ from typing import Any
 
 from filelock import FileLock
 
+from harness.allocation.bits_per_weight import BitsPerWeight, bits_per_weight
 from harness.capture.cache_sign import UntrustedCacheWarning, load_key, unsigned_reason
 from harness.capture.loop import capture
 from harness.capture.store import CaptureStore
@@ -89,6 +90,17 @@ def candidate_size_bytes(cand: CandidateConfig) -> int | None:
     return sum(f.stat().st_size for f in files) or None
 
 
+def candidate_bits_per_weight(cand: CandidateConfig) -> BitsPerWeight | None:
+    """Bits per weight of the candidate's checkpoint (:mod:`harness.allocation.bits_per_weight`); None for a
+    stored capture without a model, a model not on disk, or a format whose quantized modules it cannot name."""
+    if cand.model is None or not cand.model.exists():
+        return None
+    try:
+        return bits_per_weight(cand.model)
+    except VerificationError:
+        return None
+
+
 @dataclass
 class ScoredShard:
     """The outcome of one candidate x shard case."""
@@ -135,6 +147,8 @@ class FidelitySession:
     _inputs: dict[tuple[str, int], ShardInputs] = field(default_factory=dict)
     _planned: dict[str, set[int]] = field(default_factory=dict)
     _positions: dict[tuple[str, int], ShardPositions] = field(default_factory=dict)
+    #: each candidate's bits per weight, read once per run
+    _bpw: dict[str, BitsPerWeight | None] = field(default_factory=dict)
 
     # ------------------------------------------------------------------ inputs
     @property
@@ -402,7 +416,9 @@ class FidelitySession:
         """Score one candidate x shard and build its report."""
         t0 = time.perf_counter()
         size = candidate_size_bytes(cand)
-        meta: CandidateMeta = {"size_bytes": size, "tags": list(cand.tags)}
+        if cand.name not in self._bpw:
+            self._bpw[cand.name] = candidate_bits_per_weight(cand)
+        meta: CandidateMeta = {"size_bytes": size, "tags": list(cand.tags), "bits_per_weight": self._bpw[cand.name]}
         report = score_shard(
             self.shard_inputs(cand, shard),
             positions=self.positions(cand, shard),

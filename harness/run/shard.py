@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, TypedDict
+from typing import TYPE_CHECKING, NotRequired, TypedDict
 
 import numpy as np
 
+from harness.allocation.bits_per_weight import BitsPerWeight
 from harness.errors import FidelityError
 from harness.io.jsonio import JSONObject
 from harness.metrics import ContextLabel, summarize
@@ -218,6 +219,8 @@ class CandidateMeta(TypedDict):
     size_bytes: int | None
     #: The candidate's tags from ``fidelity.toml``.
     tags: list[str]
+    #: Bits per weight of its checkpoint (:mod:`harness.allocation.bits_per_weight`; None when unknown).
+    bits_per_weight: NotRequired[BitsPerWeight | None]
 
 
 #: Scorer settings that decide the numbers (tiling does not, so it is not recorded here).
