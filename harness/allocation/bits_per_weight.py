@@ -19,7 +19,7 @@ from typing import TypedDict
 
 from harness.allocation.gguf_format import read_tensors
 from harness.attribution.sizes import folder_tensor_bytes
-from harness.engines.quantization import QUANT_FILE, WEIGHTS_FILE, layer_recipe, read_quant
+from harness.engines.quant_manifest import QUANT_FILE, WEIGHTS_FILE, layer_recipe, read_quant
 from harness.errors import VerificationError
 from harness.io.jsonio import JSONObject
 
