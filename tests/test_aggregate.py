@@ -103,7 +103,9 @@ def _rows_disagree(docs: list[dict[str, Any]]) -> None:
 
 
 def _rows_positions(docs: list[dict[str, Any]]) -> None:
-    docs[0]["metrics"]["contexts"][0]["positions"] -= 1
+    row = docs[0]["metrics"]["contexts"][0]
+    row["positions"] -= 1
+    row["top1"] = min(row["top1"], row["positions"])  # within its positions: only the reconciliation can see it
 
 
 def _hist_spec(docs: list[dict[str, Any]]) -> None:

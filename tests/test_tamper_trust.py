@@ -467,7 +467,8 @@ def test_verify_refuses_a_resealed_shard_report_that_disagrees_with_itself(publi
     res["candidates"]["good"]["shards"][1]["metrics"]["totals"]["sum_kld"] *= 0.5
     (pub / "results.json").write_text(json.dumps(res))
     _reseal(pub)
-    refused(capsys, ["verify", str(pub)], "candidates.good.shards[1]: metrics.totals.sum_kld: expected", untouched=pub)
+    refused(capsys, ["verify", str(pub)], "candidates.good.shards[1]: metrics.kld.mean (re-derived from metrics.totals): expected",
+            untouched=pub)
 
 
 def test_verify_rederives_a_resealed_plot_point(published: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

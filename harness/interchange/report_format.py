@@ -9,8 +9,10 @@ of two methods.
 
 Reading (:func:`read_published_report`) refuses, naming the file: another schema; a missing field;
 a ``/3`` without a window or a ``/2`` with one; per-context rows that lack a field, repeat an index,
-or do not add up to the report's own ``scored_positions``, ``contexts``, ``token_mean_kld`` or
-``top1_agreement`` (relative 1e-6); a ``kld_tail`` whose counts do not sum to the scored positions.
+or do not add up to the report's own ``scored_positions``, ``contexts``, ``token_mean_kld``,
+``context_macro_mean_kld`` or ``top1_agreement`` (relative 1e-6); a ``kld_tail`` whose counts do not sum to
+the scored positions; any number outside its domain (:mod:`harness.io.domain`: a negative KLD or JSD, a
+count that is not a positive integer, a top-1 share outside [0, 1], a value not finite or beyond 1e15).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 from harness.errors import VerificationError
 from harness.inputs.interchange_layout import REPORT_FULL, REPORT_LEGACY, REPORT_WINDOWED, TAIL_SCHEMA, WINDOW_SCHEMA
 from harness.interchange.bootstrap_method import percentile_bootstrap
+from harness.io import domain
 from harness.io.jsonio import read_json
 
 if TYPE_CHECKING:
@@ -36,6 +39,8 @@ ROW_FIELDS = ("index", "source_cluster", "stratum", "positions_scored", "mean_kl
 REQUIRED = ("schema", "contexts", "scored_positions", "token_mean_kld", "top1_agreement", "suite_token_sha256",
             "per_context_all", "context_macro_mean_kld")
 TOLERANCE = 1e-6
+#: Optional headline figures of a report that are divergences (KLD in nats, JSD in bits): never negative.
+DIVERGENCE_KEYS = ("token_median_kld", "p95_kld", "p99_kld", "p999_kld", "max_kld", "mean_jsd_bits")
 EXACT_TEXT = ("exact full-vocabulary KLD of this project (fp32 logits of the bf16 operands, float64 normalizers); "
               "context_bootstrap is the published percentile method applied to these exact context means")
 
@@ -145,9 +150,17 @@ class PublishedReport:
         return t if isinstance(t, dict) else None
 
 
-def _gap(a: float, b: float) -> float:
-    scale = max(abs(a), abs(b))
-    return 0.0 if scale == 0.0 else abs(a - b) / scale
+def _check_bootstrap(path: Path, boot: Any) -> None:
+    """``context_bootstrap``, when present: its interval ends are divergences with ``low <= high``."""
+    if not isinstance(boot, dict):
+        return
+    lo, hi = boot.get("ci95_low"), boot.get("ci95_high")
+    if lo is None and hi is None:
+        return
+    low = domain.divergence(path, "context_bootstrap.ci95_low", lo)
+    high = domain.divergence(path, "context_bootstrap.ci95_high", hi)
+    if low > high:
+        raise VerificationError(path, "context_bootstrap (ci95_low <= ci95_high)", f"low <= {high}", low)
 
 
 def read_published_report(path: Path) -> PublishedReport:
@@ -173,24 +186,42 @@ def read_published_report(path: Path) -> PublishedReport:
     for i, r in enumerate(rows):
         if not isinstance(r, dict) or any(f not in r for f in ROW_FIELDS):
             raise VerificationError(path, f"per_context_all[{i}]", f"an object with {', '.join(ROW_FIELDS)}", r)
-        if r["index"] in seen:
-            raise VerificationError(path, f"per_context_all[{i}].index", "unique indices", f"{r['index']} twice")
-        seen.add(r["index"])
+        where = f"per_context_all[{i}]"
+        index = domain.count(path, f"{where}.index", r["index"], minimum=0)
+        if index in seen:
+            raise VerificationError(path, f"{where}.index", "unique indices", f"{r['index']} twice")
+        seen.add(index)
+        domain.count(path, f"{where}.positions_scored", r["positions_scored"])
+        domain.divergence(path, f"{where}.mean_kld", r["mean_kld"])
+        domain.fraction(path, f"{where}.top1_agreement", r["top1_agreement"])
     positions = sum(int(r["positions_scored"]) for r in rows)
-    if positions != doc["scored_positions"] or len(rows) != doc["contexts"]:
-        raise VerificationError(path, "scored_positions and contexts (its per_context_all rows)", (positions, len(rows)),
-                                (doc["scored_positions"], doc["contexts"]))
-    mean = math.fsum(float(r["mean_kld"]) * int(r["positions_scored"]) for r in rows) / positions
+    stated = (domain.count(path, "scored_positions", doc["scored_positions"]), domain.count(path, "contexts", doc["contexts"]))
+    if positions != stated[0] or len(rows) != stated[1]:
+        raise VerificationError(path, "scored_positions and contexts (its per_context_all rows)", (positions, len(rows)), stated)
+    mean = domain.fsum(path, "sum of per_context_all mean_kld x positions_scored",
+                       (float(r["mean_kld"]) * int(r["positions_scored"]) for r in rows)) / positions
     top1 = math.fsum(float(r["top1_agreement"]) * int(r["positions_scored"]) for r in rows) / positions
-    for key, want in (("token_mean_kld", mean), ("top1_agreement", top1)):
-        if _gap(want, float(doc[key])) > TOLERANCE:
-            raise VerificationError(path, f"{key} (recomputed from per_context_all)", want, doc[key])
+    macro = domain.fsum(path, "sum of per_context_all mean_kld", (float(r["mean_kld"]) for r in rows)) / len(rows)
+    domain.divergence(path, "token_mean_kld", doc["token_mean_kld"])
+    domain.divergence(path, "context_macro_mean_kld", doc["context_macro_mean_kld"])
+    domain.fraction(path, "top1_agreement", doc["top1_agreement"])
+    for key, want in (("token_mean_kld", mean), ("top1_agreement", top1), ("context_macro_mean_kld", macro)):
+        domain.rederived(path, key, doc[key], want, TOLERANCE)
+    for key in DIVERGENCE_KEYS:  # optional headline figures: when present, divergences
+        if doc.get(key) is not None:
+            domain.divergence(path, key, doc[key])
+    _check_bootstrap(path, doc.get("context_bootstrap"))
     tail = doc.get("kld_tail")
     if schema != REPORT_LEGACY:
         counts = tail.get("counts") if isinstance(tail, dict) else None
-        if not isinstance(counts, list) or sum(int(c) for c in counts) != positions:
-            raise VerificationError(path, "kld_tail.counts (sum: the scored positions)", positions,
-                                    sum(int(c) for c in counts) if isinstance(counts, list) else counts)
+        if not isinstance(counts, list):
+            raise VerificationError(path, "kld_tail.counts", "a list of bin counts", counts)
+        total = sum(domain.count(path, f"kld_tail.counts[{k}]", c, minimum=0) for k, c in enumerate(counts))
+        if total != positions:
+            raise VerificationError(path, "kld_tail.counts (sum: the scored positions)", positions, total)
+        assert isinstance(tail, dict)
+        if tail.get("max_kld") is not None:
+            domain.divergence(path, "kld_tail.max_kld", tail["max_kld"])
     marker = doc.get("fidelity_method")
     method = marker.get("name") if isinstance(marker, dict) else "published"
     if method not in ("exact", "published"):

@@ -90,10 +90,11 @@ def fsum(path: str | Path, what: str, values: Iterable[float]) -> float:
 
 
 def rederived(path: str | Path, what: str, stated: Any, derived: float, rel_tol: float = REDERIVE_TOLERANCE,
-              abs_tol: float = 0.0) -> float:
-    """The ``stated`` headline equals the one ``derived`` from the file's own rows within ``rel_tol`` (or ``abs_tol``)."""
+              abs_tol: float = 0.0, source: str = "its rows") -> float:
+    """The ``stated`` headline equals the one ``derived`` from the file's own ``source`` (its rows) within
+    ``rel_tol`` (or ``abs_tol``)."""
     s = finite(path, what, stated)
     gap = abs(s - derived)
     if gap > abs_tol and gap > rel_tol * max(abs(s), abs(derived)):
-        raise VerificationError(path, f"{what} (re-derived from its rows)", derived, stated)
+        raise VerificationError(path, f"{what} (re-derived from {source})", derived, stated)
     return s

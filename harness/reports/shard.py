@@ -28,6 +28,7 @@ from typing import Any, cast
 
 from harness import PROTOCOL_VERSION, __version__
 from harness.errors import VerificationError
+from harness.io import domain
 from harness.io.atomic import atomic_write_files, dumps_json
 from harness.io.jsonio import read_json
 from harness.io.schema import MapOf, Nullable, Optional, check, schema_of
@@ -261,6 +262,31 @@ def _check_types(d: dict[str, Any], path: str | Path) -> None:
         raise VerificationError(path, "metrics.contexts", "a list of per-context objects", type(rows).__name__)
     check(m, METRICS_SCHEMA, path, "metrics")
     check(m, SUMMARY_SCHEMA, path, "metrics")
+    _check_domains(m, path)
+
+
+def _check_domains(m: dict[str, Any], path: str | Path) -> None:
+    """Every number for its meaning (:mod:`harness.io.domain`), and the headline re-derived from the rows:
+    per-context positions >= 1, divergences >= 0, top-1 counts within their positions; ``kld.mean`` and
+    ``top1.agreement`` follow from ``totals`` (the rows are reconciled with ``totals`` by the aggregator)."""
+    rows, t = m["contexts"], m["totals"]
+    for i, r in enumerate(rows):
+        w = f"metrics.contexts[{i}]"
+        n = domain.count(path, f"{w}.positions", r["positions"])
+        for k in ("sum_kld", "mean_kld", "max_kld", "sum_jsd_bits"):
+            domain.divergence(path, f"{w}.{k}", r[k])
+        domain.at_most(path, f"{w}.top1", domain.count(path, f"{w}.top1", r["top1"], minimum=0), n, "its positions")
+    n_pos = domain.count(path, "metrics.totals.n_positions", t["n_positions"], minimum=0)
+    for k in ("sum_kld", "max_kld", "sum_jsd_bits"):
+        domain.divergence(path, f"metrics.totals.{k}", t[k])
+    domain.at_most(path, "metrics.totals.top1_count", domain.count(path, "metrics.totals.top1_count", t["top1_count"], minimum=0),
+                   n_pos, "metrics.totals.n_positions")
+    if n_pos == 0:
+        return
+    domain.rederived(path, "metrics.kld.mean", m["kld"]["mean"], float(t["sum_kld"]) / n_pos, abs_tol=1e-12,
+                     source="metrics.totals")
+    domain.rederived(path, "metrics.top1.agreement", m["top1"]["agreement"], int(t["top1_count"]) / n_pos, abs_tol=1e-12,
+                     source="metrics.totals")
 
 
 # ---- Markdown ---------------------------------------------------------------------------------
