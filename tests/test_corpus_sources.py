@@ -113,11 +113,11 @@ def test_a_datasets_source_without_datasets_names_the_extra(tmp_path: Path, monk
     """datasets is an extra: without it, reading a datasets source is one line naming the install command."""
     import sys
 
-    from harness.errors import FidelityError
+    from harness.errors import MissingPackageError
     from harness.inputs.corpus_sources import load_rows
 
     monkeypatch.setitem(sys.modules, "datasets", None)  # `import datasets` now raises ImportError
-    with pytest.raises(FidelityError, match=r"needs the datasets package.*fidelity-harness\[datasets\]"):
+    with pytest.raises(MissingPackageError, match=r"datasets source: datasets is not installed: pip install 'fidelity-harness\[datasets\]'"):
         load_rows(tmp_path, None)
 
 

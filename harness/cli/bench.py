@@ -10,7 +10,7 @@ import argparse
 import json
 
 from harness.cli.registry import Builder, SubParsers, formatter, positive_int
-from harness.errors import FidelityError
+from harness.errors import UsageError
 
 
 def _bench(a: argparse.Namespace) -> int:
@@ -24,7 +24,7 @@ def _bench(a: argparse.Namespace) -> int:
         import torch
 
         if not torch.cuda.is_available():
-            raise FidelityError(f"--device {a.device}: CUDA is not available on this machine (torch {torch.__version__})")
+            raise UsageError(f"--device {a.device}: CUDA is not available on this machine (torch {torch.__version__})")
     r = run_bench(n, h, v, device=a.device, backend=a.backend, threads=a.threads, tile_rows=a.tile_rows, reps=a.reps,
                   memory=not a.skip_memory, two_pass=not a.skip_two_pass)
     for line in format_bench(r):

@@ -9,7 +9,7 @@ from harness.capture.store import CaptureStore
 from harness.cli.registry import Builder, SubParsers, formatter
 from harness.cli.vocabulary import add_config
 from harness.dataset.build import build_dataset, size_lines
-from harness.errors import FidelityError
+from harness.errors import UsageError
 from harness.inputs.config import load_config
 from harness.inputs.suite import Suite
 from harness.interchange.writer import write_published
@@ -35,7 +35,7 @@ def _write_published(a: argparse.Namespace) -> int:
     for spec in a.capture:
         name, sep, path = spec.partition("=")
         if not sep or not name or not path:
-            raise FidelityError(f"--capture: expected NAME=STORE, found {spec!r}")
+            raise UsageError(f"--capture: expected NAME=STORE, found {spec!r}")
         captures[name] = CaptureStore.open(Path(path), suite, verify=True)
     reports: dict[str, list[ShardReport]] = {}
     if a.reports is not None:

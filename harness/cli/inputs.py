@@ -13,7 +13,7 @@ from harness.cli.vocabulary import add_license, add_quiet
 from harness.engines.base import EngineOptions
 from harness.engines.option_specs import validate_options
 from harness.engines.registry import get_engine
-from harness.errors import FidelityError
+from harness.errors import UsageError
 from harness.inputs import corpus_sources
 from harness.inputs.head import export_head, sidecar_path
 from harness.inputs.interchange_layout import LAYOUT, looks_like
@@ -31,23 +31,23 @@ def _suite_build(a: argparse.Namespace) -> int:
     corpus, record = a.corpus, None
     if a.from_dataset is not None or a.split_file is not None:
         if a.corpus_out is None:
-            raise FidelityError("suite build --from-dataset/--split-file: expected --corpus-out DIR (the folder the "
-                                "documents are written to, for suite verify --corpus and dataset build), found none")
+            raise UsageError("suite build --from-dataset/--split-file: expected --corpus-out DIR (the folder the "
+                             "documents are written to, for suite verify --corpus and dataset build), found none")
         if a.from_dataset is not None:
             made = corpus_sources.from_datasets(a.from_dataset, a.corpus_out, text_column=a.text_column, id_column=a.id_column,
                                                 split=a.split, name=a.source_name, revision=a.source_revision,
                                                 licence=a.license, chat_template=a.chat_template)
         else:
             if a.split_rule is None:
-                raise FidelityError(f"suite build --split-file: expected --split-rule "
-                                    f"({', '.join(corpus_sources.SPLIT_RULES)}), found none")
+                raise UsageError(f"suite build --split-file: expected --split-rule "
+                                 f"({', '.join(corpus_sources.SPLIT_RULES)}), found none")
             made = corpus_sources.from_long_file(a.split_file, a.corpus_out, rule=a.split_rule, name=a.source_name,
                                                  licence=a.license, chat_template=a.chat_template)
         corpus, record = made.folder, made.record
         print(f"{made.folder}: {made.documents} documents from {made.record['name']} ({made.record['kind']})")
     elif a.chat_template is not None:
-        raise FidelityError("suite build --chat-template: expected --from-dataset or --split-file (a corpus folder's "
-                            "files are used as they are), found --corpus")
+        raise UsageError("suite build --chat-template: expected --from-dataset or --split-file (a corpus folder's "
+                         "files are used as they are), found --corpus")
     s = build_suite(corpus, a.tokenizer, a.n_ctx, a.contexts, a.shards, a.seed, a.out, grouping_file=a.grouping, documents=a.documents,
                     provenance=a.provenance, source=a.source, licence=a.license, corpus_source=record)
     print(describe(s))
@@ -69,7 +69,7 @@ def _suite_verify(a: argparse.Namespace) -> int:
     print(f"{s.root}: OK ({s.n_contexts} contexts x {s.n_ctx} tokens, {s.n_shards} shards, suite_token_sha256 {s.suite_token_sha256})")
     if a.corpus is not None:
         if a.tokenizer is None:
-            raise FidelityError("suite verify --corpus needs --tokenizer (the suite's tokenizer.json) to re-derive the contexts")
+            raise UsageError("suite verify --corpus needs --tokenizer (the suite's tokenizer.json) to re-derive the contexts")
         for line in format_corpus_check(s, a.corpus, rederive_contexts(s, a.corpus, a.tokenizer)):
             print(line)
     return 0
@@ -167,7 +167,7 @@ def _capture(a: argparse.Namespace) -> int:
     for item in a.option or []:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
-            raise FidelityError(f"--option: expected KEY=VALUE, found {item!r}")
+            raise UsageError(f"--option: expected KEY=VALUE, found {item!r}")
         try:  # a TOML value (number, true/false, "string", {table}); a bare word is a string
             raw[key.strip()] = tomllib.loads(f"v = {value}")["v"]
         except tomllib.TOMLDecodeError:
@@ -273,7 +273,7 @@ def _replay(a: argparse.Namespace) -> int:
             from harness.run.replay.interchange import replay_published
 
             if a.suite or a.reference:
-                raise FidelityError(f"replay --dataset ({LAYOUT}) takes the suite and the reference from the dataset: drop --suite/--reference")
+                raise UsageError(f"replay --dataset ({LAYOUT}) takes the suite and the reference from the dataset: drop --suite/--reference")
             paths = replay_published(a.dataset, a.candidate, a.out, head=a.head, shards=a.shards, score_from=a.window,
                                      name=a.name, n_boot=a.n_boot, device=a.device, method=a.method)
             for p in paths:
@@ -282,17 +282,17 @@ def _replay(a: argparse.Namespace) -> int:
     if a.dataset is not None:  # a downloaded reference dataset supplies suite, reference and head
 
         if a.method != "exact":
-            raise FidelityError("replay --method published: only with --suite/--reference/--head or a dataset in the published layout")
+            raise UsageError("replay --method published: only with --suite/--reference/--head or a dataset in the published layout")
 
         if a.suite or a.reference or a.head:
-            raise FidelityError("replay --dataset takes the suite, reference and head from the dataset: drop --suite/--reference/--head")
+            raise UsageError("replay --dataset takes the suite, reference and head from the dataset: drop --suite/--reference/--head")
         paths = replay_dataset(a.dataset, a.candidate, a.out, shards=a.shards, score_from=a.window, name=a.name,
                                n_boot=a.n_boot, device=a.device)
         for p in paths:
             print(f"{p}: written (+ {p.with_suffix('.md').name})")
         return 0
     if a.suite is None or a.reference is None or a.head is None:
-        raise FidelityError("replay needs --suite, --reference and --head (or --dataset DATASET)")
+        raise UsageError("replay needs --suite, --reference and --head (or --dataset DATASET)")
     paths = replay(a.suite, a.reference, a.candidate, a.head, a.out, cand_head_path=a.candidate_head, shards=a.shards,
                    score_from=a.window, n_boot=a.n_boot, device=a.device, candidate_name=a.name, reference_name=a.reference_name,
                    reference_model=a.reference_model, method=a.method)

@@ -4,8 +4,9 @@ Subcommands live in the modules of ``harness/cli/`` that :func:`build_parser` li
 parser builders in ``COMMANDS``. Heavy imports (torch, transformers) happen inside handlers, so
 ``fidelity --help`` is instant.
 
-Exit codes: 0 success; 1 a verification failure (``VerificationError``); 2 a usage error or any
-other ``FidelityError`` (and argparse's own usage errors). Expected errors print one line,
+Exit codes follow the error's class (:attr:`harness.errors.FidelityError.exit_code`, docs/refuses.md): 0 success;
+1 a verification failure (``VerificationError``) or an operating-system error; 2 a usage error (``UsageError``,
+argparse's own) or any other ``FidelityError``; 3 a missing optional package (``MissingPackageError``). Expected errors print one line,
 ``fidelity: error: <message>``, never a traceback.
 """
 
@@ -21,7 +22,7 @@ from harness import __version__
 from harness.cli import allocate, attribute, bench, dataset, diagnose, inputs, kld, ladder, plan, reports
 from harness.cli.registry import formatter
 from harness.cli.vocabulary import resolve
-from harness.errors import FidelityError, VerificationError
+from harness.errors import FidelityError
 from harness.io.atomic import refuse_overwriting_inputs, removed_on_failure
 from harness.scoring.threads import apply_default_threads
 
@@ -94,12 +95,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             refuse_overwriting_inputs([out], inputs, f"{args.command} --{key}")
         with removed_on_failure(*(out for _k, out in outputs)):  # a refused command leaves nothing it created
             return int(args.func(args))
-    except VerificationError as e:
+    except FidelityError as e:  # the class sets the status: VerificationError 1, UsageError 2, MissingPackageError 3
         print(f"fidelity: error: {e}", file=sys.stderr)
-        return 1
-    except FidelityError as e:
-        print(f"fidelity: error: {e}", file=sys.stderr)
-        return 2
+        return e.exit_code
     except BrokenPipeError:  # e.g. `fidelity suite show S | head` (an OSError: caught before the next clause)
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0

@@ -8,7 +8,7 @@ from typing import Any
 
 from harness.cli.registry import Builder, SubParsers, formatter
 from harness.cli.vocabulary import add_reports
-from harness.errors import FidelityError
+from harness.errors import FidelityError, UsageError
 from harness.io.atomic import atomic_write_json
 from harness.reports.aggregate import check_comparable
 from harness.reports.report_set import load_reports
@@ -61,8 +61,8 @@ def _plan(a: argparse.Namespace) -> int:
         print(f"±{100 * a.eps:g}% relative at 95%: {_say(c, p.contexts_per_cluster)}")
     if a.versus:
         if a.versus == a.candidate:
-            raise FidelityError(f"plan --versus: expected another candidate than --candidate, found {a.versus!r} twice "
-                                "(a candidate compared with itself has no difference to resolve)")
+            raise UsageError(f"plan --versus: expected another candidate than --candidate, found {a.versus!r} twice "
+                             "(a candidate compared with itself has no difference to resolve)")
         try:
             d = ClusterPilot.from_rows(rows, _rows(groups, a.versus))
         except ValueError as e:

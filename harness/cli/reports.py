@@ -12,7 +12,7 @@ from pathlib import Path
 from harness.cli.registry import Builder, SubParsers, formatter, nonneg_int, positive_int
 from harness.cli.vocabulary import add_config, add_reports
 from harness.dataset.verify import verify_dataset
-from harness.errors import FidelityError, VerificationError
+from harness.errors import FidelityError, UsageError, VerificationError
 from harness.inputs.config import load_config
 from harness.inputs.suite import Suite
 from harness.interchange.published_reports import (
@@ -141,17 +141,17 @@ def _paired(a: argparse.Namespace) -> int:
     if pa is not None and pb is not None:
         return _paired_published(a, pa, pb)
     if pa is not None or pb is not None:
-        raise FidelityError(f"paired: expected two capture stores or two sets of published reports, found one of each "
-                            f"({a.a}, {a.b})")
+        raise UsageError(f"paired: expected two capture stores or two sets of published reports, found one of each "
+                         f"({a.a}, {a.b})")
     if a.suite is None or a.reference is None or a.head is None:
-        raise FidelityError("paired: two capture stores need --suite, --reference and --head")
+        raise UsageError("paired: two capture stores need --suite, --reference and --head")
 
     margin = a.margin
     if margin is None and a.config is not None:
         cfg = load_config(a.config)
         margin = next((p.margin for p in cfg.pairs if (p.a, p.b) == (a.name_a, a.name_b)), None)
     if margin is None:
-        raise FidelityError("paired: no equivalence margin: pass --margin NATS, or --config with a matching [[pairs]] entry")
+        raise UsageError("paired: no equivalence margin: pass --margin NATS, or --config with a matching [[pairs]] entry")
     inputs = {}
     for side, store in (("a", a.a), ("b", a.b)):
         inputs[side] = verify_inputs(a.suite, a.reference, store, a.head, shards=a.shards, score_from=a.window)
@@ -210,7 +210,7 @@ def add_paired(sub: SubParsers) -> None:
 # ----------------------------------------------------------------------------- publish / verify
 def _publish(a: argparse.Namespace) -> int:
     if a.reports is None or a.out is None:
-        raise FidelityError("publish: --reports and --out are required (or: fidelity publish verify DIR)")
+        raise UsageError("publish: --reports and --out are required (or: fidelity publish verify DIR)")
     cfg = None
     if a.config is not None:
         cfg = load_config(a.config)

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from harness.engines.base import EngineOptions
 from harness.engines.option_specs import OptionSpec, int_option, validate_options
-from harness.errors import FidelityError
+from harness.errors import FidelityError, MissingPackageError, pip_extra
 from harness.io.hashing import sha256_file
 from harness.io.jsonio import JSONObject
 
@@ -43,7 +43,8 @@ if TYPE_CHECKING:
     import torch
 
 ENGINE_NAME = "llamacpp"
-INSTALL_HINT = 'CMAKE_ARGS="-DGGML_NATIVE=OFF" pip install llama-cpp-python==0.3.36'
+#: The extra, and how to build it portably (pip builds llama.cpp from source; a native AMX build crashed).
+INSTALL_HINT = pip_extra("llamacpp") + ' (it builds llama.cpp: set CMAKE_ARGS="-DGGML_NATIVE=OFF" for a portable build)'
 
 #: ``[candidates.options]`` of engine ``llamacpp`` (docs: README, "Engine options").
 OPTIONS: dict[str, OptionSpec] = {
@@ -65,11 +66,11 @@ def available() -> bool:
 
 
 def _import() -> ModuleType:
-    """The ``llama_cpp`` module (llama-cpp-python); its absence is a FidelityError with the install command."""
+    """The ``llama_cpp`` module (llama-cpp-python); its absence is a MissingPackageError with the install command."""
     try:
         return importlib.import_module("llama_cpp")
     except (ImportError, OSError) as e:
-        raise FidelityError(f"engine 'llamacpp' needs llama-cpp-python ({e}); install it with: {INSTALL_HINT}") from None
+        raise MissingPackageError("llama-cpp-python", INSTALL_HINT, needed_for=f"engine 'llamacpp' ({e})") from None
 
 
 def check_gguf(path: str | Path) -> Path:

@@ -21,7 +21,7 @@ from importlib.metadata import EntryPoint, entry_points
 
 from harness.engines import llamacpp, transformers, vllm
 from harness.engines.base import Engine
-from harness.errors import FidelityError
+from harness.errors import FidelityError, MissingPackageError
 
 #: The entry-point group other packages declare engines in.
 ENTRY_POINT_GROUP = "fidelity.engines"
@@ -80,6 +80,6 @@ def get_engine(name: str, where: str = "") -> Engine:
 
 
 def require(engine: Engine) -> None:
-    """Raise a FidelityError with the install command when the engine's package is missing."""
+    """Raise a MissingPackageError with the install command when the engine's package is missing."""
     if not engine.available():
-        raise FidelityError(f"engine {engine.name!r} is not installed: install it with: {engine.install_hint}")
+        raise MissingPackageError(f"engine {engine.name!r}", engine.install_hint)

@@ -18,7 +18,7 @@ from harness.engines.compressed_config import check_compressed_tensors
 from harness.engines.identity import model_identity
 from harness.engines.option_specs import OptionSpec, int_option, table_option, validate_options
 from harness.engines.quant_manifest import QUANT_FILE, is_quantized_checkpoint
-from harness.errors import FidelityError
+from harness.errors import EXTRAS, FidelityError, MissingPackageError, pip_extra
 from harness.io.jsonio import JSONObject
 
 if TYPE_CHECKING:
@@ -113,10 +113,9 @@ def check_quantization_package(root: Path) -> None:
     except (ImportError, ValueError):
         found = False
     if not found:
-        raise FidelityError(
-            f"{root / 'config.json'}: quantization_config.quant_method {method!r} needs the package {package!r}, "
-            f"which is not installed: install it with: pip install {package}"
-        )
+        install = pip_extra(package) if package in EXTRAS else f"pip install {package}"
+        raise MissingPackageError(package, install,
+                                  needed_for=f"{root / 'config.json'}: quantization_config.quant_method {method!r}")
 
 
 def check_loading_info(root: Path, info: Mapping[str, Iterable[object]]) -> None:
@@ -170,8 +169,8 @@ def load_model(
         import importlib.util
 
         if importlib.util.find_spec("accelerate") is None:  # transformers places layers through accelerate (an extra)
-            raise FidelityError(f"{root}: engine 'transformers' option 'device_map' needs the accelerate package, "
-                                "which is not installed: pip install 'fidelity-harness[accelerate]'")
+            raise MissingPackageError.extra("accelerate", "accelerate",
+                                            needed_for=f"{root}: engine 'transformers' option 'device_map'")
         kw["device_map"] = opts["device_map"]
         if "max_memory" in opts:  # accelerate names GPUs by integer index
             kw["max_memory"] = {(int(k) if str(k).isdigit() else k): v for k, v in table_option(opts, "max_memory").items()}
@@ -185,7 +184,8 @@ def load_model(
         model = cast("torch.nn.Module", result[0])
         info: dict[str, Any] = result[1]
     except ImportError as e:
-        raise FidelityError(f"{root / 'config.json'}: a package this checkpoint needs is missing ({e})") from None
+        raise MissingPackageError(e.name or "a package this checkpoint needs", f"install what transformers names: {e}",
+                                  needed_for=str(root / "config.json")) from None
     except (OSError, ValueError) as e:
         raise FidelityError(f"{root}: transformers could not load the model ({e})") from None
     check_loading_info(root, info)

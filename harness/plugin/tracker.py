@@ -24,8 +24,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from harness.errors import pip_extra
+
 EXPERIMENT = "fidelity"
-INSTALL = "pip install 'fidelity-harness[mlflow]'"
+INSTALL = pip_extra("mlflow")
 SHARD_KEYS = ("mean_kld", "ci_low", "ci_high", "p99", "top1")
 
 

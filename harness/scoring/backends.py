@@ -7,6 +7,8 @@ import os
 import re
 from typing import TYPE_CHECKING
 
+from harness.errors import MissingPackageError, UsageError
+
 if TYPE_CHECKING:
     import torch
 
@@ -49,7 +51,9 @@ def choose_backend(backend: str | None, dev: torch.device) -> str:
     """``torch`` or ``triton`` for :func:`harness.scoring.scorer.score_hidden` (see its docstring)."""
     choice = (backend or os.environ.get("FIDELITY_SCORER_BACKEND") or "auto").lower()
     if choice not in ("auto", "torch", "triton"):
-        raise ValueError(f"scorer backend: expected auto, torch or triton, found {choice!r}")
+        raise UsageError(f"scorer backend: expected auto, torch or triton, found {choice!r}")
+    if choice == "triton" and not triton_available():
+        raise MissingPackageError.extra("triton", "gpu", needed_for="scorer backend 'triton'")
     if choice == "auto":
         if dev.type != "cuda":
             return "torch"

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import os
 
+from harness.errors import UsageError
+
 __all__ = ["apply_default_threads", "apply_worker_threads", "available_cores", "free_cores", "threads_per_worker"]
 
 
@@ -59,9 +61,9 @@ def _override() -> int | None:
     try:
         n = int(override)
     except ValueError:
-        raise ValueError(f"FIDELITY_THREADS/OMP_NUM_THREADS: expected a positive integer, found {override!r}") from None
+        raise UsageError(f"FIDELITY_THREADS/OMP_NUM_THREADS: expected a positive integer, found {override!r}") from None
     if n < 1:
-        raise ValueError(f"FIDELITY_THREADS/OMP_NUM_THREADS: expected a positive integer, found {override!r}")
+        raise UsageError(f"FIDELITY_THREADS/OMP_NUM_THREADS: expected a positive integer, found {override!r}")
     return n
 
 

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from harness.capture.cache_sign import load_key
-from harness.errors import FidelityError
+from harness.errors import FidelityError, MissingPackageError, UsageError, pip_extra
 from harness.gate.baselines import headline_of
 from harness.reports.shard import ShardReport, report_shard
 from harness.run.cluster import task as cluster_task
@@ -51,7 +51,7 @@ __all__ = ["INSTALL_HINT", "LOCAL_OBJECT_STORE_BYTES", "CaseResult", "ExecutorSp
            "ray_installed", "require_ray"]
 
 #: How to install the optional Ray extra.
-INSTALL_HINT = "pip install 'fidelity-harness[ray]' (from a checkout: pip install -e '.[ray]')"
+INSTALL_HINT = pip_extra("ray") + " (from a checkout: pip install -e '.[ray]')"
 #: Object store of a local cluster started for one run: results are a shard's positions (a few MB each).
 LOCAL_OBJECT_STORE_BYTES = 512 * 1024 * 1024
 #: Ray re-runs a task whose worker died this many times before its cases fail.
@@ -80,7 +80,7 @@ def parse_executor(value: str) -> ExecutorSpec:
         return ExecutorSpec("serial")
     m = _ADDRESS.fullmatch(value)
     if m is None:
-        raise FidelityError(f"executor: expected serial, ray, ray:auto, ray:HOST:PORT or ray://HOST:PORT, found {value!r}")
+        raise UsageError(f"executor: expected serial, ray, ray:auto, ray:HOST:PORT or ray://HOST:PORT, found {value!r}")
     address = m.group("auto") or m.group("gcs") or (f"ray{m.group('client')}" if m.group("client") else None)
     return ExecutorSpec("ray", address)
 
@@ -101,9 +101,9 @@ def ray_installed() -> bool:
 
 
 def require_ray() -> None:
-    """A FidelityError with the install command when the Ray extra is missing."""
+    """A MissingPackageError with the install command when the Ray extra is missing."""
     if not ray_installed():
-        raise FidelityError(f"the ray executor needs the optional Ray extra, which is not installed: install it with: {INSTALL_HINT}")
+        raise MissingPackageError("ray", INSTALL_HINT, needed_for="the ray executor")
 
 
 @dataclass
