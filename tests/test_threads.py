@@ -76,6 +76,39 @@ def test_default_threads_follow_the_load_and_the_override() -> None:
     """)
 
 
+def test_the_choice_says_why() -> None:
+    _in_fresh_process("""
+        from harness.scoring.threads import apply_default_threads, choose_threads
+        threads_mod.os.getloadavg = lambda: (7.5, 1.0, 1.0)
+        threads_mod.available_cores = lambda: 2
+        assert choose_threads().line() == "threads 1 of 2: load average 7.5 (override: FIDELITY_THREADS=N)"
+        threads_mod.available_cores = lambda: 16
+        c = choose_threads(4)
+        assert (c.n, c.why) == (2, "load average 7.5, 8 free cores shared by 4 workers"), c
+        os.environ["OMP_NUM_THREADS"] = "3"  # a user's own OpenMP setting is an override
+        assert choose_threads().why == "OMP_NUM_THREADS=3"
+        os.environ["FIDELITY_THREADS"] = "5"
+        assert choose_threads(4).line() == "threads 5 of 16: FIDELITY_THREADS=5 (override: FIDELITY_THREADS=N)"
+    """)
+
+
+def test_the_harness_own_omp_setting_is_not_an_override() -> None:
+    """The fidelity command and a pytest controller hand their count to a torch not yet imported through
+    OMP_NUM_THREADS; a second choice (an xdist worker inherits the variable) still splits the free cores."""
+    code = ("import os\nfrom harness.scoring import threads as t\n"
+            "t.os.getloadavg = lambda: (0.0, 0.0, 0.0)\nt.available_cores = lambda: 8\n"
+            "assert t.apply_default_threads() == 8 and os.environ['OMP_NUM_THREADS'] == '8'\n"
+            "c = t.choose_threads(4)\nassert (c.n, c.why) == (2, 'load average 0.0, 8 free cores shared by 4 workers'), c\n"
+            "print('ok')\n")
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k not in ("FIDELITY_THREADS", "OMP_NUM_THREADS")}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip() == "ok", out.stdout + out.stderr
+
+
 def test_cli_sets_threads_before_torch_starts() -> None:
     """The fidelity command hands the count to a torch it has not imported (OMP_NUM_THREADS): a command
     that never computes does not pay torch's import."""

@@ -44,6 +44,8 @@ def add_ladder(sub: SubParsers) -> None:
 
 
 def _run(a: argparse.Namespace) -> int:
+    if not a.quiet and getattr(a, "thread_choice", None) is not None:
+        print(f"fidelity: {a.thread_choice.line()}", flush=True)
     out = run_ladder(a.config, report_dir=a.out, executor=a.executor, candidates=a.candidates, shards=a.shards,
                      device=a.device, window=a.window, progress=None if a.quiet else lambda line: print(line, flush=True))
     for line in format_ladder(out.rows):
@@ -51,6 +53,8 @@ def _run(a: argparse.Namespace) -> int:
     print(f"reports: {a.out}/")
     if out.nodes:
         print(f"executor: {a.executor}; results from {len(out.nodes)} node(s): {', '.join(out.nodes)}")
+    for line in out.reused:
+        print(line)
     for line in out.skipped:
         print(f"skipped: {line}")
     for line in out.failures:

@@ -24,7 +24,7 @@ from harness.cli.registry import formatter
 from harness.cli.vocabulary import resolve
 from harness.errors import FidelityError
 from harness.io.atomic import refuse_overwriting_inputs, removed_on_failure
-from harness.scoring.threads import apply_default_threads
+from harness.scoring.threads import apply_threads, choose_threads
 
 # ----------------------------------------------------------------------------- main
 
@@ -87,7 +87,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if problem is not None:
         parser.error(problem)
     try:
-        apply_default_threads()  # FIDELITY_THREADS, else the free cores (harness/scoring/threads.py)
+        # FIDELITY_THREADS, else the free cores (harness/scoring/threads.py); a long-running command says it
+        args.thread_choice = apply_threads(choose_threads())
 
         outputs, inputs = _output_and_input_paths(args)
         # an output never lands over or inside one of the command's inputs (a dataset, a store, a suite)

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from harness.gate.gate import Gate
+from harness.plugin.ini import IniKey, add_ini, apply_ini
 from harness.plugin.kinds import ReportKind
 from harness.plugin.registry import REPORT_KINDS
 from harness.plugin.run import PARAMETRIZED, RUN_KEY, FidelityRun, active_run
@@ -74,15 +75,15 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="candidates to run, exact names, e.g. 'int8,int4_g32' (default: all)")
     group.addoption("--fidelity-shards", dest="fidelity_shards", metavar="SPEC", type=_shard_spec, default=None,
                     help="shards to run, e.g. '0,2-3' (default: all)")
-    group.addoption("--fidelity-device", dest="fidelity_device", type=device_argument, default="auto",
+    group.addoption("--fidelity-device", dest="fidelity_device", type=device_argument, default=None,
                     help="device for live candidates and scoring: auto|cpu|cuda[:N] (default: auto)")
-    group.addoption("--fidelity-report-dir", dest="fidelity_report_dir", metavar="DIR", default="fidelity-reports",
+    group.addoption("--fidelity-report-dir", dest="fidelity_report_dir", metavar="DIR", default=None,
                     help="where per-shard reports and the ladder are written (default: fidelity-reports/)")
-    group.addoption("--fidelity-window", dest="fidelity_window", metavar="N", type=_window, default=0,
+    group.addoption("--fidelity-window", dest="fidelity_window", metavar="N", type=_window, default=None,
                     help="score_from: drop the first N rows of every context (a different measurement)")
     group.addoption("--fidelity-update-baselines", dest="fidelity_update_baselines", action="store_true",
                     help="write measured values (plus the documented margin) to the baseline files")
-    group.addoption("--fidelity-executor", dest="fidelity_executor", metavar="WHERE", type=executor_argument, default="serial",
+    group.addoption("--fidelity-executor", dest="fidelity_executor", metavar="WHERE", type=executor_argument, default=None,
                     help="where the candidate x shard cases run: serial (this process, default), ray (a local Ray "
                          "cluster started for the run), ray:auto (the cluster this machine joined with ray start), "
                          "ray:HOST:PORT (a cluster's head), ray://HOST:PORT (Ray Client); needs the ray extra: "
@@ -93,9 +94,31 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--fidelity-adaptive", dest="fidelity_adaptive", action="store_true",
                     help="stop scoring a candidate's shards once its interval (Bonferroni alpha spending over "
                          "the planned shards) lies on one side of its baseline's max_mean_kld")
+    add_ini(parser, (CONFIG_KEY, *OPTION_KEYS))
+
+
+#: ``fidelity_config``: read by :func:`harness.plugin.run.config_path` (after a ``.toml`` argument, before
+#: ``<rootdir>/fidelity.toml``).
+CONFIG_KEY = IniKey("fidelity_config", "--fidelity-config", "the fidelity.toml to use, relative to the ini file", path=True)
+#: The other options a project may set once in its pytest settings (``--fidelity-update-baselines`` is a
+#: one-off action, never a setting).
+OPTION_KEYS = (
+    IniKey("fidelity_candidates", "--fidelity-candidates", "candidates to run, e.g. int8,int4_g32", _names),
+    IniKey("fidelity_shards", "--fidelity-shards", "shards to run, e.g. 0,2-3", _shard_spec),
+    IniKey("fidelity_device", "--fidelity-device", "auto|cpu|cuda[:N] (default auto)", device_argument, "auto"),
+    IniKey("fidelity_report_dir", "--fidelity-report-dir", "report folder, relative to the ini file (default "
+           "fidelity-reports, relative to where pytest starts)", default="fidelity-reports", path=True),
+    IniKey("fidelity_window", "--fidelity-window", "score_from: rows dropped per context (default 0)", _window, 0),
+    IniKey("fidelity_executor", "--fidelity-executor", "serial, ray, ray:auto, ray:HOST:PORT (default serial)",
+           executor_argument, "serial"),
+    IniKey("fidelity_mlflow", "--fidelity-mlflow", "MLflow tracking URI"),
+    IniKey("fidelity_adaptive", "--fidelity-adaptive", "true: stop a candidate's shards once its verdict is settled",
+           switch=True),
+)
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    apply_ini(config, OPTION_KEYS)  # before anything reads an option
     for name, doc in MARKERS.items():
         config.addinivalue_line("markers", f"{name}: {doc}")
     run = FidelityRun.configure(config)

@@ -41,6 +41,7 @@ from harness.inputs.config import load_config
 from harness.inputs.suite import parse_shard_spec
 from harness.interchange.suite_manifest import load_any_suite
 from harness.plugin import builtin, kind_adaptive, tracker
+from harness.plugin.ini import ini_path
 from harness.plugin.junit import headline_numbers, record_not_measured, record_on_case, record_on_suite
 from harness.plugin.keywords import add_tag_keywords
 from harness.plugin.kinds import Payload, ReportKind
@@ -59,8 +60,9 @@ from harness.plugin.report_dir import (
 from harness.plugin.step_summary import CASE_MARKERS, ENV, append, failing_case, render
 from harness.reports.aggregate import format_ladder
 from harness.run.cluster.ray_executor import RayExecutor, parse_executor, require_ray, scored_shard
+from harness.run.reuse import ReuseLog
 from harness.run.shared_scores import Handover, remove_session_files, shared_dir
-from harness.scoring.threads import apply_default_threads, apply_worker_threads
+from harness.scoring.threads import ThreadChoice, apply_threads, apply_worker_threads, choose_threads
 
 if TYPE_CHECKING:
     from _pytest.mark.structures import ParameterSet
@@ -71,6 +73,8 @@ if TYPE_CHECKING:
 #: Attributes of a ``TestReport`` that carry a case's payloads home (JSON strings; xdist serializes them).
 PAYLOAD_ATTR = "fidelity_payload"
 EXTRA_ATTR = "fidelity_extra"
+#: Test report attribute: the process's :class:`~harness.run.reuse.ReuseLog` as JSON (what its caches served).
+REUSE_ATTR = "fidelity_reuse"
 
 _T = TypeVar("_T")
 
@@ -83,17 +87,23 @@ _EXTRA = pytest.StashKey[list[dict[str, Any]]]()
 
 
 def config_path(config: pytest.Config) -> tuple[Path | None, str]:
-    """The ``fidelity.toml`` of this run and how it was named: ``option``, ``argument`` or ``default``.
+    """The ``fidelity.toml`` of this run and how it was named: ``option``, ``argument``, ``ini`` or ``default``.
 
-    ``--fidelity-config PATH`` wins; else a ``.toml`` file among pytest's paths (``pytest my.toml``);
-    else ``<rootdir>/fidelity.toml`` when it exists; else none (the plugin stays inert).
+    ``--fidelity-config PATH`` wins; else a ``.toml`` file given on the command line (``pytest my.toml``);
+    else the ini key ``fidelity_config``; else a ``.toml`` among ``testpaths``; else ``<rootdir>/fidelity.toml``
+    when it exists; else none (the plugin stays inert).
     """
     opt = config.getoption("fidelity_config")
     if opt:
         return Path(config.invocation_params.dir, opt).resolve(), "option"
-    for path in _collected_paths(config):
-        if path.suffix == ".toml" and path.is_file():
-            return path, "argument"
+    tomls = [p for p in _collected_paths(config) if p.suffix == ".toml" and p.is_file()]
+    if tomls and config.args_source == pytest.Config.ArgsSource.ARGS:
+        return tomls[0], "argument"
+    ini = ini_path(config, "fidelity_config")
+    if ini is not None:
+        return ini, "ini"
+    if tomls:
+        return tomls[0], "argument"
     default = Path(config.rootpath) / "fidelity.toml"
     return (default.resolve(), "default") if default.is_file() else (None, "default")
 
@@ -328,6 +338,10 @@ class FidelityRun:
     finish_error: str | None = None
     #: ``--fidelity-executor ray...``: the cases' Ray tasks (:mod:`harness.run.cluster.ray_executor`); None: serial.
     executor: RayExecutor | None = None
+    #: The torch thread count this process chose at session start, and why (the session header says it).
+    threads: ThreadChoice | None = None
+    #: What the caches of this process and its workers served instead of computing (said under the ladder).
+    reuse: ReuseLog = field(default_factory=ReuseLog)
 
     @classmethod
     def configure(cls, config: pytest.Config) -> FidelityRun | None:
@@ -361,8 +375,8 @@ class FidelityRun:
         check_report_dir(Path(config.getoption("fidelity_report_dir")), plan)
         if not hasattr(config, "workerinput"):
             _finish_interrupted_writes(Path(config.getoption("fidelity_report_dir")))
-        if how == "option":
-            _collect_config(config, path)
+        if how == "option" or (how == "ini" and config.args_source != pytest.Config.ArgsSource.ARGS):
+            _collect_config(config, path)  # an ini key: plain `pytest` runs its cases, `pytest tests/x.py` does not
         run = cls(config, plan, executor=executor)
         if config.getoption("numprocesses", None) and not hasattr(config, "workerinput"):
             import secrets
@@ -447,7 +461,7 @@ class FidelityRun:
                   else f"suite {p.config.suite}")
         line = (f"fidelity: {p.path} ({nc} candidate{'s' * (nc != 1)} x {ns} shard{'s' * (ns != 1)}{skipped}; "
                 f"{source}; reports {self.pytest_config.getoption('fidelity_report_dir')}/)")
-        return [line]
+        return [line] + ([f"fidelity: {self.threads.line()}"] if self.threads is not None else [])
 
     def pytest_sessionstart(self, session: pytest.Session) -> None:
         import xdist
@@ -459,8 +473,10 @@ class FidelityRun:
             # -n W: each worker gets free cores // W torch threads (harness/scoring/threads.py)
             apply_worker_threads(int(session.config.workerinput.get("workercount", 1)))  # type: ignore[attr-defined]
         else:  # the single process or the controller: the free cores, or FIDELITY_THREADS
-
-            apply_default_threads()
+            workers = self.pytest_config.getoption("numprocesses", None)
+            self.threads = apply_threads(choose_threads())
+            if isinstance(workers, int) and workers > 1:  # what each worker will choose (said in the header)
+                self.threads = choose_threads(workers)
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_configure_node(self, node: Any) -> None:
@@ -503,6 +519,7 @@ class FidelityRun:
         report = outcome.get_result()
         if call.when == "call" and _PAYLOAD in item.stash:
             setattr(report, PAYLOAD_ATTR, json.dumps(item.stash[_PAYLOAD], sort_keys=True))
+            setattr(report, REUSE_ATTR, json.dumps(self.session.reuse.to_json(), sort_keys=True))
         if call.when == "call" and _EXTRA in item.stash:
             setattr(report, EXTRA_ATTR, json.dumps(item.stash[_EXTRA], sort_keys=True))
 
@@ -523,6 +540,9 @@ class FidelityRun:
             self.failures.append(failed)
         if report.when != "call":
             return
+        reuse = getattr(report, REUSE_ATTR, None)
+        if reuse is not None:  # each worker's whole log so far; merging is idempotent
+            self.reuse.merge(json.loads(reuse))
         payload = getattr(report, PAYLOAD_ATTR, None)
         if payload is not None:
             doc = json.loads(payload)
@@ -631,9 +651,10 @@ class FidelityRun:
         if self.executor is not None and self.executor.nodes:
             self.extra_lines.append(f"executor: {self.executor.spec.describe()}; results from "
                                     f"{len(self.executor.nodes)} node(s): {', '.join(sorted(self.executor.nodes))}")
-        if self.extra_lines:
+        lines = self.extra_lines + self.reuse.lines()
+        if lines:
             terminalreporter.section("fidelity reports")
-            for line in self.extra_lines:
+            for line in lines:
                 terminalreporter.write_line(line)
         if self.finish_error:
             terminalreporter.section("fidelity: the session's reports were not written", red=True)

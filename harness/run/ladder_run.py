@@ -49,6 +49,8 @@ class LadderOutcome:
     skipped: list[str] = field(default_factory=list)
     #: Where the results came from (Ray: host names), empty when serial.
     nodes: list[str] = field(default_factory=list)
+    #: What this process's caches served instead of computing (:meth:`harness.run.reuse.ReuseLog.lines`).
+    reused: list[str] = field(default_factory=list)
 
 
 def _select(config: FidelityConfig, candidates: str | None, shards: str | None) -> tuple[FidelityConfig, list[int], list[str]]:
@@ -125,6 +127,7 @@ def run_ladder(config_path: Path, *, report_dir: Path, executor: str = "serial",
         if ray_exec is not None:
             ray_exec.shutdown()
             out.nodes = sorted(ray_exec.nodes)
+        out.reused = session.reuse.lines()
     if reports:
         out.rows = ladder_rows(reports, verdicts, suite=suite)
         scored_names = {r.candidate for r in reports}

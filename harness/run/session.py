@@ -38,6 +38,7 @@ from harness.inputs.suite import Suite
 from harness.interchange.dataset import PublishedDataset, open_published
 from harness.io.jsonio import JSONObject, get_int, read_json
 from harness.reports.shard import ShardReport
+from harness.run.reuse import ReuseLog
 from harness.run.shard import CandidateMeta, ShardPositions, score_shard, shard_positions
 from harness.run.shard_inputs import ShardInputs, verified
 from harness.run.shared_scores import Handover, binding, scored_once
@@ -149,6 +150,8 @@ class FidelitySession:
     _positions: dict[tuple[str, int], ShardPositions] = field(default_factory=dict)
     #: each candidate's bits per weight, read once per run
     _bpw: dict[str, BitsPerWeight | None] = field(default_factory=dict)
+    #: What the caches served this run instead of computing it (a rerun says so: :mod:`harness.run.reuse`)
+    reuse: ReuseLog = field(default_factory=ReuseLog)
 
     # ------------------------------------------------------------------ inputs
     @property
@@ -336,12 +339,17 @@ class FidelitySession:
         out = self.live_store_path(cand)
         try:
             store = self.cached_store(cand, out)
-            if store is not None and not store.missing(self.shard_indices(shard)):
-                return store
             shards = sorted(self._planned.get(cand.name, set()) | {shard})
+            wanted = [i for s in shards for i in self.shard_indices(s)]
+            missing = set(wanted) if store is None else set(store.missing(wanted))
+            if store is not None and not store.missing(self.shard_indices(shard)):
+                self.reuse.note("captures", cand.name, reused=set(wanted) - missing, computed=(), where=str(out))
+                return store
             opts = EngineOptions(device=self.device, engine_options=cand.options)
-            return capture(cand.engine, cand.model, self.suite, out, shards=shards, options=opts,
-                           progress=self.progress, identity=self.candidate_identity(cand), cache_key=self.signing_key())
+            store = capture(cand.engine, cand.model, self.suite, out, shards=shards, options=opts,
+                            progress=self.progress, identity=self.candidate_identity(cand), cache_key=self.signing_key())
+            self.reuse.note("captures", cand.name, reused=set(wanted) - missing, computed=missing, where=str(out))
+            return store
         except VerificationError as e:  # said in the interface of the run: the cache folder is the harness's own
             raise VerificationError(e.path, e.what, e.expected, e.found,
                                     hint=f"the capture cache of candidate {cand.name!r} cannot be used: remove the folder "

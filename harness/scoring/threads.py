@@ -10,18 +10,42 @@ docs/performance.md, "Threads"). So the default counts only the *free* cores:
 machine that is every core, as before.
 
 ``FIDELITY_THREADS`` (a positive integer) or an explicit ``OMP_NUM_THREADS`` wins over both.
+:func:`choose_threads` says the count and why (the session header prints :meth:`ThreadChoice.line`);
 :func:`apply_default_threads` is called by the ``fidelity`` command and by the pytest plugin at
-session start (the controller or the single process); :func:`apply_worker_threads` by each xdist
-worker.
+session start (the controller or the single process); :func:`apply_worker_threads` by each xdist worker.
 """
 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 
 from harness.errors import UsageError
 
-__all__ = ["apply_default_threads", "apply_worker_threads", "available_cores", "free_cores", "threads_per_worker"]
+__all__ = ["ThreadChoice", "apply_default_threads", "apply_worker_threads", "available_cores", "choose_threads",
+           "free_cores", "threads_per_worker"]
+
+#: Set beside ``OMP_NUM_THREADS`` when the harness itself wrote it (for a torch not imported yet), so neither this
+#: process nor the pytest-xdist workers it starts take the harness's own count for a user's override.
+_SET_BY_HARNESS = "FIDELITY_OMP_NUM_THREADS_SET"
+#: How a user changes the count, as the session header says it.
+OVERRIDE = "FIDELITY_THREADS=N"
+
+
+@dataclass(frozen=True)
+class ThreadChoice:
+    """The torch thread count chosen for this process, and why."""
+
+    #: Torch threads.
+    n: int
+    #: CPUs this process may run on.
+    cores: int
+    #: Why ``n``: the override that set it, or the load average the free cores were counted from.
+    why: str
+
+    def line(self) -> str:
+        """E.g. ``threads 1 of 2: load average 7.5 (override: FIDELITY_THREADS=N)``."""
+        return f"threads {self.n} of {self.cores}: {self.why} (override: {OVERRIDE})"
 
 
 def available_cores() -> int:
@@ -53,11 +77,22 @@ def threads_per_worker(workers: int, cores: int | None = None) -> int:
     return max(1, (cores if cores is not None else free_cores()) // workers)
 
 
+def _override_named() -> tuple[str, str] | None:
+    """``(variable, text)`` of the user's override: FIDELITY_THREADS, else an OMP_NUM_THREADS the harness did not write."""
+    if os.environ.get("FIDELITY_THREADS"):
+        return "FIDELITY_THREADS", os.environ["FIDELITY_THREADS"]
+    omp = os.environ.get("OMP_NUM_THREADS")
+    if omp and omp != os.environ.get(_SET_BY_HARNESS):
+        return "OMP_NUM_THREADS", omp
+    return None
+
+
 def _override() -> int | None:
     """``FIDELITY_THREADS`` or ``OMP_NUM_THREADS`` as a positive integer; None when neither is set."""
-    override = os.environ.get("FIDELITY_THREADS") or os.environ.get("OMP_NUM_THREADS")
-    if not override:
+    named = _override_named()
+    if named is None:
         return None
+    override = named[1]
     try:
         n = int(override)
     except ValueError:
@@ -67,26 +102,49 @@ def _override() -> int | None:
     return n
 
 
+def choose_threads(workers: int = 1) -> ThreadChoice:
+    """The count for one of ``workers`` processes on this machine and why: the override, else the free cores."""
+    cores = available_cores()
+    n = _override()
+    if n is not None:
+        name, text = _override_named() or ("", "")
+        return ThreadChoice(n, cores, f"{name}={text}")
+    try:
+        load: float | None = os.getloadavg()[0]
+    except (AttributeError, OSError):
+        load = None
+    free = free_cores()
+    n = threads_per_worker(workers, free)
+    why = "no load average on this OS: every core" if load is None else f"load average {load:.1f}"
+    if workers > 1:
+        why += f", {free} free core{'s' * (free != 1)} shared by {workers} workers"
+    return ThreadChoice(n, cores, why)
+
+
 def apply_default_threads() -> int:
     """Set this process's torch thread count to the override, else the free cores; returns the count set.
 
     Where torch is not imported yet (the ``fidelity`` command, whose subcommands import it only when
     they compute), the count goes to ``OMP_NUM_THREADS``, which torch reads when it starts: no
     import cost for the commands that never need torch."""
+    return apply_threads(choose_threads()).n
+
+
+def apply_threads(choice: ThreadChoice) -> ThreadChoice:
+    """Give torch ``choice.n`` threads (through ``OMP_NUM_THREADS`` where torch is not imported yet); returns it."""
     import sys
 
-    n = _override() or free_cores()
     if "torch" in sys.modules:
-        sys.modules["torch"].set_num_threads(n)
-    else:
-        os.environ["OMP_NUM_THREADS"] = str(n)
-    return n
+        sys.modules["torch"].set_num_threads(choice.n)
+    elif (named := _override_named()) is None or named[0] != "OMP_NUM_THREADS":  # a user's OMP_NUM_THREADS stays
+        os.environ["OMP_NUM_THREADS"] = os.environ[_SET_BY_HARNESS] = str(choice.n)
+    return choice
 
 
 def apply_worker_threads(workers: int) -> int:
     """Set this process's torch thread count for ``workers`` workers; returns the count set."""
     import torch
 
-    n = _override() or threads_per_worker(workers)
+    n = choose_threads(workers).n
     torch.set_num_threads(n)
     return n
