@@ -72,7 +72,8 @@ def test_candidate_by_name_resolves_offline_with_the_commit_in_its_identity(offl
         cand = load_config(toml).candidate("good")
         assert cand.model == snap
     ident = model_identity(snap)
-    assert ident["hub"] == {"repo_id": "acme/tiny-good", "commit": COMMIT}
+    assert {k: ident["hub"][k] for k in ("repo_id", "commit")} == {"repo_id": "acme/tiny-good", "commit": COMMIT}
+    assert ident["hub"]["blobs"]["config.json"] == ident["config_sha256"]  # this cache names every blob by sha256
     local = model_identity(source)  # the same bytes: the same weights and config by sha256
     assert ident["weights"] == local["weights"] and ident["config_sha256"] == local["config_sha256"]
     assert "hub" not in local and hub_origin(source) is None
@@ -100,5 +101,5 @@ def test_a_candidate_given_as_a_hub_id_runs_offline_from_the_cache(fidelity_proj
     assert "4 passed" in out.stdout
     report = json.loads((tmp_path / "p" / "fidelity-reports" / "good" / "shard-00.json").read_text())
     ident = report["comparability"]["candidate"]["identity"]
-    assert ident["hub"] == {"repo_id": "acme/tiny-good", "commit": COMMIT}
+    assert {k: ident["hub"][k] for k in ("repo_id", "commit")} == {"repo_id": "acme/tiny-good", "commit": COMMIT}
     assert ident["weights"] == model_identity(fidelity_project / "models" / "good")["weights"]

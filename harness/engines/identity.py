@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import harness
-from harness.engines.hub import hub_origin
+from harness.engines.hub import hub_origin, verify_snapshot
 from harness.engines.quant_manifest import is_quantized_checkpoint, quantization_identity
 from harness.errors import FidelityError
 from harness.io.hashing import sha256_bytes, sha256_file
@@ -38,7 +38,8 @@ def model_identity(model_dir: str | Path) -> JSONObject:
     config_sha256: sha256 of config.json.
     weights: ``{file name: sha256}`` of every weight file, sorted by name.
     quantization: the quantization identity, only for quantized checkpoints.
-    hub: ``{"repo_id", "commit"}`` for a snapshot of the Hugging Face cache (``model = "hf://org/repo@rev"``,
+    hub: ``{"repo_id", "commit", "blobs"}`` (``blobs``: each file's blob name, its verified digest) for a snapshot
+    of the Hugging Face cache (``model = "hf://org/repo@rev"``,
     :mod:`harness.engines.hub`), only then.
     """
     root = Path(model_dir)
@@ -55,8 +56,9 @@ def model_identity(model_dir: str | Path) -> JSONObject:
         ident["quantization"] = quantization_identity(root, hashes)
 
     origin = hub_origin(root)
-    if origin is not None:  # a snapshot of the Hugging Face cache: the repository and the resolved commit
-        ident["hub"] = origin
+    if origin is not None:  # a snapshot of the Hugging Face cache: the repository, the resolved commit, and each
+        # file's blob digest, checked against its content (weights: the sha256 computed above, not read again)
+        ident["hub"] = {**origin, "blobs": verify_snapshot(root, hashes)}
     return ident
 
 

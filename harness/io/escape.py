@@ -56,7 +56,7 @@ def check_text(where: str, s: object, max_len: int = MAX_TEXT) -> str:
 def hub_id_problem(s: str) -> str | None:
     """Why ``s`` is not a Hub repository id ``org/name``, or None."""
     if not HUB_ID_RE.match(s):
-        return "expected org/name of letters, digits, '-', '_', '.'"
+        return "not org/name of letters, digits, '-', '_', '.' starting with a letter or digit"
     if ".." in s or any(part.endswith(".") for part in s.split("/")):
         return "'..' or a trailing '.' in a part"
     return None
