@@ -201,6 +201,14 @@ def _corr(x: np.ndarray, y: np.ndarray) -> float | None:
     return _f(np.corrcoef(x, y)[0, 1])
 
 
+def context_rows(scores: PositionScores, context_index: np.ndarray, row: np.ndarray, contexts: Sequence[ContextLabel],
+                 *, score_from: int = 0) -> list[ContextRow]:
+    """The per-context rows :func:`summarize` reports (``contexts``), alone: what a receiver of positions and a
+    report re-derives the report's rows from."""
+    L = layout(scores, context_index, row, contexts, score_from)
+    return _context_table(L, position_arrays(L.scores))[0]
+
+
 def summarize(
     scores: PositionScores,
     context_index: np.ndarray,

@@ -3,8 +3,10 @@
 The driver (the pytest process, or ``fidelity ladder``) submits all planned cases at once; each case
 then waits on its own task. A task (:func:`harness.run.cluster.task.run_case`) captures the shard
 when needed, scores it and *returns* its report and positions; the driver checks the result's sha256,
-parses the report with the same strict reader as any report, checks it is the case it asked for, and
-hands it to the caller, which writes the report files exactly as a serial run does. Workers never
+parses the report with the same strict reader as any report, re-derives the report's per-context rows
+from the positions and its totals from the rows (:func:`rederive_result`), checks the suite, shard,
+window and candidate identity against the task it sent (:func:`check_result_identity`), and hands it to
+the caller, which writes the report files exactly as a serial run does. Workers never
 touch the report folder.
 
 Faults:
@@ -29,6 +31,7 @@ import argparse
 import hashlib
 import importlib.util
 import json
+import math
 import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -81,8 +84,52 @@ def parse_executor(value: str) -> ExecutorSpec:
     m = _ADDRESS.fullmatch(value)
     if m is None:
         raise UsageError(f"executor: expected serial, ray, ray:auto, ray:HOST:PORT or ray://HOST:PORT, found {value!r}")
+    hostport = m.group("gcs") or (m.group("client") or "").removeprefix("://")
+    if hostport:
+        problem = host_port_problem(hostport)
+        if problem:
+            raise UsageError(f"executor: expected ray:HOST:PORT or ray://HOST:PORT with a valid host and a port in "
+                             f"1..65535, found {value!r} ({problem})")
     address = m.group("auto") or m.group("gcs") or (f"ray{m.group('client')}" if m.group("client") else None)
     return ExecutorSpec("ray", address)
+
+
+_LABEL = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?$")
+
+
+def host_port_problem(hostport: str) -> str | None:
+    """Why ``HOST:PORT`` cannot be connected to (an IPv4 octet above 255, a port outside 1..65535, a host
+    name that is not RFC 1123 labels), or None."""
+    host, _, port = hostport.rpartition(":")
+    if not port.isascii() or not port.isdigit() or not 1 <= int(port) <= 65535:
+        return f"port {port!r} is not within 1..65535"
+    labels = host.split(".")
+    if all(part.isascii() and part.isdigit() for part in labels):
+        if len(labels) != 4 or any(int(part) > 255 for part in labels):
+            return f"host {host!r} is not an IPv4 address (four octets 0..255)"
+        return None
+    if len(host) > 253 or not all(_LABEL.match(part) for part in labels):
+        return f"host {host!r} is not a host name (labels of letters, digits and inner '-')"
+    return None
+
+
+#: Seconds the driver waits for a cluster's head to accept a connection before the run is refused.
+CONNECT_TIMEOUT_S = 10.0
+
+
+def check_reachable(address: str, timeout_s: float = CONNECT_TIMEOUT_S) -> None:
+    """Refuse, naming the address and the timeout, a ``HOST:PORT`` (or ``ray://HOST:PORT``) that does not accept
+    a TCP connection within ``timeout_s``: ``ray.init`` would otherwise wait without end."""
+    import socket
+
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout_s):
+            pass
+    except OSError as exc:
+        reason = f"no answer within {timeout_s:g} s" if isinstance(exc, TimeoutError) else (exc.strerror or str(exc))
+        raise FidelityError(f"executor ray:{address.removeprefix('ray://')}: expected a Ray head accepting connections "
+                            f"at {host}:{port}, found {reason}") from None
 
 
 def executor_argument(value: str) -> str:
@@ -144,7 +191,67 @@ def verify_result(result: object, name: str, shard: int) -> CaseResult:
         raise FidelityError(f"{where}: expected the report of {name} shard {shard:02d}, "
                             f"found {report.candidate} shard {report_shard(report):02d}")
     node = str(result.get("node"))
-    return CaseResult(report=payload, positions=positions_from_bytes(data, f"{where} on {node}"), node=node)
+    positions = positions_from_bytes(data, f"{where} on {node}")
+    rederive_result(report, positions, f"{where} on {node}")
+    return CaseResult(report=payload, positions=positions, node=node)
+
+
+#: Relative gap within which a sum the driver re-derives equals the task's (summation order across machines).
+REDERIVE_TOLERANCE = 1e-9
+
+
+def rederive_result(report: ShardReport, positions: ShardPositions, where: str) -> None:
+    """The report's per-context rows re-derived from the positions it came with, and its totals from those rows
+    (its headline follows from its totals: :meth:`ShardReport.from_json_dict`); a mismatch is refused naming the
+    row and field, never believed."""
+    from harness.metrics.summary import context_rows
+
+    m = report.metrics
+    score_from = int(report.comparability["score_from"])
+    got = context_rows(positions.scores, positions.context_index, positions.row, positions.labels, score_from=score_from)
+    rows = m["contexts"]
+    if [(int(r["index"]), str(r["cluster"])) for r in rows] != [(int(r["index"]), str(r["cluster"])) for r in got]:
+        raise FidelityError(f"{where}: report contexts (those of its positions): expected "
+                            f"{[int(r['index']) for r in got][:8]}, found {[int(r['index']) for r in rows][:8]}")
+    for i, (mine, theirs) in enumerate(zip(got, rows)):
+        for key in ("positions", "top1"):
+            if int(mine[key]) != int(theirs[key]):
+                raise FidelityError(f"{where}: metrics.contexts[{i}].{key} (re-derived from its positions): "
+                                    f"expected {mine[key]}, found {theirs[key]}")
+        for key in ("sum_kld", "max_kld", "sum_jsd_bits"):
+            a, b = float(mine[key]), float(theirs[key])  # type: ignore[literal-required]
+            if abs(a - b) > REDERIVE_TOLERANCE * max(abs(a), abs(b), 1e-300):
+                raise FidelityError(f"{where}: metrics.contexts[{i}].{key} (re-derived from its positions): expected {a!r}, "
+                                    f"found {b!r} (positions of another candidate or shard, or an edited report)")
+    t = m["totals"]
+    n = sum(int(r["positions"]) for r in rows)
+    top1 = sum(int(r["top1"]) for r in rows)
+    sum_kld = math.fsum(float(r["sum_kld"]) for r in rows)
+    if n != t["n_positions"] or top1 != t["top1_count"]:
+        raise FidelityError(f"{where}: metrics.totals n_positions and top1_count (re-derived from its rows): "
+                            f"expected {n} and {top1}, found {t['n_positions']} and {t['top1_count']}")
+    if abs(sum_kld - float(t["sum_kld"])) > REDERIVE_TOLERANCE * max(abs(sum_kld), 1e-300):
+        raise FidelityError(f"{where}: metrics.totals.sum_kld (re-derived from its rows): expected {sum_kld!r}, "
+                            f"found {t['sum_kld']!r}")
+
+
+def check_result_identity(report: ShardReport, session: FidelitySession, name: str, shard: int, score_from: int) -> None:
+    """The result's suite, shard, window and candidate identity are those of the task the driver sent."""
+    where = f"<ray task {name} shard {shard:02d}>"
+    comp = report.comparability
+    suite = session.suite
+    cand = session.config.candidate(name)
+    want: list[tuple[str, Any, Any]] = [
+        ("comparability.suite_token_sha256", suite.suite_token_sha256, comp["suite_token_sha256"]),
+        ("comparability.shard.sha256", suite.shard(shard).sha256, comp["shard"]["sha256"]),
+        ("comparability.score_from", score_from, comp["score_from"]),
+        ("comparability.reference.name", session.config.reference.name, comp["reference"]["name"]),
+    ]
+    if cand.model is not None:  # a live candidate: its identity by content, as the driver computes it
+        want.append(("comparability.candidate.identity", session.candidate_identity(cand), comp["candidate"]["identity"]))
+    for what, expected, found in want:
+        if expected != found:
+            raise FidelityError(f"{where}: {what} (of the task it was sent): expected {expected}, found {found}")
 
 
 @dataclass
@@ -175,6 +282,8 @@ class RayExecutor:
             ray.init(address="local", object_store_memory=LOCAL_OBJECT_STORE_BYTES, include_dashboard=False,
                      log_to_driver=False, logging_level=logging.WARNING)
         else:
+            if self.spec.address != "auto":
+                check_reachable(self.spec.address)
             ray.init(address=self.spec.address, log_to_driver=False, logging_level=logging.WARNING)
         self._owned = True
 
@@ -266,6 +375,7 @@ def scored_shard(executor: RayExecutor, session: FidelitySession, name: str, sha
     from harness.run.session import ScoredShard, candidate_size_bytes
 
     out = executor.result(name, shard)
-    session.adopt(name, shard, out.positions)
     report = ShardReport.from_json_dict(out.report, path=f"<ray task {name} shard {shard:02d}>")
+    check_result_identity(report, session, name, shard, executor.score_from)
+    session.adopt(name, shard, out.positions)
     return ScoredShard(name, shard, report, headline_of(report.metrics), candidate_size_bytes(session.config.candidate(name)))
