@@ -51,6 +51,7 @@ RANKS: dict[str, int] = {
     "dataset": 10,
     "run": 11,
     "cli": 12,
+    "api": 12,
     "plugin": 12,
     "__main__": 13,
 }

@@ -234,7 +234,9 @@ def add_publish(sub: SubParsers) -> None:
             "checksums.txt (sha256sum format). Every report is checked against the suite (--suite, or\n"
             "the suite of --config); verdicts are recomputed from the reports and the baselines\n"
             "(--baselines, or those of --config), never copied. The set appears whole or not at all.\n\n"
-            "example:\n  fidelity publish --reports fidelity-reports --out publish/ --config fidelity.toml"
+            "examples:\n  fidelity publish --reports fidelity-reports --out publish/ --config fidelity.toml\n"
+            "  fidelity publish verify publish/\n"
+            "  hf upload your-name/your-model-fidelity publish/ . --repo-type model   # huggingface_hub's upload"
         ),
     )
     add_reports(p, "report folder (required to publish)")
