@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 from harness.capture.cache_sign import load_key
 from harness.errors import FidelityError, MissingPackageError, UsageError, pip_extra
 from harness.gate.baselines import headline_of
+from harness.metrics.summary import context_rows
 from harness.reports.shard import ShardReport, report_shard
 from harness.run.cluster import task as cluster_task
 from harness.run.cluster.positions_wire import positions_from_bytes
@@ -204,8 +205,6 @@ def rederive_result(report: ShardReport, positions: ShardPositions, where: str) 
     """The report's per-context rows re-derived from the positions it came with, and its totals from those rows
     (its headline follows from its totals: :meth:`ShardReport.from_json_dict`); a mismatch is refused naming the
     row and field, never believed."""
-    from harness.metrics.summary import context_rows
-
     m = report.metrics
     score_from = int(report.comparability["score_from"])
     got = context_rows(positions.scores, positions.context_index, positions.row, positions.labels, score_from=score_from)
