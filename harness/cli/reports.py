@@ -15,6 +15,8 @@ from harness.dataset.verify import verify_dataset
 from harness.errors import FidelityError, UsageError, VerificationError
 from harness.inputs.config import load_config
 from harness.inputs.suite import Suite
+from harness.interchange.ladder_receipts import is_ladder_receipt
+from harness.interchange.manifest_read import SELECTIONS
 from harness.interchange.published_reports import (
     aggregate_published,
     is_published_report,
@@ -63,7 +65,38 @@ def _aggregate_published(a: argparse.Namespace, paths: list[Path]) -> int:
     return 0
 
 
+def _receipt_inputs(items: list[Path]) -> list[Path] | None:
+    """The published ladder receipts among ``items`` (every item must then be one), or None when there are none."""
+    found = [p for p in items if is_ladder_receipt(p)]
+    if not found:
+        return None
+    other = [p for p in items if p not in found]
+    if other:
+        raise FidelityError(f"{other[0]}: expected only published ladder receipts (qwen38-kld-ladder-cumulative) beside "
+                            f"{found[0]}, found another file or folder: the two are never combined")
+    return found
+
+
+def _sizes(specs: list[str]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for spec in specs:
+        name, sep, raw = spec.partition("=")
+        if not sep or not name or not raw.isdigit():
+            raise FidelityError(f"--size: expected NAME=BYTES (an integer), found {spec!r}")
+        out[name] = int(raw)
+    return out
+
+
 def _aggregate(a: argparse.Namespace) -> int:
+    receipts = _receipt_inputs(list(a.reports))
+    if receipts is not None:
+        from harness.interchange.receipt_ladder import aggregate_receipts
+
+        for line in aggregate_receipts(receipts, a.suite, a.out, method=a.method, selection=a.partition, sizes=_sizes(a.size)):
+            print(line)
+        return 0
+    if a.method != "exact" or a.partition != "all" or a.size:
+        raise FidelityError("aggregate: --method published, --partition and --size apply to published ladder receipts only")
     published = _published_inputs(list(a.reports))
     if published is not None:
         return _aggregate_published(a, published)
@@ -109,11 +142,22 @@ def add_aggregate(sub: SubParsers) -> None:
     )
     add_reports(p, "shard report files or folders (searched for shard-*.json); or published reports "
                    "(qwen38-fidelity-report/1..3, folders searched for report-*.json): aggregated from their "
-                   "per-context rows into <out>/published-aggregate.json", positional=True, many=True, required=True)
+                   "per-context rows into <out>/published-aggregate.json; or published ladder receipts "
+                   "(qwen38-kld-ladder-cumulative/2, /3): checked against --suite (a suite manifest file), "
+                   "re-derived into <out>/receipts.md, receipts.json, ladder.md and (with --size) kld-vs-size.png",
+                positional=True, many=True, required=True)
     p.add_argument("--suite", required=True, type=Path,
                    help="the suite the reports were scored on (every report is checked against it; a published "
                         "suite folder with suite-manifest.json is read in place)")
     p.add_argument("--partial", action="store_true", help="allow a subset of the suite's shards (default: every shard is required)")
+    p.add_argument("--method", choices=("exact", "published"), default="exact",
+                   help="published ladder receipts only: published prints only the receipts' figures re-derived by the "
+                        "published method; exact (default) adds this project's studentized interval beside them")
+    p.add_argument("--partition", choices=SELECTIONS, default="all",
+                   help="published ladder receipts only: restrict the rows to a partition of a /3+ suite manifest "
+                        "(analysis, qualification, sentinel); the figures are then re-derived, not compared")
+    p.add_argument("--size", action="append", default=[], metavar="NAME=BYTES",
+                   help="published ladder receipts only: a candidate's size in bytes, for ladder.md and kld-vs-size.png")
     p.add_argument("--results-json", dest="results_json", type=Path, default=None,
                    help="also write the ladder as results.json: one entry per candidate (size, mean KLD and interval, "
                         "top-1, positions, engine, identity, how to re-measure it), for plotting")
@@ -133,10 +177,24 @@ def _paired_published(a: argparse.Namespace, pa: list[Path], pb: list[Path]) -> 
     return 0
 
 
+def _paired_receipts(a: argparse.Namespace) -> int:
+    from harness.interchange.ladder_receipts import schema_of
+    from harness.interchange.receipt_ladder import paired_receipt
+
+    if a.b is not None or not str(schema_of(a.a)).startswith("qwen38-kld-ladder-paired/"):
+        raise FidelityError(f"paired: expected one paired ladder receipt (qwen38-kld-ladder-paired) alone, found {a.a}"
+                            + ("" if a.b is None else f" and {a.b}"))
+    for line in paired_receipt(a.a, a.out, suite=a.suite, inputs=a.inputs, margin=a.margin, method=a.method):
+        print(line)
+    return 0
+
+
 def _paired(a: argparse.Namespace) -> int:
     from harness.run.replay.stores import verify_inputs
     from harness.run.shard import shard_positions
 
+    if a.b is None or is_ladder_receipt(a.a):
+        return _paired_receipts(a)
     pa, pb = _published_inputs([a.a]), _published_inputs([a.b])
     if pa is not None and pb is not None:
         return _paired_published(a, pa, pb)
@@ -185,7 +243,14 @@ def add_paired(sub: SubParsers) -> None:
     )
     p.add_argument("a", type=Path, help="capture store of candidate A (or its published report(s): a qwen38-fidelity-report "
                                         "file or a folder of report-*.json, compared from their per-context rows, no rescoring)")
-    p.add_argument("b", type=Path, help="capture store of candidate B (or its published report(s))")
+    p.add_argument("b", type=Path, nargs="?", default=None,
+                   help="capture store of candidate B (or its published report(s)); absent when A is a paired ladder "
+                        "receipt (qwen38-kld-ladder-paired), whose comparisons are re-derived from its inputs")
+    p.add_argument("--inputs", type=Path, default=None,
+                   help="paired ladder receipt only: folder holding its input receipts (default: the receipt's folder)")
+    p.add_argument("--method", choices=("exact", "published"), default="exact",
+                   help="paired ladder receipt only: published prints only the re-derived published figures; exact (default) "
+                        "adds this project's studentized interval and verdict (at --margin)")
     p.add_argument("--suite", type=Path, default=None, help="suite folder (required for stores; checks published reports)")
     p.add_argument("--reference", type=Path, default=None, help="reference capture store (stores only)")
     p.add_argument("--head", type=Path, default=None, help="shared lm_head.safetensors (stores only)")
@@ -201,7 +266,7 @@ def add_paired(sub: SubParsers) -> None:
 
     def run(a: argparse.Namespace) -> int:
         a.name_a = a.name_a or a.a.resolve().name
-        a.name_b = a.name_b or a.b.resolve().name
+        a.name_b = a.name_b or (a.b.resolve().name if a.b is not None else "")
         return _paired(a)
 
     p.set_defaults(func=run)

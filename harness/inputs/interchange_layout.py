@@ -33,6 +33,9 @@ from harness.io.jsonio import read_json
 #: Name of this layout in session headers and custody records.
 LAYOUT = "qwen38-fidelity-suite"
 SUITE_SCHEMA = "qwen38-distribution-fidelity/1"
+#: Every suite manifest version the published tools wrote (``/1`` by ``build-suite``; ``/3`` the v4 suite, ``/6`` the v5
+#: suite with partitions, sentinels, model identity and cluster partition): the rows this project reads are common to all.
+SUITE_SCHEMAS = tuple(f"qwen38-distribution-fidelity/{v}" for v in range(1, 7))
 CAPTURE_SCHEMA = "qwen38-fidelity-capture/2"
 REPORT_FULL = "qwen38-fidelity-report/2"
 REPORT_WINDOWED = "qwen38-fidelity-report/3"

@@ -29,8 +29,9 @@ import numpy as np
 
 from harness import PROTOCOL_VERSION
 from harness.errors import VerificationError
-from harness.inputs.interchange_layout import HEX64_RE, SHARD_VIEW_RE, SUITE_MANIFEST, SUITE_SCHEMA, shard_view_name
+from harness.inputs.interchange_layout import HEX64_RE, SHARD_VIEW_RE, SUITE_MANIFEST, SUITE_SCHEMAS, shard_view_name
 from harness.inputs.suite import ContextInfo, ShardInfo, Suite
+from harness.interchange.manifest_read import read_manifest
 from harness.io.hashing import sha256_bytes, sha256_file, tokens_sha256
 from harness.io.jsonio import read_json
 
@@ -65,8 +66,8 @@ def _is_int(v: Any) -> bool:
 
 
 def _rows(mf: Path, doc: Any) -> list[dict[str, Any]]:
-    if not isinstance(doc, dict) or doc.get("schema") != SUITE_SCHEMA:
-        raise VerificationError(mf, "schema", SUITE_SCHEMA, doc.get("schema") if isinstance(doc, dict) else type(doc).__name__)
+    if not isinstance(doc, dict) or doc.get("schema") not in SUITE_SCHEMAS:
+        raise VerificationError(mf, "schema", " or ".join(SUITE_SCHEMAS), doc.get("schema") if isinstance(doc, dict) else type(doc).__name__)
     rows = doc.get("context_index")
     if not isinstance(rows, list) or not rows:
         raise VerificationError(mf, "context_index", "a non-empty list of contexts", type(rows).__name__)
@@ -154,6 +155,7 @@ def _views(root: Path, rows: list[dict[str, Any]], n_ctx: int) -> tuple[list[tup
 def load_published_suite(root: Path) -> PublishedSuite:
     """Read and verify the published suite folder ``root`` in place (module docstring)."""
     mf = root / SUITE_MANIFEST
+    read_manifest(mf)  # the manifest's own fields (counts, partitions, leaks) before any token file is opened
     doc = read_json(mf)
     rows = _rows(mf, doc)
     n_ctx = doc.get("context_length")

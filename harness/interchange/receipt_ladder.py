@@ -1,0 +1,163 @@
+"""``fidelity aggregate`` and ``fidelity paired`` over the published ladder receipts: the tables they print and
+the files they write (``receipts.json``, ``receipts.md``, the harness's ``ladder.md``/``ladder.json`` and,
+given sizes, ``kld-vs-size.png``), written together or not at all.
+
+The headline table puts the receipt's figures re-derived by the published method (``--method published``:
+only these) beside this project's studentized interval of the token mean; the paired table the published
+differences, intervals and wins beside this project's interval of the token-mean difference and its verdict.
+Walk-through: docs/qwen38-receipts.md.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from harness.errors import VerificationError
+from harness.interchange.ladder_receipts import CumulativeReceipt, read_cumulative, read_paired
+from harness.interchange.manifest_read import SuiteManifest, read_manifest
+from harness.interchange.receipt_figures import candidate_figures, check_inputs, paired_figures
+from harness.io.atomic import atomic_write_files, dumps_json
+from harness.reports.aggregate import ladder_files
+from harness.reports.plot import kld_vs_size_figure
+from harness.reports.units import GIB
+
+SCHEMA = "fidelity.published-receipts/1"
+METHODS = ("exact", "published")
+
+
+def manifest_path(suite: Path) -> Path:
+    """The manifest a ``--suite`` names: the file itself, or ``suite-manifest.json`` in the folder."""
+    return suite / "suite-manifest.json" if suite.is_dir() else suite
+
+
+def _ci(ci: Sequence[float] | None) -> str:
+    return "not estimable" if ci is None else f"[{ci[0]:.6f}, {ci[1]:.6f}]"
+
+
+def headline_lines(figs: Sequence[Mapping[str, Any]], method: str) -> list[str]:
+    """The headline rows as a Markdown table: the published method's figures, and (``exact``) this project's interval."""
+    head = "| candidate | contexts | positions | clusters | token mean KLD | top-1 | published 95% (percentile, context means) |"
+    rule = "|---|---|---|---|---|---|---|"
+    if method == "exact":
+        head += " this harness 95% (studentized, token mean) |"
+        rule += "---|"
+    out = [head, rule]
+    for f in figs:
+        line = (f"| {f['candidate']} | {f['contexts']} | {f['scored_positions']} | {f['source_clusters']} | {f['token_mean_kld']:.6f} "
+                f"| {f['top1_agreement']:.4f} | {_ci(f['published_ci95'])} |")
+        out.append(line + (f" {_ci(f['own_ci95'])} |" if method == "exact" else ""))
+    return out
+
+
+def paired_lines(rows: Sequence[Mapping[str, Any]], method: str) -> list[str]:
+    """The paired rows as a Markdown table (published columns; with ``exact`` this project's interval and verdict)."""
+    head = "| a - b | contexts | difference | published 95% (percentile) | a wins | b wins | clusters |"
+    rule = "|---|---|---|---|---|---|---|"
+    if method == "exact":
+        head += " this harness 95% (studentized, token means) | verdict (margin) |"
+        rule += "---|---|"
+    out = [head, rule]
+    for r in rows:
+        ci = r["published_ci95"]
+        line = (f"| {r['a']} - {r['b']} | {r['contexts']} | {r['difference_a_minus_b']:+.6f} | [{ci[0]:+.6f}, {ci[1]:+.6f}] "
+                f"| {r['a_wins']} | {r['b_wins']} | {r['clusters']} |")
+        if method == "exact":
+            own = r["own_ci95"]
+            iv = "not estimable" if own is None else f"[{own[0]:+.6f}, {own[1]:+.6f}]"
+            v = "no margin given" if r["verdict"] is None else f"{r['verdict']} (±{r['margin']:g})"
+            line += f" {iv} | {v} |"
+        out.append(line)
+    return out
+
+
+def _ladder_row(f: Mapping[str, Any], rc: CumulativeReceipt, size: int | None) -> dict[str, Any]:
+    """A row for the harness's ladder writer: the interval is this project's; the p99 column the receipt's summed-tail
+    bracket when it has one, else its exact maximum (an upper bound of any quantile)."""
+    tail = rc.doc.get("tail")
+    p99 = tail["quantiles"]["p99"] if isinstance(tail, dict) else None
+    top = f["max_kld"] if f["max_kld"] is not None else float("inf")
+    shards = rc.doc.get("suite", {}).get("shards") or []
+    return {"candidate": f["candidate"], "size_bytes": size, "shards": shards, "n_positions": f["scored_positions"],
+            "mean_kld": f["token_mean_kld"], "ci95": f["own_ci95"], "published_ci95": f["published_ci95"],
+            "p99_bounds": [p99["lower"], p99["upper"]] if p99 else [0.0, top], "max_kld": f["max_kld"],
+            "top1": f["top1_agreement"], "verdict": "—", "receipt": f["receipt"], "receipt_sha256": f["receipt_sha256"]}
+
+
+def _plot(rows: Sequence[Mapping[str, Any]]) -> bytes:
+    import io
+
+    pts = [{"candidate": r["candidate"], "size_gib": r["size_bytes"] / GIB, "mean_kld": r["mean_kld"], "ci95": r["ci95"]}
+           for r in rows if r["size_bytes"]]
+    fig, _axes, _labels = kld_vs_size_figure(pts)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=120, metadata={"Software": None})
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def aggregate_receipts(paths: Sequence[Path], suite: Path, out: Path, *, method: str = "exact", selection: str = "all",
+                       sizes: Mapping[str, int] | None = None) -> list[str]:
+    """Read and check every receipt against the suite manifest, re-derive each candidate's figures, write the files;
+    returns the lines to print."""
+    m = read_manifest(manifest_path(suite))
+    chosen = None if selection == "all" else m.selected(selection)
+    receipts = [read_cumulative(p, m) for p in paths]
+    names = [rc.candidate for rc in receipts]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise VerificationError(paths[names.index(twice[0])], "candidate", "one receipt per candidate", f"{twice[0]} twice")
+    figs = sorted((candidate_figures(rc, chosen) for rc in receipts), key=lambda f: (f["token_mean_kld"], f["candidate"]))
+    by = {rc.candidate: rc for rc in receipts}
+    rows = [_ladder_row(f, by[f["candidate"]], (sizes or {}).get(f["candidate"])) for f in figs]
+    lines = headline_lines(figs, method)
+    note = (f"{m.path.name} ({m.schema}, {len(m.rows)} contexts, suite_token_sha256 {m.suite_token_sha256[:12]}…); "
+            f"selection {selection}" + ("" if chosen is None else f" ({len(chosen)} contexts: re-derived, not compared with the "
+                                                                    "receipts' printed figures, which cover every context)"))
+    md = "# Published ladder receipts, re-derived\n\n" + note + "\n\n" + "\n".join(lines) + "\n"
+    files: dict[Path, str | bytes] = {out / "receipts.json": dumps_json({"schema": SCHEMA, "method": method, "selection": selection,
+                                                                         "suite": {"manifest": str(m.path), "sha256": m.sha256,
+                                                                                   "schema": m.schema,
+                                                                                   "suite_token_sha256": m.suite_token_sha256},
+                                                                         "candidates": figs}),
+                                      out / "receipts.md": md}
+    files.update(ladder_files(out, rows))
+    if any(r["size_bytes"] for r in rows):
+        files[out / "kld-vs-size.png"] = _plot(rows)
+    atomic_write_files(files)
+    return [note, *lines, *(f"{p}: written" for p in sorted(files))]
+
+
+def _resamples(path: Path, doc: Mapping[str, Any]) -> tuple[int, int]:
+    """The resamples and seed of a paired receipt's interval, as its ``method.interval`` states them."""
+    text = str((doc.get("method") or {}).get("interval"))
+    found = re.search(r"([\d,]+) resamples, seed (\d+)", text)
+    if found is None:
+        raise VerificationError(path, "method.interval", "'<N> resamples, seed <S>'", repr(text))
+    return int(found.group(1).replace(",", "")), int(found.group(2))
+
+
+def paired_receipt(path: Path, out: Path, *, suite: Path | None = None, inputs: Path | None = None, margin: float | None = None,
+                   method: str = "exact") -> list[str]:
+    """Re-derive every comparison of the paired receipt at ``path`` from its inputs (found by their file names in
+    ``inputs``, default the receipt's folder), checked against ``suite`` when given; write ``<out>/paired-receipt.json``/``.md``."""
+    doc = read_paired(path)
+    m: SuiteManifest | None = None if suite is None else read_manifest(manifest_path(suite))
+    if m is not None and (doc.get("suite") or {}).get("suite_token_sha256") not in (None, m.suite_token_sha256):
+        raise VerificationError(path, f"suite.suite_token_sha256 (that of {m.path})", m.suite_token_sha256, doc["suite"]["suite_token_sha256"])
+    folder = inputs if inputs is not None else path.parent
+    receipts = {label: read_cumulative(folder / Path(str(ref.get("path", ""))).name, m) for label, ref in doc["inputs"].items()}
+    check_inputs(path, doc, receipts)
+    samples, seed = _resamples(path, doc)
+    rows = [paired_figures(path, key, c, receipts[c["a"]], receipts[c["b"]], margin, samples=samples, seed=seed)
+            for key, c in doc["comparisons"].items()]
+    lines = paired_lines(rows, method)
+    md = f"# {path.name}, re-derived\n\n" + "\n".join(lines) + "\n"
+    atomic_write_files({out / "paired-receipt.json": dumps_json({"schema": SCHEMA, "method": method, "paired": str(path),
+                                                                 "comparisons": rows}),
+                        out / "paired-receipt.md": md})
+    return [*lines, f"{out / 'paired-receipt.json'}: written", f"{out / 'paired-receipt.md'}: written"]
