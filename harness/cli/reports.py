@@ -15,7 +15,7 @@ from harness.dataset.verify import verify_dataset
 from harness.errors import FidelityError, UsageError, VerificationError
 from harness.inputs.config import load_config
 from harness.inputs.suite import Suite
-from harness.interchange.ladder_receipts import is_ladder_receipt
+from harness.interchange.ladder_receipts import is_ladder_receipt, schema_of
 from harness.interchange.manifest_read import SELECTIONS
 from harness.interchange.published_reports import (
     aggregate_published,
@@ -23,6 +23,7 @@ from harness.interchange.published_reports import (
     paired_published,
     report_paths,
 )
+from harness.interchange.receipt_ladder import aggregate_receipts, paired_receipt
 from harness.interchange.suite_manifest import load_any_suite
 from harness.io.atomic import atomic_write_json
 from harness.reports.aggregate import format_ladder, ladder_rows, not_measured_lines
@@ -90,8 +91,6 @@ def _sizes(specs: list[str]) -> dict[str, int]:
 def _aggregate(a: argparse.Namespace) -> int:
     receipts = _receipt_inputs(list(a.reports))
     if receipts is not None:
-        from harness.interchange.receipt_ladder import aggregate_receipts
-
         for line in aggregate_receipts(receipts, a.suite, a.out, method=a.method, selection=a.partition, sizes=_sizes(a.size)):
             print(line)
         return 0
@@ -178,9 +177,6 @@ def _paired_published(a: argparse.Namespace, pa: list[Path], pb: list[Path]) -> 
 
 
 def _paired_receipts(a: argparse.Namespace) -> int:
-    from harness.interchange.ladder_receipts import schema_of
-    from harness.interchange.receipt_ladder import paired_receipt
-
     if a.b is not None or not str(schema_of(a.a)).startswith("qwen38-kld-ladder-paired/"):
         raise FidelityError(f"paired: expected one paired ladder receipt (qwen38-kld-ladder-paired) alone, found {a.a}"
                             + ("" if a.b is None else f" and {a.b}"))

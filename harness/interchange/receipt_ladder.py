@@ -10,6 +10,7 @@ Walk-through: docs/qwen38-receipts.md.
 
 from __future__ import annotations
 
+import io
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -87,8 +88,6 @@ def _ladder_row(f: Mapping[str, Any], rc: CumulativeReceipt, size: int | None) -
 
 
 def _plot(rows: Sequence[Mapping[str, Any]]) -> bytes:
-    import io
-
     pts = [{"candidate": r["candidate"], "size_gib": r["size_bytes"] / GIB, "mean_kld": r["mean_kld"], "ci95": r["ci95"]}
            for r in rows if r["size_bytes"]]
     fig, _axes, _labels = kld_vs_size_figure(pts)
