@@ -34,8 +34,13 @@ def manifest_path(suite: Path) -> Path:
     return suite / "suite-manifest.json" if suite.is_dir() else suite
 
 
-def _ci(ci: Sequence[float] | None) -> str:
-    return "not estimable" if ci is None else f"[{ci[0]:.6f}, {ci[1]:.6f}]"
+def _num(x: float, method: str, sign: str = "") -> str:
+    """A figure as printed: every digit (``repr``) for ``published`` (to be compared with the receipt's JSON), else 6 decimals."""
+    return repr(x) if method == "published" else f"{x:{sign}.6f}"
+
+
+def _ci(ci: Sequence[float] | None, method: str = "exact", sign: str = "") -> str:
+    return "not estimable" if ci is None else f"[{_num(ci[0], method, sign)}, {_num(ci[1], method, sign)}]"
 
 
 def headline_lines(figs: Sequence[Mapping[str, Any]], method: str) -> list[str]:
@@ -47,8 +52,9 @@ def headline_lines(figs: Sequence[Mapping[str, Any]], method: str) -> list[str]:
         rule += "---|"
     out = [head, rule]
     for f in figs:
-        line = (f"| {f['candidate']} | {f['contexts']} | {f['scored_positions']} | {f['source_clusters']} | {f['token_mean_kld']:.6f} "
-                f"| {f['top1_agreement']:.4f} | {_ci(f['published_ci95'])} |")
+        top1 = repr(f["top1_agreement"]) if method == "published" else f"{f['top1_agreement']:.4f}"
+        line = (f"| {f['candidate']} | {f['contexts']} | {f['scored_positions']} | {f['source_clusters']} | "
+                f"{_num(f['token_mean_kld'], method)} | {top1} | {_ci(f['published_ci95'], method)} |")
         out.append(line + (f" {_ci(f['own_ci95'])} |" if method == "exact" else ""))
     return out
 
@@ -62,12 +68,10 @@ def paired_lines(rows: Sequence[Mapping[str, Any]], method: str) -> list[str]:
         rule += "---|---|"
     out = [head, rule]
     for r in rows:
-        ci = r["published_ci95"]
-        line = (f"| {r['a']} - {r['b']} | {r['contexts']} | {r['difference_a_minus_b']:+.6f} | [{ci[0]:+.6f}, {ci[1]:+.6f}] "
-                f"| {r['a_wins']} | {r['b_wins']} | {r['clusters']} |")
+        line = (f"| {r['a']} - {r['b']} | {r['contexts']} | {_num(r['difference_a_minus_b'], method, '+')} | "
+                f"{_ci(r['published_ci95'], method, '+')} | {r['a_wins']} | {r['b_wins']} | {r['clusters']} |")
         if method == "exact":
-            own = r["own_ci95"]
-            iv = "not estimable" if own is None else f"[{own[0]:+.6f}, {own[1]:+.6f}]"
+            iv = _ci(r["own_ci95"], method, "+")
             v = "no margin given" if r["verdict"] is None else f"{r['verdict']} (±{r['margin']:g})"
             line += f" {iv} | {v} |"
         out.append(line)
