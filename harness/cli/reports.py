@@ -83,7 +83,7 @@ def _sizes(specs: list[str]) -> dict[str, int]:
     for spec in specs:
         name, sep, raw = spec.partition("=")
         if not sep or not name or not raw.isdigit():
-            raise FidelityError(f"--size: expected NAME=BYTES (an integer), found {spec!r}")
+            raise UsageError(f"--size: expected NAME=BYTES (an integer), found {spec!r}")
         out[name] = int(raw)
     return out
 
@@ -95,7 +95,7 @@ def _aggregate(a: argparse.Namespace) -> int:
             print(line)
         return 0
     if a.method != "exact" or a.partition != "all" or a.size:
-        raise FidelityError("aggregate: --method published, --partition and --size apply to published ladder receipts only")
+        raise UsageError("aggregate: --method published, --partition and --size apply to published ladder receipts only")
     published = _published_inputs(list(a.reports))
     if published is not None:
         return _aggregate_published(a, published)
@@ -178,7 +178,7 @@ def _paired_published(a: argparse.Namespace, pa: list[Path], pb: list[Path]) -> 
 
 def _paired_receipts(a: argparse.Namespace) -> int:
     if a.b is not None or not str(schema_of(a.a)).startswith("qwen38-kld-ladder-paired/"):
-        raise FidelityError(f"paired: expected one paired ladder receipt (qwen38-kld-ladder-paired) alone, found {a.a}"
+        raise UsageError(f"paired: expected one paired ladder receipt (qwen38-kld-ladder-paired) alone, found {a.a}"
                             + ("" if a.b is None else f" and {a.b}"))
     for line in paired_receipt(a.a, a.out, suite=a.suite, inputs=a.inputs, margin=a.margin, method=a.method):
         print(line)
