@@ -302,3 +302,40 @@ def test_five_headlines_and_paired_table(rdir: Path, tmp_path: Path) -> None:
     printed = _load(rdir / "kld5-10M-paired.json")["comparisons"]
     for r in _load(tmp_path / "paired-receipt.json")["comparisons"]:
         assert (r["ci95_low"], r["ci95_high"], r["a_wins"]) == tuple(printed[r["key"]][k] for k in ("ci95_low", "ci95_high", "a_wins"))
+
+
+# ------------------------------------------------------------------ a /6 suite with its token files, read in place
+def _suite6(root: Path) -> dict[str, Any]:
+    """A small suite in the v5 manifest's shape: 8 contexts of 6 tokens, 4 clusters, both partitions, one sentinel."""
+    rng = np.random.default_rng(5)
+    rows = []
+    for i in range(8):
+        ids = [int(x) for x in rng.integers(0, 500, size=6)]
+        (root / "tokens").mkdir(parents=True, exist_ok=True)
+        (root / "tokens" / f"context-{i:04d}.json").write_text(json.dumps(ids))
+        rows.append({"index": i, "stratum": ("code", "literary")[i % 2], "source_cluster": f"doc{i // 2}", "source_window_index": 0,
+                     "source_char_start": 0, "source_char_end": 10, "file": f"tokens/context-{i:04d}.json", "tokens": 6,
+                     "token_sha256": hashlib.sha256(json.dumps(ids).encode()).hexdigest(), "calibration_shingle_hits": 0,
+                     "partition": "qualification" if i >= 6 else "analysis", "sentinel": i == 0})
+    return {"schema": "qwen38-distribution-fidelity/6", "model_identity": {"tokenizer_sha256": "ab" * 32, "config_sha256": "cd" * 32},
+            "context_length": 6, "scored_positions_per_context": 5, "contexts_requested": 8, "allow_shortfall": False, "contexts": 8,
+            "total_scored_positions": 40, "partitions": {"analysis": 6, "qualification": 2, "sentinels": 1},
+            "strata": {"code": 4, "literary": 4}, "source_clusters": 4,
+            "cluster_partition": {"analysis": ["doc0", "doc1", "doc2"], "qualification": ["doc3"], "overlap": []},
+            "context_index": rows,
+            "suite_token_sha256": hashlib.sha256("".join(r["token_sha256"] for r in rows).encode()).hexdigest()}
+
+
+def test_v6_suite_with_token_files_read_in_place(tmp_path: Path) -> None:
+    from harness.interchange.suite_manifest import load_published_suite
+
+    doc = _suite6(tmp_path)
+    _write(tmp_path / "suite-manifest.json", doc)
+    suite = load_published_suite(tmp_path).suite
+    assert suite.n_contexts == 8 and suite.tokenizer_sha256 == "ab" * 32
+    assert [int(t) for t in suite.tokens[3]] == json.loads((tmp_path / "tokens" / "context-0003.json").read_text())
+    doc["context_index"][5]["partition"] = "qualification"  # doc2 now on both sides; declared counts kept in step
+    doc["partitions"].update(analysis=5, qualification=3)
+    _write(tmp_path / "suite-manifest.json", doc)
+    with pytest.raises(VerificationError, match=r"a source cluster on one side only.*found 1 cluster\(s\) in both, e.g. \['doc2'\]"):
+        load_published_suite(tmp_path)

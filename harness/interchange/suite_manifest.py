@@ -155,7 +155,7 @@ def _views(root: Path, rows: list[dict[str, Any]], n_ctx: int) -> tuple[list[tup
 def load_published_suite(root: Path) -> PublishedSuite:
     """Read and verify the published suite folder ``root`` in place (module docstring)."""
     mf = root / SUITE_MANIFEST
-    read_manifest(mf)  # the manifest's own fields (counts, partitions, leaks) before any token file is opened
+    checked = read_manifest(mf)  # the manifest's own fields (counts, partitions, leaks) before any token file is opened
     doc = read_json(mf)
     rows = _rows(mf, doc)
     n_ctx = doc.get("context_length")
@@ -171,7 +171,7 @@ def load_published_suite(root: Path) -> PublishedSuite:
     contexts = [ContextInfo(index=pos, source_cluster=str(r["source_cluster"]), stratum=str(r["stratum"]),
                             document=str(r["file"]), start_token=0) for pos, r in enumerate(rows)]
     shards = [ShardInfo(index=k, start=a, stop=b, sha256=tokens_sha256(tokens[a:b])) for k, (a, b) in enumerate(slices)]
-    tok_sha = doc.get("tokenizer_sha256")
+    tok_sha = doc.get("tokenizer_sha256") or (checked.model_identity or {}).get("tokenizer_sha256")  # /6: model_identity
     suite = Suite(root=root, n_ctx=n_ctx, vocab_size=int(tokens.max()) + 1,
                   tokenizer_sha256=tok_sha if isinstance(tok_sha, str) else "",
                   protocol_version=PROTOCOL_VERSION, contexts=contexts, shards=shards,
