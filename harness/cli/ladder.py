@@ -53,7 +53,7 @@ def _run(a: argparse.Namespace) -> int:
     print(f"reports: {a.out}/")
     if out.nodes:
         print(f"executor: {a.executor}; results from {len(out.nodes)} node(s): {', '.join(out.nodes)}")
-    for line in out.reused:
+    for line in out.reused + out.notes:
         print(line)
     for line in out.skipped:
         print(f"skipped: {line}")

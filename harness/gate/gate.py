@@ -18,6 +18,12 @@ def update_command(candidate: str, selector: tuple[str, ...] = ("fidelity.toml",
     return " ".join(["pytest", *selector, "--fidelity-candidates", candidate, "--fidelity-update-baselines"])
 
 
+def no_baselines_yet(baselines: Path, selector: tuple[str, ...] = ("fidelity.toml",)) -> str:
+    """The one line a first run prints instead of one failure per case (see :meth:`Gate.fresh`)."""
+    return (f"no baselines yet: run {' '.join(['pytest', *selector, '--fidelity-update-baselines'])} to record this "
+            f"ladder as the baselines in {baselines}/ (then commit them); until then no case is gated")
+
+
 @dataclass
 class Gate:
     """Checks scored cases against ``<baselines>/<candidate>.json``."""
@@ -27,6 +33,12 @@ class Gate:
     config_path: Path
     #: Command-line words selecting the configuration in fix-it hints (see :func:`update_command`).
     selector: tuple[str, ...] = ("fidelity.toml",)
+
+    def fresh(self) -> bool:
+        """A first run: the baselines folder holds no baseline file at all (none recorded yet, for any candidate).
+        Its cases are scored and reported but not gated, and the run says once how to record the baselines;
+        a candidate without a baseline beside others that have one still fails (:meth:`failure`)."""
+        return not self.update and not (self.baselines.is_dir() and any(self.baselines.glob("*.json")))
 
     def failure(self, scored: Any) -> str | None:
         """The failure message for ``scored`` (a :class:`harness.run.session.ScoredShard`), or None when it passes.

@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from harness.gate.gate import Gate
 from harness.plugin.ini import IniKey, add_ini, apply_ini
 from harness.plugin.kinds import ReportKind
 from harness.plugin.registry import REPORT_KINDS
@@ -155,9 +154,7 @@ def fidelity_scored(request: pytest.FixtureRequest, fidelity_case: tuple[str, in
 @pytest.fixture
 def fidelity_gate(request: pytest.FixtureRequest) -> Any:
     """Checks a scored case against its committed baseline (or records it for an update)."""
-    run = active_run(request.config)
-    return Gate(baselines=run.plan.config.baselines, update=request.config.getoption("fidelity_update_baselines"),
-                config_path=run.plan.path, selector=run.plan.selector)
+    return active_run(request.config).gate()
 
 
 def _param_fixture(name: str) -> Callable[..., object]:

@@ -37,10 +37,12 @@ from harness.engines.registry import get_engine
 from harness.errors import FidelityError
 from harness.gate.adaptive import AdaptiveMonitor, threshold_for
 from harness.gate.baselines import headline_of
+from harness.gate.gate import Gate, no_baselines_yet
 from harness.inputs.config import load_config
 from harness.inputs.suite import parse_shard_spec
 from harness.interchange.suite_manifest import load_any_suite
 from harness.plugin import builtin, kind_adaptive, tracker
+from harness.plugin.builtin import NO_BASELINE_SKIP
 from harness.plugin.ini import ini_path
 from harness.plugin.junit import headline_numbers, record_not_measured, record_on_case, record_on_suite
 from harness.plugin.keywords import add_tag_keywords
@@ -532,7 +534,7 @@ class FidelityRun:
         if case and report.failed and getattr(report, PAYLOAD_ATTR, None) is None:
             self.unscored.add(case.group(1))
             self.not_scored.setdefault(case.group(1), "failed: " + _reason_of(report))
-        elif case and report.skipped:
+        elif case and report.skipped and getattr(report, PAYLOAD_ATTR, None) is None:  # scored: in the ladder
             self.not_scored.setdefault(case.group(1), "skipped: " + _reason_of(report))
 
         failed = failing_case(report, CASE_MARKERS)
@@ -548,7 +550,8 @@ class FidelityRun:
             doc = json.loads(payload)
             try:
                 self.collector.add(doc, passed=report.passed,
-                                   no_baseline=report.failed and "no baseline for candidate" in str(report.longreprtext))
+                                   no_baseline=(report.failed and "no baseline for candidate" in str(report.longreprtext))
+                                   or (report.skipped and NO_BASELINE_SKIP in str(report.longrepr)))
             except (FidelityError, OSError) as e:  # a report folder that cannot be written: named at the end
                 self.finish_error = self.finish_error or str(e)
             record_on_suite(self.pytest_config, report.nodeid, headline_numbers(headline_of(doc["metrics"])))
@@ -648,6 +651,8 @@ class FidelityRun:
                 terminalreporter.write_line(line)
             for m in missing:  # never a silently shorter ladder
                 terminalreporter.write_line(f"not in the ladder: {m['candidate']}: {m['status']}: {m['reason']}", red=True)
+            if self.collector.reports and self.gate().fresh():
+                terminalreporter.write_line(no_baselines_yet(self.plan.config.baselines, self.plan.selector), yellow=True)
         if self.executor is not None and self.executor.nodes:
             self.extra_lines.append(f"executor: {self.executor.spec.describe()}; results from "
                                     f"{len(self.executor.nodes)} node(s): {', '.join(sorted(self.executor.nodes))}")
@@ -674,6 +679,11 @@ class FidelityRun:
                               self.failures, notes))
 
     # ------------------------------------------------------------ fixture bodies
+    def gate(self) -> Gate:
+        """The baseline gate of this run's cases (the ``fidelity_gate`` fixture)."""
+        return Gate(baselines=self.plan.config.baselines, update=self.pytest_config.getoption("fidelity_update_baselines"),
+                    config_path=self.plan.path, selector=self.plan.selector)
+
     def send(self, request: pytest.FixtureRequest, kind: str, data: Payload) -> None:
         """Queue a report-case payload to travel home with this test's report."""
         request.node.stash.setdefault(_EXTRA, []).append({"kind": kind, "data": data})

@@ -19,7 +19,7 @@ from typing import Any
 from harness.engines.registry import get_engine
 from harness.errors import FidelityError
 from harness.gate.baselines import headline_of
-from harness.gate.gate import Gate
+from harness.gate.gate import Gate, no_baselines_yet
 from harness.inputs.config import FidelityConfig, load_config
 from harness.inputs.suite import parse_shard_spec
 from harness.interchange.suite_manifest import load_any_suite
@@ -51,6 +51,8 @@ class LadderOutcome:
     nodes: list[str] = field(default_factory=list)
     #: What this process's caches served instead of computing (:meth:`harness.run.reuse.ReuseLog.lines`).
     reused: list[str] = field(default_factory=list)
+    #: Lines for the end of the run (a first run: how to record the baselines).
+    notes: list[str] = field(default_factory=list)
 
 
 def _select(config: FidelityConfig, candidates: str | None, shards: str | None) -> tuple[FidelityConfig, list[int], list[str]]:
@@ -100,6 +102,7 @@ def run_ladder(config_path: Path, *, report_dir: Path, executor: str = "serial",
     reports: list[ShardReport] = []
     verdicts: dict[tuple[str, int], bool] = {}
     first_failure: dict[str, str] = {}
+    no_baseline: set[tuple[str, int]] = set()
     try:
         if ray_exec is not None:
             ray_exec.start()
@@ -113,23 +116,28 @@ def run_ladder(config_path: Path, *, report_dir: Path, executor: str = "serial",
                 out.failures.append(f"{name} shard {shard:02d}: {why}")
                 first_failure.setdefault(name, why[:300])
                 continue
-            failure = gate.failure(scored)
+            fresh = gate.fresh()  # a first run: reported, not gated; one line says how to record the baselines
+            failure = None if fresh else gate.failure(scored)
+            if fresh:
+                no_baseline.add((name, shard))
             if failure:
                 out.failures.append(f"{name} shard {shard:02d}: {failure}")
             out.written += scored.report.write(report_dir / name / f"shard-{shard:02d}.json")
             reports.append(scored.report)
-            verdicts[(name, shard)] = failure is None
+            verdicts[(name, shard)] = failure is None and not fresh
             if progress is not None:
                 h = headline_of(scored.report.metrics)
                 progress(f"{name} shard {shard:02d}: mean KLD {h.mean_kld:.6g}, top-1 {h.top1:.4f}, "
-                         f"{'pass' if failure is None else 'FAIL'}")
+                         f"{'not gated' if fresh else 'pass' if failure is None else 'FAIL'}")
     finally:
         if ray_exec is not None:
             ray_exec.shutdown()
             out.nodes = sorted(ray_exec.nodes)
         out.reused = session.reuse.lines()
     if reports:
-        out.rows = ladder_rows(reports, verdicts, suite=suite)
+        out.rows = ladder_rows(reports, verdicts, suite=suite, no_baseline=no_baseline)
+        if no_baseline:
+            out.notes.append(no_baselines_yet(config.baselines, (str(config_path),)))
         scored_names = {r.candidate for r in reports}
         missing = [{"candidate": name, "status": "failed", "reason": why} for name, why in first_failure.items()
                    if name not in scored_names]
