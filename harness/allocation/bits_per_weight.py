@@ -22,6 +22,7 @@ from harness.attribution.sizes import folder_tensor_bytes
 from harness.engines.quant_manifest import QUANT_FILE, WEIGHTS_FILE, layer_recipe, read_quant
 from harness.errors import VerificationError
 from harness.io.jsonio import JSONObject
+from harness.io.safetensors_header import read_header
 
 __all__ = ["FORMATS", "BitsPerWeight", "bits_per_weight", "checkpoint_format"]
 
@@ -94,19 +95,16 @@ def _quant_config(model: Path) -> JSONObject | None:
 
 
 def _specs(model: Path) -> tuple[dict[str, tuple[str, list[int]]], dict[str, str], dict[str, Path]]:
-    """``({name: (dtype, shape)}, the files' merged __metadata__, {name: file})`` through safetensors' reader."""
-    from safetensors import safe_open
-
+    """``({name: (dtype, shape)}, the files' merged __metadata__, {name: file})`` from the files' headers."""
     specs: dict[str, tuple[str, list[int]]] = {}
     meta: dict[str, str] = {}
     where: dict[str, Path] = {}
     for f in sorted(model.glob("*.safetensors")):
-        with safe_open(str(f), framework="pt") as fh:
-            meta.update(fh.metadata() or {})
-            for name in fh.keys():
-                sl = fh.get_slice(name)
-                specs[name] = (str(sl.get_dtype()), [int(x) for x in sl.get_shape()])
-                where[name] = f
+        header = read_header(f)
+        meta.update(header.metadata)
+        for name, t in header.tensors.items():
+            specs[name] = (t.dtype, list(t.shape))
+            where[name] = f
     return specs, meta, where
 
 

@@ -16,41 +16,16 @@ mapping each tensor name to ``{"dtype", "shape", "data_offsets": [begin, end]}``
 
 from __future__ import annotations
 
-import json
-import struct
 from pathlib import Path
 
 from harness.attribution.groups import fused_experts, module_of, split_unit
 from harness.errors import VerificationError
-
-_MAX_HEADER = 100 * 2**20
+from harness.io.safetensors_header import read_header
 
 
 def tensor_bytes(path: Path) -> dict[str, int]:
-    """``{tensor name: bytes}`` of one safetensors file, from its header (verified for shape and bounds)."""
-    try:
-        with open(path, "rb") as fh:
-            raw = fh.read(8)
-            if len(raw) != 8:
-                raise VerificationError(path, "safetensors header", "8-byte length", f"{len(raw)} bytes")
-            (n,) = struct.unpack("<Q", raw)
-            if n > _MAX_HEADER:
-                raise VerificationError(path, "safetensors header length", f"<= {_MAX_HEADER}", n)
-            head = json.loads(fh.read(n).decode("utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise VerificationError(path, "safetensors header", "a readable JSON header", repr(exc)) from None
-    size = path.stat().st_size - 8 - n
-    out: dict[str, int] = {}
-    if not isinstance(head, dict):
-        raise VerificationError(path, "safetensors header", "a JSON object", type(head).__name__)
-    for name, spec in head.items():
-        if name == "__metadata__":
-            continue
-        off = spec.get("data_offsets") if isinstance(spec, dict) else None
-        if not (isinstance(off, list) and len(off) == 2 and all(isinstance(x, int) for x in off) and 0 <= off[0] <= off[1] <= size):
-            raise VerificationError(path, f"data_offsets of {name!r}", f"[begin, end] within {size} data bytes", off)
-        out[name] = off[1] - off[0]
-    return out
+    """``{tensor name: bytes}`` of one safetensors file, from its header (:func:`harness.io.safetensors_header.read_header`)."""
+    return {name: t.nbytes for name, t in read_header(path).tensors.items()}
 
 
 def folder_tensor_bytes(model_dir: Path) -> dict[str, int]:

@@ -47,6 +47,7 @@ from harness.errors import FidelityError, OutputError, VerificationError
 from harness.io.atomic import atomic_write_bytes, atomic_write_json
 from harness.io.hashing import sha256_bytes, sha256_file
 from harness.io.jsonio import JSON, JSONObject, read_json
+from harness.io.safetensors_header import Header, corrupt, parse_header, read_header
 
 if TYPE_CHECKING:
     import torch
@@ -149,15 +150,13 @@ def _files(doc: JSONObject) -> dict[str, JSON]:
     return files
 
 
-def _check_embedded(path: Path, data: bytes, index: int, suite_sha: str) -> None:
+def _check_embedded(path: Path, header: Header, index: int, suite_sha: str) -> None:
     """The identity a context file carries in its safetensors metadata must match the manifest:
     a file renamed or copied from another index or suite is refused even when its sha256 is listed."""
     try:
-        n = int.from_bytes(data[:8], "little")
-        meta = json.loads(data[8 : 8 + n]).get("__metadata__") or {}
-        embedded = json.loads(meta["fidelity"])
+        embedded = json.loads(header.metadata["fidelity"])
         found = (embedded.get("index"), embedded.get("suite_token_sha256"))
-    except (ValueError, KeyError, TypeError, AttributeError):
+    except (ValueError, KeyError, TypeError, AttributeError):  # a header without the identity
         found = None
     if found != (index, suite_sha):
         raise VerificationError(path, "embedded identity (metadata 'fidelity': index, suite_token_sha256)", (index, suite_sha), found,
@@ -282,10 +281,10 @@ class CaptureStore:
                 with safe_open(str(path), framework="pt") as fh:
                     tensors = {k: fh.get_tensor(k) for k in fh.keys()}
         except SafetensorError as e:
-            raise VerificationError(path, f"corrupt or truncated safetensors ({e})") from None
+            raise corrupt(path, e) from None
         t = _check_tensor(path, tensors, self.kind, self.dtype, self.shape)
         if self.verify and index not in self._verified:
-            _check_embedded(path, data, index, self.suite.suite_token_sha256)
+            _check_embedded(path, parse_header(data, path), index, self.suite.suite_token_sha256)
         self._verified.add(index)
         return t
 
@@ -426,10 +425,7 @@ class StoreWriter:
             raise VerificationError(p, "unlisted entry in the capture store", "a context file this store wrote",
                                     "a symbolic link or not a regular file (nothing was deleted)")
         try:
-            with open(p, "rb") as fh:
-                n = int.from_bytes(fh.read(8), "little")
-                head = fh.read(min(n, 1 << 20))
-            _check_embedded(p, n.to_bytes(8, "little") + head, int(m.group(1)), self.suite.suite_token_sha256)
+            _check_embedded(p, read_header(p), int(m.group(1)), self.suite.suite_token_sha256)
         except VerificationError as e:
             raise VerificationError(p, "unlisted file in the capture store", "a context file this store wrote",
                                     f"{e.found} (nothing was deleted; remove it or use another folder)") from None

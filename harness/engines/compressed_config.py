@@ -33,15 +33,14 @@ Only the safetensors headers are read (and the two integers of each ``weight_sha
 
 from __future__ import annotations
 
-import json
 import math
 import re
-import struct
 from pathlib import Path
 from typing import NotRequired, TypedDict, cast
 
 from harness.errors import VerificationError
 from harness.io.jsonio import read_json
+from harness.io.safetensors_header import read_header
 from harness.io.schema import check, schema_of
 
 
@@ -78,17 +77,8 @@ CONFIG_SCHEMA = schema_of(QuantizationConfig)
 def _headers(root: Path) -> dict[str, tuple[Path, str, list[int]]]:
     out: dict[str, tuple[Path, str, list[int]]] = {}
     for f in sorted(root.glob("*.safetensors")):
-        try:
-            with open(f, "rb") as fh:
-                (n,) = struct.unpack("<Q", fh.read(8))
-                head = json.loads(fh.read(min(n, 100 * 2**20)).decode("utf-8"))
-        except (OSError, ValueError, struct.error) as e:
-            raise VerificationError(f, "safetensors header", "a readable header", f"{type(e).__name__}: {e}") from None
-        if not isinstance(head, dict):
-            raise VerificationError(f, "safetensors header", "a JSON object", type(head).__name__)
-        for name, spec in head.items():
-            if name != "__metadata__" and isinstance(spec, dict):
-                out[name] = (f, str(spec.get("dtype")), list(spec.get("shape") or []))
+        for name, t in read_header(f).tensors.items():
+            out[name] = (f, t.dtype, list(t.shape))
     return out
 
 

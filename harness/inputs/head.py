@@ -21,6 +21,7 @@ from harness.errors import FidelityError, VerificationError
 from harness.io.atomic import atomic_write_files, dumps_json
 from harness.io.hashing import sha256_bytes, sha256_file
 from harness.io.jsonio import read_json
+from harness.io.safetensors_header import corrupt
 
 if TYPE_CHECKING:
     import torch
@@ -130,7 +131,7 @@ def load_head(path: str | Path, expected_sha256: str | None = None) -> HeadTenso
                 raise VerificationError(path, "tensor names", [TENSOR_NAME], keys)
             w = fh.get_tensor(TENSOR_NAME)
     except SafetensorError as e:
-        raise VerificationError(path, f"corrupt or truncated safetensors ({e})") from None
+        raise corrupt(path, e) from None
     if w.ndim != 2:
         raise VerificationError(path, "weight rank", 2, w.ndim)
     if w.dtype != torch.bfloat16:

@@ -18,7 +18,6 @@ all values finite.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -36,6 +35,7 @@ from harness.inputs.interchange_layout import (
 from harness.interchange.suite_manifest import published_digest
 from harness.io.hashing import sha256_bytes, sha256_file
 from harness.io.jsonio import read_json
+from harness.io.safetensors_header import corrupt, read_header
 
 if TYPE_CHECKING:
     import torch
@@ -56,21 +56,6 @@ def published_identity(doc: dict[str, Any], name: str) -> dict[str, Any]:
     block = doc.get("candidate_identity")
     block = block if isinstance(block, dict) else {}
     return {"name": name, "layout": LAYOUT, "published": {k: block.get(k) for k in IDENTITY_FIELDS}}
-
-
-def _header(path: Path) -> dict[str, Any]:
-    """The safetensors header of ``path`` (names, dtypes and shapes), read without the tensors."""
-    try:
-        with open(path, "rb") as fh:
-            n = int.from_bytes(fh.read(8), "little")
-            if not 0 < n < 1 << 24:
-                raise ValueError(f"header length {n}")
-            head = json.loads(fh.read(n))
-    except (OSError, ValueError) as e:
-        raise VerificationError(path, f"corrupt or truncated safetensors ({e})") from None
-    if not isinstance(head, dict):
-        raise VerificationError(path, "safetensors header", "an object", type(head).__name__)
-    return {k: v for k, v in head.items() if k != "__metadata__"}
 
 
 def read_folder(folder: Path, suite: Suite) -> tuple[dict[str, Any], dict[int, str], int]:
@@ -179,7 +164,7 @@ class PublishedStore(CaptureStore):
                     raise VerificationError(path, "sha256 (capture-manifest.json)", self.hashes[index], digest)
             tensors = st_load(data)
         except SafetensorError as e:
-            raise VerificationError(path, f"corrupt or truncated safetensors ({e})") from None
+            raise corrupt(path, e) from None
         if sorted(tensors) != [HIDDEN_TENSOR]:
             raise VerificationError(path, "tensor names", [HIDDEN_TENSOR], sorted(tensors))
         t = tensors[HIDDEN_TENSOR]
@@ -195,9 +180,8 @@ class PublishedStore(CaptureStore):
     def header_width(self) -> int:
         """Hidden size stated by the first file's safetensors header (checked against the manifest's shape)."""
         first = self._path(self.indices[0])
-        head = _header(first)
-        entry = head.get(HIDDEN_TENSOR)
-        shape = entry.get("shape") if isinstance(entry, dict) else None
+        entry = read_header(first).tensors.get(HIDDEN_TENSOR)
+        shape = list(entry.shape) if entry is not None else None
         if shape != list(self.shape):
             raise VerificationError(first, f"{HIDDEN_TENSOR} shape (safetensors header)", list(self.shape), shape)
         return int(shape[1])

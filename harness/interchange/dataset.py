@@ -35,6 +35,7 @@ from harness.interchange.capture_dir import PublishedStore
 from harness.interchange.suite_manifest import PublishedSuite, load_published_suite
 from harness.io.hashing import sha256_file
 from harness.io.jsonio import read_json
+from harness.io.safetensors_header import corrupt
 
 
 def load_single_tensor_head(path: Path, pinned_sha256: str, source_model: dict[str, Any] | None) -> HeadTensor:
@@ -53,7 +54,7 @@ def load_single_tensor_head(path: Path, pinned_sha256: str, source_model: dict[s
                 raise VerificationError(path, "tensors in the head file", "exactly one", keys)
             w = fh.get_tensor(keys[0])
     except SafetensorError as e:
-        raise VerificationError(path, f"corrupt or truncated safetensors ({e})") from None
+        raise corrupt(path, e) from None
     if w.ndim != 2 or w.dtype != torch.bfloat16:
         raise VerificationError(path, "head tensor", "2-D torch.bfloat16 [vocab, hidden]", f"{w.ndim}-D {w.dtype}")
     if not bool(torch.isfinite(w).all()):

@@ -2,6 +2,7 @@
 
 * :func:`atomic_write_bytes` — one file: a temporary file in the same folder, fsync, then
   ``os.replace``. An interrupted run never leaves a half-written file under the final name.
+* :func:`atomic_writer` — the same for a file written in pieces (a ``.kld``), never whole in memory.
 * :func:`atomic_write_files` — several files that belong together (a shard report's ``.json`` and
   ``.md``, ``ladder.md`` and ``ladder.json``, aggregates): every file is staged (written and
   fsynced under a temporary name) before the first one is renamed into place. A failure while
@@ -30,7 +31,7 @@ import tempfile
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, BinaryIO, TypeVar
 
 from harness.errors import FidelityError, OutputError, VerificationError
 from harness.io.jsonio import read_json
@@ -69,8 +70,10 @@ def _mkdir(folder: Path) -> None:
         raise OutputError(folder, "cannot create the folder", _reason(e)) from None
 
 
-def _stage(path: Path, data: bytes) -> str:
-    """Write ``data`` to a temporary file next to ``path`` (fsynced, final mode); return its name."""
+@contextmanager
+def _staging(path: Path) -> Iterator[tuple[BinaryIO, str]]:
+    """A temporary file next to ``path`` (final mode) and its name; fsynced when the block ends, removed
+    when the block raises. An operating-system error of these steps is an OutputError naming ``path``."""
     _mkdir(path.parent)
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
@@ -79,7 +82,7 @@ def _stage(path: Path, data: bytes) -> str:
     try:
         with os.fdopen(fd, "wb") as fh:
             os.fchmod(fh.fileno(), file_mode())
-            fh.write(data)
+            yield fh, tmp
             fh.flush()
             os.fsync(fh.fileno())
     except OSError as e:
@@ -88,7 +91,28 @@ def _stage(path: Path, data: bytes) -> str:
     except BaseException:
         _unlink(tmp)
         raise
+
+
+def _stage(path: Path, data: bytes) -> str:
+    """Write ``data`` to a temporary file next to ``path`` (fsynced, final mode); return its name."""
+    with _staging(path) as (fh, tmp):
+        fh.write(data)
     return tmp
+
+
+@contextmanager
+def atomic_writer(path: str | Path) -> Iterator[BinaryIO]:
+    """A binary file written in pieces that appears at ``path`` whole, or not at all: the block writes
+    to a temporary file in the same folder, which is fsynced and renamed into place when the block
+    ends; when the block raises, the temporary file is removed and ``path`` is left as it was."""
+    final = Path(path)
+    with _staging(final) as (fh, tmp):
+        yield fh
+    try:
+        os.replace(tmp, final)
+    except OSError as e:
+        _unlink(tmp)
+        raise OutputError(final, "cannot write", _reason(e)) from None
 
 
 def _unlink(p: str | Path) -> None:

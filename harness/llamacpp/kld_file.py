@@ -31,7 +31,6 @@ flip the last bit of ``min_log_prob`` on rare rows, never a quantized value by m
 from __future__ import annotations
 
 import io
-import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +39,7 @@ from typing import Any
 import numpy as np
 
 from harness.errors import FidelityError, VerificationError
+from harness.io.atomic import atomic_writer
 from harness.llamacpp.kld_parts import ChunkRows, PartedFile, is_parts_manifest, open_parts
 
 MAGIC = b"_logits_"
@@ -214,28 +214,19 @@ def write_kld(
     first, nr = first_scored(n_ctx), rows_per_chunk(n_ctx)
     get_next = (lambda: np.empty(0)) if callable(chunk_logits) else iter(chunk_logits).__next__
     out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
-    try:
-        with open(tmp, "wb") as fh:
-            fh.write(MAGIC)
-            fh.write(np.array([n_ctx, n_vocab, n_chunk], dtype="<i4").tobytes())
-            fh.write(np.ascontiguousarray(toks, dtype="<i4").tobytes())
-            for i in range(n_chunk):
-                lg = np.asarray(chunk_logits(i) if callable(chunk_logits) else get_next(), dtype=np.float32)
-                if lg.shape == (n_ctx - 1, n_vocab):
-                    lg = lg[first:]
-                if lg.shape != (nr, n_vocab):
-                    raise FidelityError(f"chunk {i}: expected logits [{n_ctx - 1} or {nr}, {n_vocab}], found {list(lg.shape)}")
-                if not np.isfinite(lg).all():
-                    raise FidelityError(f"chunk {i}: logits contain NaN/Inf")
-                fh.write(quantize_rows(lg).astype("<u2").tobytes())
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, out)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    with atomic_writer(out) as fh:
+        fh.write(MAGIC)
+        fh.write(np.array([n_ctx, n_vocab, n_chunk], dtype="<i4").tobytes())
+        fh.write(np.ascontiguousarray(toks, dtype="<i4").tobytes())
+        for i in range(n_chunk):
+            lg = np.asarray(chunk_logits(i) if callable(chunk_logits) else get_next(), dtype=np.float32)
+            if lg.shape == (n_ctx - 1, n_vocab):
+                lg = lg[first:]
+            if lg.shape != (nr, n_vocab):
+                raise FidelityError(f"chunk {i}: expected logits [{n_ctx - 1} or {nr}, {n_vocab}], found {list(lg.shape)}")
+            if not np.isfinite(lg).all():
+                raise FidelityError(f"chunk {i}: logits contain NaN/Inf")
+            fh.write(quantize_rows(lg).astype("<u2").tobytes())
     return out
 
 

@@ -24,7 +24,6 @@ The publishable set (``fidelity publish``)::
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shlex
 from collections.abc import Iterable, Mapping, Sequence
@@ -37,6 +36,7 @@ from harness.gate.adaptive import check_adaptive
 from harness.gate.baselines import Baseline, baseline_path, headline_of
 from harness.inputs.suite import Suite
 from harness.io.atomic import atomic_write_files, atomic_write_text, dumps_json, staged_directory
+from harness.io.hashing import sha256_file
 from harness.io.jsonio import read_json
 from harness.io.schema import MapOf, Nullable, Optional, check
 from harness.reports.aggregate import aggregate, format_ladder, ladder_files, ladder_rows, not_measured_lines
@@ -346,14 +346,6 @@ Candidates: {candidates}.
 """
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def _files(root: Path) -> list[str]:
     return sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file() and p.name != CHECKSUMS)
 
@@ -361,7 +353,7 @@ def _files(root: Path) -> list[str]:
 def write_checksums(root: str | Path) -> Path:
     """``checksums.txt``: ``<sha256>  <relative path>`` per file, sorted (``sha256sum -c`` format)."""
     root = Path(root)
-    text = "".join(f"{_sha256(root / rel)}  {rel}\n" for rel in _files(root))
+    text = "".join(f"{sha256_file(root / rel)}  {rel}\n" for rel in _files(root))
     atomic_write_text(root / CHECKSUMS, text)
     return root / CHECKSUMS
 
@@ -389,7 +381,7 @@ def verify_set(root: str | Path) -> list[str]:
         listed.add(rel)
         if not (root / rel).is_file():
             problems.append(f"{root / rel}: missing (listed in {CHECKSUMS})")
-        elif (found := _sha256(root / rel)) != sha:
+        elif (found := sha256_file(root / rel)) != sha:
             problems.append(f"{root / rel}: sha256: expected {sha}, found {found} (changed)")
     for rel in _files(root):
         if rel not in listed:

@@ -28,7 +28,6 @@ this machine belongs to (``ray start``); ``ray:HOST:PORT`` joins the cluster who
 from __future__ import annotations
 
 import argparse
-import hashlib
 import importlib.util
 import json
 import math
@@ -39,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 from harness.capture.cache_sign import load_key
 from harness.errors import FidelityError, MissingPackageError, UsageError, pip_extra
 from harness.gate.baselines import headline_of
+from harness.io.hashing import sha256_file
 from harness.metrics.summary import context_rows
 from harness.reports.shard import ShardReport, report_shard
 from harness.run.cluster import task as cluster_task
@@ -296,7 +296,7 @@ class RayExecutor:
 
     def task_spec(self) -> TaskSpec:
         path = self.config.path.resolve()
-        return TaskSpec(config=str(path), config_sha256=hashlib.sha256(path.read_bytes()).hexdigest(),
+        return TaskSpec(config=str(path), config_sha256=sha256_file(path),
                         device=self.device, score_from=self.score_from, cache_key=load_key(self.config.cache_dir))
 
     def _gpu(self, cluster: dict[str, float]) -> bool:

@@ -47,6 +47,7 @@ from harness.engines.base import EngineOptions
 from harness.engines.registry import get_engine, require
 from harness.errors import FidelityError, VerificationError
 from harness.inputs.config import load_config
+from harness.io.hashing import sha256_file
 from harness.run.cluster.positions_wire import positions_to_bytes
 
 if TYPE_CHECKING:
@@ -99,7 +100,7 @@ def _session(spec: TaskSpec) -> FidelitySession:
         if not path.is_file():
             raise FidelityError(f"{path}: not found on node {socket.gethostname()}: every node must reach the "
                                 "configuration and its files at the same path (a shared file system)")
-        found = hashlib.sha256(path.read_bytes()).hexdigest()
+        found = sha256_file(path)
         if found != spec.config_sha256:
             raise FidelityError(f"{path}: on node {socket.gethostname()}: expected the driver's file (sha256 "
                                 f"{spec.config_sha256}), found sha256 {found}: every node must read the same file")
