@@ -52,10 +52,10 @@ def test_a_usage_error_is_still_a_value_error() -> None:
 ])
 def test_exit_status_follows_the_class(error: FidelityError, code: int, monkeypatch: pytest.MonkeyPatch,
                                        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    def refuse() -> int:
+    def refuse(workers: int = 1) -> int:
         raise error
 
-    monkeypatch.setattr(cli_main, "apply_default_threads", refuse)  # the first step inside the command's error handling
+    monkeypatch.setattr(cli_main, "choose_threads", refuse)  # the first step inside the command's error handling
     assert cli_main.main(["suite", "show", str(tmp_path)]) == code
     err = capsys.readouterr().err
     assert err == f"fidelity: error: {error}\n"

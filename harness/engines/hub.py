@@ -18,7 +18,6 @@ before huggingface_hub sees them (:func:`parse_hub_spec`). docs/refuses.md ("Mod
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 from dataclasses import dataclass
@@ -26,7 +25,7 @@ from pathlib import Path
 
 from harness.errors import FidelityError
 from harness.io.escape import hub_id_problem
-from harness.io.hashing import sha256_file
+from harness.io.hashing import file_hexdigest, sha256_file
 
 PREFIX = "hf://"
 _SPEC = re.compile(r"^hf://([^@]*)(?:@(.*))?$", re.DOTALL)
@@ -109,11 +108,7 @@ def resolve_hub_model(value: str) -> Path:
 
 def git_blob_sha1(path: Path) -> str:
     """The Git blob hash of a file: sha1 of ``blob <size>\\0`` followed by its bytes (what Git names it by)."""
-    h = hashlib.sha1(f"blob {path.stat().st_size}\0".encode(), usedforsecurity=False)
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+    return file_hexdigest(path, "sha1", prefix=f"blob {path.stat().st_size}\0".encode())
 
 
 def snapshot_blobs(snap: Path) -> dict[str, str]:

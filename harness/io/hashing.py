@@ -15,8 +15,16 @@ def sha256_bytes(data: bytes) -> str:
 
 def sha256_file(path: str | Path) -> str:
     """Hex sha256 of a file's content (``hashlib.file_digest``: read in chunks, never whole)."""
+    return file_hexdigest(path)
+
+
+def file_hexdigest(path: str | Path, algorithm: str = "sha256", prefix: bytes = b"") -> str:
+    """Hex digest of ``prefix`` followed by a file's content, read in chunks (never whole): the one file
+    hash of the package (``sha1`` with a ``blob <size>\\0`` prefix is Git's blob name, not a security use)."""
+    h = hashlib.new(algorithm, usedforsecurity=algorithm != "sha1")
+    h.update(prefix)
     with open(path, "rb") as fh:
-        return hashlib.file_digest(fh, "sha256").hexdigest()
+        return hashlib.file_digest(fh, lambda: h).hexdigest()
 
 
 def tokens_sha256(tokens: np.ndarray) -> str:
