@@ -283,18 +283,23 @@ def portable_name_problem(name: str) -> str | None:
     return None
 
 
+def check_name(path: Path, where: str, name: str) -> str:
+    """The one rule for candidate and reference names (they become pytest ids, folder names and text in
+    every report): letters, digits, ``_ . +``, starting with a letter or digit, and a portable file name."""
+    if not _NAME_RE.match(name):
+        raise ConfigError(f"{path}: {where}: expected letters, digits, '_', '.', '+' starting with a letter or digit "
+                          f"(it becomes a pytest id, a folder name and text in the reports), found {name!r}")
+    problem = portable_name_problem(name)
+    if problem:
+        raise ConfigError(f"{path}: {where}: expected a portable file name, found {name!r} ({problem})")
+    return name
+
+
 def _candidate(path: Path, raw: Any, i: int) -> CandidateConfig:
     r = _Reader(path, raw, f"candidates[{i}]", _CAND_KEYS)
     name = r.string("name")
     assert name is not None
-    if not _NAME_RE.match(name):
-        raise ConfigError(
-            f"{path}: candidates[{i}].name {name!r} may use only letters, digits, '_', '.', '+' "
-            "(it becomes a pytest id and a folder name)"
-        )
-    problem = portable_name_problem(name)
-    if problem:
-        raise ConfigError(f"{path}: candidates[{i}].name: expected a portable file name, found {name!r} ({problem})")
+    check_name(path, f"candidates[{i}].name", name)
     engine = r.string("engine", required=False) or "transformers"
 
     try:
@@ -427,8 +432,15 @@ def load_config(path: str | Path) -> FidelityConfig:
                               f"found {folded[c.name.lower()]!r} and {c.name!r}")
         seen.add(c.name)
         folded[c.name.lower()] = c.name
+    check_name(path, "reference.name" if dataset is None else f"reference name (from the dataset {dataset})", reference.name)
     if reference.name in seen:
         raise ConfigError(f"{path}: reference.name {reference.name!r} is also a candidate name")
+    for c in candidates:  # a tag selects with -k as a name does: one word may not mean two things
+        for t in c.tags:
+            if (t in seen and t != c.name) or t == reference.name:  # its own name selects only itself
+                whose = "the reference's name" if t == reference.name else f"the name of candidate {t!r}"
+                raise ConfigError(f"{path}: candidates tags of {c.name!r}: expected tags that are no other candidate's or the "
+                                  f"reference's name (-k {t} would select both), found {t!r}, {whose}")
     raw_pairs = top.table.get("pairs", [])
     if not isinstance(raw_pairs, list):
         raise ConfigError(f"{path}: pairs must be an array of tables, found {type(raw_pairs).__name__}")

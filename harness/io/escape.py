@@ -19,10 +19,12 @@ from harness.errors import FidelityError
 
 #: The longest free-text value (a license, a Hub id) a configuration may put into a report.
 MAX_TEXT = 200
-#: Characters with a meaning in Markdown (CommonMark's ASCII punctuation that can open a construct).
-_MD_SPECIAL = re.compile(r"([\\`*_{}\[\]()#+!|<>~&:-])")
-#: An ordered-list marker at the start of a line (``1.`` ``2)``): its ``.`` or ``)`` is escaped there only.
-_LIST_START = re.compile(r"^(\d+)([.)])")
+#: Characters that open a Markdown construct anywhere in a line (code, emphasis, link or image, table
+#: column, strikethrough, HTML tag or entity); escaped wherever they occur.
+_MD_SPECIAL = re.compile(r"([\\`*_\[\]|~<>&])")
+#: What opens a block only at the start of a line (a list item, a heading, a setext underline, an ordered
+#: list's ``1.``): escaped there only, so ``Qwen3-8B`` stays as written.
+_LINE_START = re.compile(r"^(\d*)([-+#=.)])")
 #: A Hub repository id: ``org/name`` of letters, digits, ``-``, ``_``, ``.`` (no ``..``, no leading ``-`` or ``.``).
 HUB_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,95}/[A-Za-z0-9][A-Za-z0-9_.-]{0,95}$")
 
@@ -66,7 +68,7 @@ def md(s: object) -> str:
     """``s`` as literal inline Markdown (also a table cell): every construct character backslash-escaped,
     ``<`` ``>`` ``&`` as HTML entities, line breaks as spaces."""
     text = " ".join(str(s).split()) if any(c in str(s) for c in "\r\n\t\v\f\x85\u2028\u2029") else str(s)
-    out = _LIST_START.sub(r"\1\\\2", _MD_SPECIAL.sub(r"\\\1", text))
+    out = _LINE_START.sub(r"\1\\\2", _MD_SPECIAL.sub(r"\\\1", text))
     return out.replace("\\<", "&lt;").replace("\\>", "&gt;").replace("\\&", "&amp;")
 
 

@@ -28,6 +28,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from harness.engines.hub import hub_origin
+from harness.io.escape import md, md_code
 
 #: The metric every candidate's evaluation result reports.
 METRIC_TYPE = "kl_divergence"
@@ -104,9 +105,9 @@ def render_body(info: Mapping[str, Any] | None, ladder_lines: Sequence[str], has
     """The card's Markdown: title, what is measured, the ladder, the plots (relative links), then ``details``."""
     info = info or {}
     base = info.get("base_model")
-    ref = f"`{info.get('reference') or 'reference'}`"
-    origin = (f"the BF16 original {ref} ([{base}](https://huggingface.co/{base}))" if base else f"the BF16 original {ref}")
-    lines = [f"# {model_name(info)}", "",
+    ref = md_code(info.get("reference") or "reference")
+    origin = (f"the BF16 original {ref} ([{md(base)}](https://huggingface.co/{base}))" if base else f"the BF16 original {ref}")
+    lines = [f"# {md(model_name(info))}", "",
              f"Exact full-vocabulary KL divergence of each candidate's next-token distribution from {origin}, in "
              f"nats, with its {INTERVAL} interval (the same numbers are in this card's `model-index`).", "",
              "## Ladder", "", *ladder_lines, "",
