@@ -103,6 +103,31 @@ def _plot(rows: Sequence[Mapping[str, Any]]) -> bytes:
     return buf.getvalue()
 
 
+#: What the receipts of one ladder must share: the head, filter and vocabulary every candidate was scored through,
+#: and the reference's identity (its config and index digests); with the window (``score_from``) checked beside them.
+SHARED = ("head_sha256", "candidate_head_sha256", "filter", "vocab_size", "reference_identity.config_sha256",
+          "reference_identity.index_sha256")
+
+
+def _field(doc: Mapping[str, Any], dotted: str) -> Any:
+    head, _, rest = dotted.partition(".")
+    value = doc.get(head)
+    return _field(value, rest) if rest and isinstance(value, Mapping) else (None if rest else value)
+
+
+def same_measurement(receipts: Sequence[CumulativeReceipt]) -> None:
+    """Every receipt of a ladder scored through the same head, filter, reference and window as the first."""
+    first = receipts[0]
+    for rc in receipts[1:]:
+        for key in SHARED:
+            if _field(rc.doc, key) != _field(first.doc, key):
+                raise VerificationError(rc.path, f"{key} (that of {first.path})", _field(first.doc, key), _field(rc.doc, key),
+                                        "receipts of two measurements are never one ladder")
+        if rc.score_from != first.score_from:
+            raise VerificationError(rc.path, f"scored_position_window.score_from (that of {first.path})", first.score_from,
+                                    rc.score_from, "two windows are two measurements")
+
+
 def aggregate_receipts(paths: Sequence[Path], suite: Path, out: Path, *, method: str = "exact", selection: str = "all",
                        sizes: Mapping[str, int] | None = None) -> list[str]:
     """Read and check every receipt against the suite manifest, re-derive each candidate's figures, write the files;
@@ -114,6 +139,7 @@ def aggregate_receipts(paths: Sequence[Path], suite: Path, out: Path, *, method:
     twice = sorted({n for n in names if names.count(n) > 1})
     if twice:
         raise VerificationError(paths[names.index(twice[0])], "candidate", "one receipt per candidate", f"{twice[0]} twice")
+    same_measurement(receipts)
     figs = sorted((candidate_figures(rc, chosen) for rc in receipts), key=lambda f: (f["token_mean_kld"], f["candidate"]))
     by = {rc.candidate: rc for rc in receipts}
     rows = [_ladder_row(f, by[f["candidate"]], (sizes or {}).get(f["candidate"])) for f in figs]
@@ -156,6 +182,8 @@ def paired_receipt(path: Path, out: Path, *, suite: Path | None = None, inputs: 
     receipts = {label: read_cumulative(folder / Path(str(ref.get("path", ""))).name, m) for label, ref in doc["inputs"].items()}
     check_inputs(path, doc, receipts)
     samples, seed = _resamples(path, doc)
+    for c in doc["comparisons"].values():
+        same_measurement([receipts[c["a"]], receipts[c["b"]]])
     rows = [paired_figures(path, key, c, receipts[c["a"]], receipts[c["b"]], margin, samples=samples, seed=seed)
             for key, c in doc["comparisons"].items()]
     lines = paired_lines(rows, method)
