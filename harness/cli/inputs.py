@@ -117,7 +117,7 @@ def add_suite(sub: SubParsers) -> None:
                         "default: <corpus>/provenance.json when present)")
     b.add_argument("--source", default=None, help="source of documents the sidecar does not attribute (e.g. a URL)")
     add_license(b, "SPDX license of documents the sidecar does not attribute (e.g. CC-BY-4.0); "
-                   "with --from-dataset/--split-file: of every document")
+                   "with --from-dataset/--split-file: of every document", old=("--licence",))
     b.add_argument("--corpus-out", type=Path, default=None, dest="corpus_out",
                    help="with --from-dataset/--split-file: new folder the documents are written to (+ provenance.json)")
     b.add_argument("--text-column", default="text", dest="text_column", help="--from-dataset: the text column (default: text)")

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from harness import __version__
-from harness.cli import allocate, attribute, bench, dataset, diagnose, inputs, kld, ladder, plan, reports
+from harness.cli import allocate, attribute, bench, dataset, diagnose, init, inputs, kld, ladder, plan, reports
 from harness.cli.registry import formatter
 from harness.cli.vocabulary import resolve
 from harness.errors import FidelityError
@@ -53,7 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"fidelity {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for module in (inputs, reports, bench, kld, attribute, allocate, diagnose, plan, dataset, ladder):
+    for module in (init, inputs, reports, bench, kld, attribute, allocate, diagnose, plan, dataset, ladder):
         for add in module.COMMANDS:
             add(sub)
     return parser

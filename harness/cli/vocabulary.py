@@ -78,10 +78,11 @@ def add_reports(p: argparse.ArgumentParser, help: str, *, positional: bool = Fal
         p.add_argument("--reports", type=Path, required=required and not positional, default=None, help=help)
 
 
-def add_license(p: argparse.ArgumentParser, help: str) -> None:
+def add_license(p: argparse.ArgumentParser, help: str, *, old: Sequence[str] = ()) -> None:
     """``--license ID``: an SPDX license identifier, the word the dataset card and the Hub use."""
     p.add_argument("--license", default=None, help=help)
-    deprecated(p, "--licence", "--license", dest="license")
+    for spelling in old:
+        deprecated(p, spelling, "--license", dest="license")
 
 
 def add_quiet(p: argparse.ArgumentParser) -> None:
