@@ -150,3 +150,21 @@ def test_one_header_parser_and_one_file_hash() -> None:
 ])
 def test_the_scan_sees_each_kind(source: str) -> None:
     assert _offences(ast.parse(source), "x.py")
+
+
+# ----------------------------------------------------------------------------- the Markdown table
+
+
+def test_a_table_keeps_its_shape_whatever_its_cells() -> None:
+    """Read back by markdown-it's GFM table parser: every row has the header's cells, each cell's text as given."""
+    markdown_it = pytest.importorskip("markdown_it")
+    from harness.io.md_table import md_table
+
+    rows = [["a|b", 1.5], ["line\nbreak", ""], [r"already \| escaped", "`x|y`"]]
+    lines = md_table(["name", "value"], rows)
+    assert lines[:2] == ["| name | value |", "|---|---|"] and lines[3] == "| line break | |"
+    tokens = markdown_it.MarkdownIt("commonmark").enable("table").parse("\n".join(lines) + "\n")
+    cells = [t.children[0].content if t.children else "" for t in tokens if t.type == "inline"]
+    assert cells == ["name", "value", "a|b", "1.5", "line break", "", "already | escaped", "x|y"]  # the code span holds x|y
+    with pytest.raises(ValueError, match="expected 2 cells, found 1"):
+        md_table(["name", "value"], [["only one"]])

@@ -34,6 +34,7 @@ import numpy as np
 
 from harness.errors import FidelityError, VerificationError
 from harness.io.atomic import atomic_write_files, dumps_json
+from harness.io.md_table import md_table
 from harness.metrics import paired
 from harness.metrics.bootstrap import DEFAULT_SEED, draw_cluster_weights, ratio_intervals
 from harness.metrics.scores import PositionScores
@@ -209,13 +210,14 @@ def render_paired(rep: dict[str, Any]) -> str:
         f"score_from={rep['score_from']}. Differences are {a} − {b}; means: {bs.get('method_text', bs['method'])}; "
         f"tails: {bs.get('tail_method', 'percentile')}; {bs['n_boot']} replicates "
         f"({bs['n_boot_tails']} for tails), seed {bs['seed']}.", "",
-        f"| metric | {a} | {b} | difference | 95% interval |", "|---|---|---|---|---|",
     ]
+    rows = []
     for key, label in (("kld_mean", "mean KLD"), ("kld_p99", "KLD p99"), ("kld_cvar1", "KLD CVaR1%"),
                        ("top1", "top-1 agreement"), ("ear_mean", "EAR")):
         d = rep[key]
         ci = "not estimable" if d["ci95"] is None else f"[{fmt_g(d['ci95'][0])}, {fmt_g(d['ci95'][1])}]"
-        lines.append(f"| {label} | {fmt_g(d['a'])} | {fmt_g(d['b'])} | {fmt_g(d['diff'])} | {ci} |")
+        rows.append([label, fmt_g(d["a"]), fmt_g(d["b"]), fmt_g(d["diff"]), ci])
+    lines += md_table(["metric", a, b, "difference", "95% interval"], rows)
     c = rep["contexts"]
     lines += ["", f"Contexts with lower mean KLD: {a} {c['a_wins']}, {b} {c['b_wins']}, ties {c['ties']}.", "",
               "Verdict rule: equivalent when the 95% interval lies inside ±margin (TOST, 5% per side); otherwise "

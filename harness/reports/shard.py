@@ -31,6 +31,7 @@ from harness.errors import VerificationError
 from harness.io import domain
 from harness.io.atomic import atomic_write_files, dumps_json
 from harness.io.jsonio import read_json
+from harness.io.md_table import md_table
 from harness.io.schema import MapOf, Nullable, Optional, check, schema_of
 from harness.metrics.records import ShardSummary
 from harness.reports.diagnostics import diagnostics_lines
@@ -303,19 +304,20 @@ def render_markdown(r: ShardReport) -> str:
         "",
         "## Headline",
         "",
-        "| metric | value | 95% interval |",
-        "|---|---|---|",
-        f"| mean KLD (nats, token mean) | {_g(k['mean'])} | {_interval(k.get('ci95'))} |",
-        f"| mean KLD (context macro) | {_g(k.get('mean_context_macro'))} | |",
-        f"| top-1 agreement | {_g(m['top1']['agreement'])} | {_interval(m['top1'].get('ci95'))} |",
-        f"| EAR | {_g(m['ear']['mean'])} | {_interval(m['ear'].get('ci95'))} |",
+    ]
+    headline = [
+        ["mean KLD (nats, token mean)", _g(k["mean"]), _interval(k.get("ci95"))],
+        ["mean KLD (context macro)", _g(k.get("mean_context_macro")), ""],
+        ["top-1 agreement", _g(m["top1"]["agreement"]), _interval(m["top1"].get("ci95"))],
+        ["EAR", _g(m["ear"]["mean"]), _interval(m["ear"].get("ci95"))],
     ]
     if "jsd_bits" in m:
-        lines.append(f"| mean JSD (bits) | {_g(m['jsd_bits']['mean'])} | {_interval(m['jsd_bits'].get('ci95'))} |")
+        headline.append(["mean JSD (bits)", _g(m["jsd_bits"]["mean"]), _interval(m["jsd_bits"].get("ci95"))])
     if "ppl" in m:
         p = m["ppl"]
-        lines.append(f"| PPL ref / cand | {_g(p['ref'], 6)} / {_g(p['cand'], 6)} | |")
-        lines.append(f"| mean ln(PPL(cand)/PPL(ref)) | {_g(p['mean_ln_ratio'])} | |")
+        headline.append(["PPL ref / cand", f"{_g(p['ref'], 6)} / {_g(p['cand'], 6)}", ""])
+        headline.append(["mean ln(PPL(cand)/PPL(ref))", _g(p["mean_ln_ratio"]), ""])
+    lines += md_table(["metric", "value", "95% interval"], headline)
     lines += [
         "",
         f"Intervals: means {bs.get('method_text', bs.get('method', 'source-cluster bootstrap'))}; tails "
@@ -330,10 +332,8 @@ def render_markdown(r: ShardReport) -> str:
         "",
         "## Tails",
         "",
-        "| median | p95 | p99 | p99.9 | CVaR1% | max |",
-        "|---|---|---|---|---|---|",
-        f"| {_g(k.get('median'))} | {_g(k.get('p95'))} | {_g(k.get('p99'))} | {_g(k.get('p999'))} | "
-        f"{_g(k.get('cvar1'))} | {_g(k.get('max'))} |",
+        *md_table(["median", "p95", "p99", "p99.9", "CVaR1%", "max"],
+                  [[_g(k.get(q)) for q in ("median", "p95", "p99", "p999", "cvar1", "max")]]),
         "",
         (f"p99 interval {_interval(k.get('p99_ci95'))}; CVaR1% interval {_interval(k.get('cvar1_ci95'))}."
          if k.get("p99_ci95") or bs.get("tail_estimable", True) else
@@ -344,35 +344,31 @@ def render_markdown(r: ShardReport) -> str:
     if "diagnostics" in m:
         lines += diagnostics_lines(m["diagnostics"])
     if "exceedance" in m:
-        lines += ["| KLD > | " + " | ".join(m["exceedance"]) + " |", "|---" * (len(m["exceedance"]) + 1) + "|"]
-        lines += ["| positions | " + " | ".join(str(v) for v in m["exceedance"].values()) + " |", ""]
+        lines += md_table(["KLD >", *m["exceedance"]], [["positions", *m["exceedance"].values()]]) + [""]
     if "histogram" in m:
         counts = m["histogram"]["counts"]
         spec = m["histogram"]["spec"]
         per = spec["bins_per_decade"]
         lo_exp = round(math.log10(spec["lo"]))
-        lines += ["## Histogram (per decade)", "", "| range (nats) | positions |", "|---|---|"]
-        lines.append(f"| < {spec['lo']:g} | {counts[0]} |")
         inner = counts[1:-1]
-        for d in range(len(inner) // per):
-            c = sum(inner[d * per : (d + 1) * per])
-            if c:
-                lines.append(f"| [1e{lo_exp + d}, 1e{lo_exp + d + 1}) | {c} |")
-        lines += [f"| >= {spec['hi']:g} | {counts[-1]} |", ""]
+        decades = [[f"[1e{lo_exp + d}, 1e{lo_exp + d + 1})", c] for d in range(len(inner) // per)
+                   if (c := sum(inner[d * per : (d + 1) * per]))]
+        lines += ["## Histogram (per decade)", ""]
+        lines += md_table(["range (nats)", "positions"],
+                          [[f"< {spec['lo']:g}", counts[0]], *decades, [f">= {spec['hi']:g}", counts[-1]]]) + [""]
     if m.get("per_stratum"):
-        lines += ["## Per stratum", "", "| stratum | contexts | positions | mean KLD | top-1 |", "|---|---|---|---|---|"]
-        for name, s in m["per_stratum"].items():
-            lines.append(f"| {name} | {s['contexts']} | {s['positions']} | {_g(s['mean_kld'])} | {_g(s['top1'])} |")
-        lines.append("")
+        lines += ["## Per stratum", ""]
+        lines += md_table(["stratum", "contexts", "positions", "mean KLD", "top-1"],
+                          [[name, s["contexts"], s["positions"], _g(s["mean_kld"]), _g(s["top1"])]
+                           for name, s in m["per_stratum"].items()]) + [""]
     if m.get("worst_contexts"):
-        lines += ["## Worst contexts", "", "| context | cluster | stratum | mean KLD | max KLD |", "|---|---|---|---|---|"]
-        for row in m["worst_contexts"]:
-            lines.append(f"| {row['index']} | {row['cluster']} | {row['stratum']} | {_g(row['mean_kld'])} | {_g(row.get('max_kld'))} |")
-        lines.append("")
-    lines += ["## Identity", "", "| field | value |", "|---|---|"]
-    for key in COMPARABILITY_KEYS:
-        v = r.comparability.get(key)
-        lines.append(f"| {key} | `{json.dumps(v, sort_keys=True)}` |")
+        lines += ["## Worst contexts", ""]
+        lines += md_table(["context", "cluster", "stratum", "mean KLD", "max KLD"],
+                          [[row["index"], row["cluster"], row["stratum"], _g(row["mean_kld"]), _g(row.get("max_kld"))]
+                           for row in m["worst_contexts"]]) + [""]
+    lines += ["## Identity", ""]
+    lines += md_table(["field", "value"],
+                      [[key, f"`{json.dumps(r.comparability.get(key), sort_keys=True)}`"] for key in COMPARABILITY_KEYS])
     lines += ["", f"Schema {r.schema}; created {r.created}."]
     if r.timing:
         lines.append("Timing: " + ", ".join(f"{k} {_g(v)}" for k, v in sorted(r.timing.items())) + ".")

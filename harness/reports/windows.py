@@ -42,6 +42,7 @@ import numpy as np
 
 from harness.errors import VerificationError
 from harness.io.atomic import atomic_write_files, dumps_json
+from harness.io.md_table import md_table
 from harness.metrics.bootstrap import DEFAULT_SEED, draw_cluster_weights, ratio_interval, ratio_replicates
 from harness.metrics.positions import layout
 from harness.metrics.scores import PositionScores
@@ -314,13 +315,14 @@ def render_window(cmp: Mapping[str, Any], notes: Sequence[str] = ()) -> str:
              f"Base window score_from={cmp['base_window']}; the same scored positions are summarized again "
              "from row k (no recapture). A flip fails when the paired (shared-draws) 95% interval of the two "
              "candidates' mean-KLD difference excludes 0 at both windows; other flips are warnings.", ""]
-    lines += ["| score_from | candidate | positions | mean KLD | 95% interval | change vs base |", "|---|---|---|---|---|---|"]
+    rows: list[list[object]] = []
     for k, w in sorted(cmp["windows"].items(), key=lambda t: int(t[0])):
         for c in w["ranking"]:
             d = w["candidates"][c]
             rel = "—" if d["rel_change_mean_kld"] is None else f"{100 * d['rel_change_mean_kld']:+.1f}%"
             ci = "not estimable" if d["ci95"] is None else f"[{fmt_g(d['ci95'][0])}, {fmt_g(d['ci95'][1])}]"
-            lines.append(f"| {k} | {c} | {d['n_positions']} | {fmt_g(d['mean_kld'])} | {ci} | {rel} |")
+            rows.append([k, c, d["n_positions"], fmt_g(d["mean_kld"]), ci, rel])
+    lines += md_table(["score_from", "candidate", "positions", "mean KLD", "95% interval", "change vs base"], rows)
     lines.append("")
     power = cmp.get("power")
     if power is not None and any(power["smallest_reversal"].values()):
@@ -328,13 +330,14 @@ def render_window(cmp: Mapping[str, Any], notes: Sequence[str] = ()) -> str:
                   f"The smallest reversal flagged with {int(100 * power['level'])}% power at these clusters: a true "
                   "mean-KLD difference of +rho x the pair's mean KLD at the base window and -rho x it at score_from=k "
                   "(or the mirror image). From this report's own bootstrap draws (the same draws at both windows), "
-                  "interval half-widths held at their observed values. Smaller reversals mostly show as warnings.", "",
-                  "| score_from | pair (adjacent at the base window) | smallest reversal detected |", "|---|---|---|"]
+                  "interval half-widths held at their observed values. Smaller reversals mostly show as warnings.", ""]
+        reversals: list[list[object]] = []
         for k, pairs in sorted(power["smallest_reversal"].items(), key=lambda t: int(t[0])):
             for pair, rho in pairs.items():
                 a, b = pair.split("|", 1)
                 txt = "not detectable (beyond ±1000% or not estimable)" if rho is None else f"±{100 * rho:.1f}%"
-                lines.append(f"| {k} | {a} vs {b} | {txt} |")
+                reversals.append([k, f"{a} vs {b}", txt])
+        lines += md_table(["score_from", "pair (adjacent at the base window)", "smallest reversal detected"], reversals)
         lines.append("")
     for k, w in sorted(cmp["windows"].items(), key=lambda t: int(t[0])):
         for a, b in w["flips"]["failures"]:
