@@ -1,22 +1,23 @@
 """Each side's miss rate of the harness's intervals on shapes the calibration never saw.
 
 Run by hand (minutes): ``python benchmarks/coverage_unseen.py [mean_reps] [tail_reps] [shapes]``, ``shapes``
-the letters of the shapes to run (``SHAPES`` are ``a``-``e``, ``IN_USE_SHAPES`` ``f``-``j``; all when absent);
-one tail cell: ``python benchmarks/coverage_unseen.py tails a|d|n REPS CHUNK`` (a line of JSON; chunks 0, 1, 2 ...
-are further data sets of the same cell, so runs of a few minutes add up). The first
-calibration of :func:`harness.metrics.bootstrap.ratio_intervals` was chosen on equal-sized clusters at 8, 16,
-47, 85 and 842 clusters (``benchmarks/coverage_table.py``); here every cell differs from those in at least one of
+the letters of the shapes to run (``SHAPES`` are ``a``-``e``, ``IN_USE_SHAPES`` ``f``-``j``, ``HELD_OUT_SHAPES``
+``k``-``o``; all when absent); one tail cell: ``python benchmarks/coverage_unseen.py tails a|d|n REPS CHUNK`` (a
+line of JSON; chunks 0, 1, 2 ... are further data sets of the same cell, so runs of a few minutes add up). Every
+cell differs from the calibration table (``benchmarks/coverage_table.py``: equal-sized clusters at 8, 16, 47, 85
+and 842) in at least one of
 
 * the cluster count (10, 20, 30, 64, 150, 400),
 * cluster sizes: skewed (contexts per cluster lognormal, 1 to 40, fixed per layout as a suite's are),
   optionally with difficulty that grows with size (larger documents harder),
 * tails: lognormal position KLD with log-sd 2.5, Pareto(3) cluster effects;
 
-and five further shapes at the cluster counts in use (8, 16, 47, 85, 842): lognormal cluster effects of
-log-sd 1.3 with skewed sizes, a mixture where 5 % of clusters are 20 times harder, Pareto(2.2) cluster
-effects with skewed sizes, difficulty proportional to size (one document holding up to 40 % of the KLD),
-and lognormal 0.9 / 0.8 / 2.0. Each mean cell runs the same data sets through the previous calibration
-(:data:`BEFORE`) and the current one, so the two columns differ only by the calibration.
+five further shapes at the cluster counts in use (8, 16, 47, 85, 842): lognormal cluster effects of log-sd 1.3
+with skewed sizes, a mixture where 5 % of clusters are 20 times harder, Pareto(2.2) cluster effects with skewed
+sizes, difficulty proportional to size (one document holding up to 40 % of the KLD), and lognormal 0.9 / 0.8 /
+2.0; and five shapes held out from the choice of the level rule (``HELD_OUT_SHAPES``, at 8, 12, 16, 47, 85, 842).
+Each mean cell runs the same data sets and draws through the previous rule
+(:func:`harness.metrics.simulation.previous_rule_intervals`) and the current one.
 
 Each data set's interval comes from the production functions with the production defaults: the mean's
 from :func:`ratio_intervals` (10,000 replicates, as every shard report draws), the tails' (p99, CVaR1%)
@@ -33,14 +34,11 @@ from __future__ import annotations
 import json
 import math
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
 from scipy.stats import norm
 
-import harness.metrics.bootstrap as bootstrap
 from harness.metrics.bootstrap import (
     DEFAULT_N_BOOT,
     DEFAULT_N_BOOT_TAILS,
@@ -50,28 +48,14 @@ from harness.metrics.bootstrap import (
     ratio_intervals,
     tail_replicates,
 )
-from harness.metrics.simulation import ClusterModel
+from harness.metrics.simulation import ClusterModel, previous_rule_intervals
 
 POSITIONS = 255
 MEAN = 1e-3
-#: The previous calibration (factor, clusters) of the bootstrap-t level, run on the same data sets for comparison.
-BEFORE = (0.5, 120.0)
-
 
 def rate(x: float, n: int) -> str:
     """A miss rate in percent with its Monte-Carlo standard error over ``n`` data sets."""
     return f"{100 * x:.2f} % ± {100 * math.sqrt(max(x, 1e-4) * (1 - x) / n):.2f}"
-
-
-@contextmanager
-def calibration(factor: float, clusters: float) -> Iterator[None]:
-    """Read the bootstrap-t quantiles at ``alpha * factor * C' / (C' + clusters)`` inside the block."""
-    old = bootstrap.CALIBRATION_FACTOR, bootstrap.CALIBRATION_CLUSTERS
-    bootstrap.CALIBRATION_FACTOR, bootstrap.CALIBRATION_CLUSTERS = factor, clusters
-    try:
-        yield
-    finally:
-        bootstrap.CALIBRATION_FACTOR, bootstrap.CALIBRATION_CLUSTERS = old
 
 
 @dataclass(frozen=True)
@@ -120,23 +104,25 @@ def draw_mean_data(shape: Shape, rng: np.random.Generator, reps: int, sizes: np.
 
 
 def mean_cell(shape: Shape, C: int, reps: int, seed: int) -> dict[str, float]:
-    """Each side's miss rate and the median upper half-width / mean, now and with :data:`BEFORE` (same data)."""
+    """Each side's miss rate and the median width / the percentile interval's width, of the harness's interval
+    (``now``) and of the previous rule (``before``) on the same data sets and draws."""
     sizes = cluster_sizes(C, shape.skewed_sizes, seed)
     rng = np.random.default_rng(seed + 1)
     W = draw_cluster_weights(C, DEFAULT_N_BOOT, seed=seed + 2)
     miss = {"below": 0, "above": 0, "below_before": 0, "above_before": 0}
     widths: dict[str, list[np.ndarray]] = {"": [], "_before": []}
-    for r0 in range(0, reps, 250):
-        sums, counts, truth = draw_mean_data(shape, rng, min(250, reps - r0), sizes)
-        r = sums.sum(axis=0) / counts.sum()
-        for tag in ("", "_before"):
-            with calibration(*(BEFORE if tag else (bootstrap.CALIBRATION_FACTOR, bootstrap.CALIBRATION_CLUSTERS))):
-                iv = np.array(ratio_intervals(W, sums, counts, bounds=(0.0, np.inf)), dtype=np.float64)
+    chunk = 250 if C >= 40 else 50
+    for r0 in range(0, reps, chunk):
+        sums, counts, truth = draw_mean_data(shape, rng, min(chunk, reps - r0), sizes)
+        before, pct = previous_rule_intervals(W, sums, counts)
+        now = np.array(ratio_intervals(W, sums, counts, bounds=(0.0, np.inf)), dtype=np.float64)
+        pw = pct[:, 1] - pct[:, 0]
+        for tag, iv in (("", now), ("_before", before)):
             miss["below" + tag] += int((iv[:, 1] < truth).sum())
             miss["above" + tag] += int((iv[:, 0] > truth).sum())
-            widths[tag].append((iv[:, 1] - r) / r)
+            widths[tag].append((iv[:, 1] - iv[:, 0]) / pw)
     out = {k: v / reps for k, v in miss.items()}
-    out.update({"upper_half" + k: float(np.median(np.concatenate(v))) for k, v in widths.items()})
+    out.update({"width" + k: float(np.median(np.concatenate(v))) for k, v in widths.items()})
     out["largest_share"] = float(sizes.max() / sizes.sum())
     return out
 
@@ -203,6 +189,18 @@ IN_USE_SHAPES = (
     Shape(ClusterModel("j", sigma_cluster=0.9, sigma_context=0.8, sigma_position=2.0)),
 )
 IN_USE_CLUSTERS = (8, 16, 47, 85, 842)
+#: Shapes held out from the choice of the level rule (fixed before any of them was simulated): cluster effects
+#: lognormal 0.45 with wide contexts, Pareto(4), a mixture where 20 % of the clusters are 4 times harder, lognormal
+#: 1.1 / 0.5 / 2.2, and mild difficulty growing with size.
+HELD_OUT_SHAPES = (
+    Shape(ClusterModel("k", sigma_cluster=0.45, sigma_context=0.6, sigma_position=1.8), skewed_sizes=True),
+    Shape(ClusterModel("l", sigma_cluster=0.0, sigma_context=0.4, sigma_position=1.2, cluster_law="pareto", pareto_shape=4.0)),
+    Shape(ClusterModel("m", sigma_cluster=0.2, sigma_context=0.2, sigma_position=1.0, cluster_law="mixture", hard_fraction=0.2,
+                       hard_ratio=4.0), skewed_sizes=True),
+    Shape(ClusterModel("n", sigma_cluster=1.1, sigma_context=0.5, sigma_position=2.2)),
+    Shape(ClusterModel("o", sigma_cluster=0.3, sigma_context=0.15, sigma_position=1.0), skewed_sizes=True, size_exponent=0.5),
+)
+HELD_OUT_CLUSTERS = (8, 12, 16, 47, 85, 842)
 #: The tails' shapes at 250 clusters (skewed sizes) and the seed of each (layout and draws; ``a`` and ``d`` share
 #: theirs): the two shapes of the earlier tail check and a heavier one.
 TAIL_SHAPES = {
@@ -213,17 +211,17 @@ TAIL_SHAPES = {
 TAIL_CLUSTERS = 250
 
 
-def main(mean_reps: int = 2000, tail_reps: int = 200, shapes: str = "abcdefghij") -> None:
+def main(mean_reps: int = 2000, tail_reps: int = 200, shapes: str = "abcdefghijklmno") -> None:
     """The mean table with ``mean_reps`` data sets per cell (half from 100 clusters) for the shapes named in
     ``shapes``, then the tails table with ``tail_reps`` (none when 0)."""
-    f0, k0 = BEFORE
-    print("Mean KLD, 95 % interval (each side stated at 2.5 %); before: bootstrap-t read at "
-          f"{f0:g} a C'/(C' + {k0:g}), now: {bootstrap.CALIBRATION_FACTOR:g} a C'/(C' + {bootstrap.CALIBRATION_CLUSTERS:g}):\n")
+    print("Mean KLD, 95 % interval (each side stated at 2.5 %); before: the previous rule "
+          "(harness.metrics.simulation.previous_rule_intervals), now: harness.metrics.bootstrap.ratio_intervals:\n")
     print("| shape | clusters | largest cluster's share | data sets | upper end below the truth: before | now | "
-          "lower end above: before | now | upper half-width / mean: before / now |")
+          "lower end above: before | now | width / percentile interval's: before / now |")
     print("|---|---|---|---|---|---|---|---|---|")
     cells = [(i, s, C) for i, s in enumerate(SHAPES) for C in MEAN_CLUSTERS]
     cells += [(len(SHAPES) + i, s, C) for i, s in enumerate(IN_USE_SHAPES) for C in IN_USE_CLUSTERS]
+    cells += [(20 + i, s, C) for i, s in enumerate(HELD_OUT_SHAPES) for C in HELD_OUT_CLUSTERS]
     for i, shape, C in cells:
         if shape.model.name not in shapes:
             continue
@@ -231,7 +229,7 @@ def main(mean_reps: int = 2000, tail_reps: int = 200, shapes: str = "abcdefghij"
         r = mean_cell(shape, C, n, seed=31_000 + 100 * i + C)
         cols = " | ".join(rate(r[k], n) for k in ("below_before", "below", "above_before", "above"))
         print(f"| {shape.name} | {C} | {r['largest_share']:.2f} | {n} | {cols} | "
-              f"{r['upper_half_before']:.3f} / {r['upper_half']:.3f} |", flush=True)
+              f"{r['width_before']:.2f} / {r['width']:.2f} |", flush=True)
     if tail_reps <= 0:
         return
     print(f"\nTails ({TAIL_CLUSTERS} clusters, {DEFAULT_N_BOOT_TAILS} replicates), {tail_reps} data sets per cell:\n")

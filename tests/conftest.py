@@ -189,15 +189,19 @@ def fidelity_project(tmp_path_factory: pytest.TempPathFactory, tiny_corpus: Path
     return root
 
 
-def _reference_studentized_interval(values: Any, cluster: Any, weights: Any, level: float = 0.95) -> list[float]:
+def _reference_studentized_interval(values: Any, cluster: Any, weights: Any, level: float = 0.95,
+                                    right_skewed: bool = False) -> list[float]:
     """Independent float64 implementation of the harness's 95 % studentized cluster interval of a
     token mean, from raw positions: every replicate is expanded into its resampled positions and
     its mean and cluster-robust standard error are computed directly, with plain loops (no matrix
-    products, no residual expansion). Per side the wider of bootstrap-t and percentile; the
-    bootstrap-t quantiles at alpha * 0.25 * C' / (C' + 200), C' = (sum n_c)^2 / sum n_c^2 (the documented
-    small-sample calibration), read from at least 20 / a' replicates: the given draws followed by the documented
-    extension (uniform cluster ids from numpy's default_rng seeded by the first 8 bytes, little-endian, of the sha256
-    of the given draws, counted per replicate)."""
+    products, no residual expansion). Bootstrap-t, each side's quantile read at the documented level
+    (docs/statistics.md): ``a C' / (C' + 200 m) / (1 + 3 g + 5 x)^2`` with ``C' = (sum n_c)^2 / sum n_c^2``, ``g`` the
+    cluster residuals' skew toward that side (``sum e^3 / (sum e^2)^1.5``, positive part), ``x`` their excess kurtosis
+    over C, ``m = min(1, v / 0.6)^2`` for a right-skewed statistic's upper side (``v = se sqrt(C') / r``) and 1
+    otherwise, a right-skewed statistic's lower side at ``a``; never below ``a / 100``. Each side's quantile from
+    the given draws, or when fewer than 20 / level, from the draws doubled until they hold as many: the given draws
+    followed by the documented extension (uniform cluster ids from numpy's default_rng seeded by the first 8 bytes,
+    little-endian, of the sha256 of the given draws, counted per replicate)."""
     import hashlib
     import math
 
@@ -221,26 +225,44 @@ def _reference_studentized_interval(values: Any, cluster: Any, weights: Any, lev
     r, se = mean_se([1] * C)
     a = (1.0 - level) / 2.0
     c_eff = math.fsum(n) ** 2 / math.fsum(x * x for x in n)  # Kish's effective number of clusters
-    a_t = a * 0.25 * c_eff / (c_eff + 200.0)
+    e = [s[c] - r * n[c] for c in range(C)]
+    m2, m3, m4 = (math.fsum(x**p for x in e) for p in (2, 3, 4))
+    g = m3 / m2**1.5
+    x = max(C * m4 / m2**2 - 3.0, 0.0) / C
+    v = se * math.sqrt(c_eff) / abs(r)
+
+    def side(toward: int) -> float:
+        if right_skewed and toward < 0:
+            return a
+        m = min(1.0, v / 0.6) ** 2 if right_skewed else 1.0
+        return max(a * c_eff / (c_eff + 200.0 * m) / (1.0 + 3.0 * max(toward * g, 0.0) + 5.0 * x) ** 2, a / 100.0)
+
+    a_lo, a_hi = side(-1), side(+1)
     rows = [list(map(int, row)) for row in np.asarray(weights)]
-    need = math.ceil(20.0 / a_t - 1e-9)
-    if len(rows) < need:
+    given = len(rows)
+
+    def rows_for(level_: float) -> int:
+        k = given
+        while k < 20.0 / level_ - 1e-9:
+            k *= 2
+        return k
+
+    need = max(rows_for(a_lo), rows_for(a_hi))
+    if given < need:
         seed = int.from_bytes(hashlib.sha256(np.ascontiguousarray(weights).tobytes()).digest()[:8], "little")
-        ids = np.random.default_rng(seed).integers(0, C, size=(need - len(rows), C), dtype=np.int64)
+        ids = np.random.default_rng(seed).integers(0, C, size=(need - given, C), dtype=np.int64)
         for drawn in ids:
             mult = [0] * C
             for c in drawn:
                 mult[int(c)] += 1
             rows.append(mult)
-    reps, ts = [], []
+    ts = []
     for row in rows:
         rb, seb = mean_se([int(w) for w in row])
-        reps.append(rb)
         ts.append((rb - r) / seb)
-    lo_t = r - float(np.quantile(ts, 1.0 - a_t)) * se
-    hi_t = r - float(np.quantile(ts, a_t)) * se
-    lo_p, hi_p = (float(x) for x in np.quantile(reps, [a, 1.0 - a]))
-    return [min(lo_t, lo_p), max(hi_t, hi_p)]
+    lo = r - float(np.quantile(ts[: rows_for(a_lo)], 1.0 - a_lo)) * se
+    hi = r - float(np.quantile(ts[: rows_for(a_hi)], a_hi)) * se
+    return [max(lo, 0.0) if right_skewed else lo, hi]
 
 
 def _store_kl64(p_store: Any, q_store: Any, suite: Any, head: Any) -> tuple[np.ndarray, np.ndarray]:

@@ -15,12 +15,15 @@ import pytest
 
 from harness.metrics.bootstrap import (
     MIN_CLUSTERS,
+    ClusterShape,
     draw_cluster_weights,
     extended_weights,
     ratio_interval,
     ratio_intervals,
     ratio_replicates,
+    read_rows,
     replicates_needed,
+    side_levels,
 )
 
 N_REPEATS = 400
@@ -82,9 +85,11 @@ def test_ratio_of_sums_equals_expanded_mean() -> None:
         assert abs(rep[b] - expanded.mean()) < 1e-12
 
 
+@pytest.mark.parametrize("right_skewed", [False, True])
 @pytest.mark.parametrize("n_clusters", [8, 16, 47])
-def test_studentized_interval_matches_an_independent_float64_implementation(reference_interval, n_clusters: int) -> None:
-    """ratio_interval (matrix products, expanded residual sums) against explicit resampled positions."""
+def test_studentized_interval_matches_an_independent_float64_implementation(reference_interval, n_clusters: int,
+                                                                            right_skewed: bool) -> None:
+    """ratio_interval (matrix products, expanded residual sums, the level rule) against explicit resampled positions."""
     rng = np.random.default_rng(n_clusters)
     cluster = rng.integers(0, n_clusters, 600)
     cluster[:n_clusters] = np.arange(n_clusters)  # every cluster present
@@ -92,28 +97,74 @@ def test_studentized_interval_matches_an_independent_float64_implementation(refe
     w = draw_cluster_weights(n_clusters, 400, seed=5)
     sums = np.bincount(cluster, weights=values, minlength=n_clusters)
     counts = np.bincount(cluster, minlength=n_clusters)
-    got = ratio_interval(w, sums, counts)
-    want = reference_interval(values, cluster, w)
+    got = ratio_interval(w, sums, counts, bounds=(0.0, math.inf) if right_skewed else (-math.inf, math.inf))
+    want = reference_interval(values, cluster, w, right_skewed=right_skewed)
     assert got == pytest.approx(want, rel=1e-9)
     assert got[1] - got[0] > 0
 
 
+def test_levels_follow_the_clusters_spread_and_skew() -> None:
+    """side_levels against the documented formula, computed here from the residuals; a homogeneous suite is read near
+    the stated level, a spread-out skewed one far below it, and the lower end of a right-skewed mean at the stated
+    level."""
+    rng = np.random.default_rng(3)
+    C = 47
+    counts = np.full(C, 500.0)
+    homogeneous = counts * 1e-3 * rng.lognormal(0.0, 0.1, C)
+    skewed = counts * 1e-3 * rng.lognormal(0.0, 1.2, C)
+    sums = np.stack([homogeneous, skewed], axis=1)
+    shape = ClusterShape.of(sums, counts)
+    up = side_levels(0.025, shape, +1, np.array([True, True]))
+    down = side_levels(0.025, shape, -1, np.array([True, True]))
+    for j, s in enumerate((homogeneous, skewed)):
+        r = s.sum() / counts.sum()
+        e = s - r * counts
+        g = (e**3).sum() / (e**2).sum() ** 1.5
+        x = max(C * (e**4).sum() / (e**2).sum() ** 2 - 3.0, 0.0) / C
+        v = np.sqrt(C / (C - 1) * (e**2).sum()) / counts.sum() * np.sqrt(C) / r
+        m = min(1.0, v / 0.6) ** 2
+        want = max(0.025 * C / (C + 200 * m) / (1 + 3 * max(g, 0.0) + 5 * x) ** 2, 0.025 / 100)
+        assert up[j] == pytest.approx(want, rel=1e-12)
+        assert down[j] == 0.025
+    assert up[0] > 0.3 * 0.025 and up[1] < up[0] / 5
+    unknown = side_levels(0.025, shape, -1, np.array([False, False]))
+    assert (unknown < 0.025).all()  # a statistic of unknown skew: both ends get the few-cluster term
+
+
 @pytest.mark.parametrize("n_clusters", [8, 16, 85, 842])
 def test_each_bootstrap_t_bound_has_at_least_20_replicates_beyond_it(n_clusters: int) -> None:
-    """The documented count: quantiles read at a' = 0.025 * 0.25 * C / (C + 200) from >= 20 / a' replicates, the
-    report's own draws first (the same extension for the same draws)."""
-    a_cal = 0.025 * 0.25 * n_clusters / (n_clusters + 200)
-    need = replicates_needed(float(n_clusters), 0.025, 0.025)
-    assert need == math.ceil(20 / a_cal - 1e-9) and need * a_cal >= 20 > (need - 1) * a_cal
-    assert replicates_needed(float(n_clusters), 0.0, 0.0) == 0
+    """The documented count: each side's quantile read from the draws doubled until >= 20 / level replicates lie
+    beyond it, the report's own draws first (the same extension for the same draws)."""
+    rng = np.random.default_rng(n_clusters)
+    counts = np.full(n_clusters, 100.0)
+    sums = counts * rng.lognormal(0.0, 1.0, n_clusters)
+    shape = ClusterShape.of(sums[:, None], counts)
+    a_hi = float(side_levels(0.025, shape, +1, np.array([True]))[0])
+    need = replicates_needed(np.array([a_hi]))
+    assert need == math.ceil(20 / a_hi - 1e-9) and need * a_hi >= 20 > (need - 1) * a_hi
+    assert replicates_needed(np.array([0.0, 0.0])) == 0
+    rows = read_rows(2000, need)
+    assert rows >= need and (rows == 2000 or rows // 2 < need) and rows % 2000 == 0
     w = draw_cluster_weights(n_clusters, 2000, seed=4)
-    ext = extended_weights(w, need)
-    assert ext.shape == (max(2000, need), n_clusters) and (ext[:2000] == w).all()
+    ext = extended_weights(w, rows)
+    assert ext.shape == (max(2000, rows), n_clusters) and (ext[:2000] == w).all()
     assert (ext.sum(axis=1) == n_clusters).all() and (ext >= 0).all()
-    assert (extended_weights(w.copy(), need) == ext).all()
-    if need > 2000:  # the extension differs from the first rows (fresh draws, not copies)
-        extra = ext[2000 : 2000 + min(2000, need - 2000)]
+    assert (extended_weights(w.copy(), rows) == ext).all()
+    if rows > 2000:  # the extension differs from the first rows (fresh draws, not copies)
+        extra = ext[2000 : 2000 + min(2000, rows - 2000)]
         assert not (extra == w[: len(extra)]).all()
+
+
+def test_a_statistic_does_not_depend_on_the_others_of_its_call() -> None:
+    """Each statistic reads its own number of replicates: alone or next to a heavily skewed one, the same interval."""
+    rng = np.random.default_rng(9)
+    counts = np.full(16, 100.0)
+    mild = counts * rng.lognormal(0.0, 0.1, 16)
+    wild = counts * rng.pareto(1.5, 16)
+    w = draw_cluster_weights(16, 2000, seed=1)
+    together = ratio_intervals(w, np.stack([mild, wild], axis=1), counts, bounds=(0.0, math.inf))
+    assert together[0] == pytest.approx(ratio_interval(w, mild, counts, bounds=(0.0, math.inf)), rel=1e-12)
+    assert together[1] == pytest.approx(ratio_interval(w, wild, counts, bounds=(0.0, math.inf)), rel=1e-12)
 
 
 def test_below_the_minimum_clusters_nothing_is_estimable() -> None:

@@ -19,10 +19,11 @@ Rule (stated in every report), each side controlled separately:
   them tests each side at ``alpha_k = 0.025 / (K - k0)`` (Bonferroni over the looks that can
   stop), so by the union bound each side's error is at most 0.025 whatever the correlation
   between looks.
-* **The bound** is the studentized cluster bootstrap of :func:`harness.metrics.bootstrap.ratio_intervals`
-  (per side the wider of bootstrap-t and percentile), one-sided at ``alpha_k``. Its bootstrap-t quantile
-  is read at the calibrated level ``a' = calibrated_alpha(alpha_k, C)`` (smaller than ``alpha_k``), so
-  each look draws at least ``20 / a'`` replicates: at least 20 lie beyond each bound.
+* **The bound** is the studentized cluster bootstrap of :func:`harness.metrics.bootstrap.ratio_intervals`,
+  one-sided at ``alpha_k``: the lower bound's quantile read at ``alpha_k``, the upper bound's at the level
+  :func:`harness.metrics.bootstrap.side_levels` sets from the look's clusters (smaller than ``alpha_k``).
+  Each look draws at least ``20 / a'`` replicates for the level ``a'`` of a spread-out, unskewed suite of as
+  many clusters (a skewed one extends them inside ``ratio_intervals``): at least 20 lie beyond each bound.
 
 ``tests/test_adaptive.py`` and the ``slow`` tier (``tests/test_coverage.py``) measure each side's
 error rate in simulation at the worst case (true mean = ``T``), under a skewed model.
@@ -46,7 +47,7 @@ from harness.errors import VerificationError
 from harness.gate.baselines import load_baseline_or_none
 from harness.io.atomic import atomic_write_files, dumps_json
 from harness.io.schema import Closed, Nullable, OneOf, check
-from harness.metrics.bootstrap import calibrated_alpha, draw_cluster_weights, effective_clusters, ratio_intervals
+from harness.metrics.bootstrap import SMALL_SAMPLE_CLUSTERS, draw_cluster_weights, effective_clusters, ratio_intervals
 
 ALPHA = 0.05
 #: Error budget of each side: an early wrong pass, and separately an early wrong fail.
@@ -64,8 +65,9 @@ RULE = (
 
 def n_boot_for(alpha_k: float, n_boot: int, n_clusters: float) -> int:
     """Replicates for a one-sided bound at level ``1 - alpha_k`` over ``n_clusters`` (effective) clusters: at least 20
-    beyond the quantile actually read (the bootstrap-t's, at the calibrated level, the smaller one)."""
-    return max(int(n_boot), int(math.ceil(20.0 / calibrated_alpha(alpha_k, n_clusters))))
+    beyond the upper bound's quantile when read at ``alpha_k C' / (C' + K)`` (:func:`side_levels` of a spread-out,
+    unskewed suite; a smaller level extends the draws inside ``ratio_intervals``)."""
+    return max(int(n_boot), int(math.ceil(20.0 * (n_clusters + SMALL_SAMPLE_CLUSTERS) / (alpha_k * n_clusters) - 1e-9)))
 
 
 def alpha_per_look(looks: int, first_look: int | None) -> float | None:

@@ -13,13 +13,12 @@ from ``numpy.random.default_rng(seed)``.
   positions (never per-context quantiles); only the descending-sorted top of the data is
   needed, see :mod:`harness.metrics.tails`. They use ``n_boot_tails`` replicates (default 2,000,
   the first rows of the same draw matrix) because each costs O(tail size).
-* Intervals of means (and of mean differences) are **studentized** (:func:`ratio_intervals`): per
-  side the wider of the bootstrap-t interval (each replicate's ratio divided by its own
-  cluster-robust standard error) and the percentile interval. The percentile interval alone covers
-  too little with few, skewed clusters (about 88-92 % at 16 clusters, nominal 95 %) and misses on the
-  upper side, the side that lets a candidate pass; ``docs/statistics.md`` has the coverage table
-  that chose this rule. Below :data:`MIN_CLUSTERS` source clusters no interval is estimable and
-  ``None`` is returned, never a zero-width interval.
+* Intervals of means (and of mean differences) are **studentized** (:func:`ratio_intervals`): each
+  replicate's ratio divided by its own cluster-robust standard error (bootstrap-t), each side's quantile
+  read at a level that follows the data (:func:`side_levels`: the stated level, smaller with few clusters
+  of spread-out or skewed size); ``docs/statistics.md`` has the simulations that chose it. Below
+  :data:`MIN_CLUSTERS` source clusters no interval is estimable and ``None`` is returned, never a
+  zero-width interval.
 * Tail statistics (p99, CVaR1) keep percentile intervals: no cluster-robust standard error of a
   quantile exists per replicate without a second bootstrap level. Their misses are almost all on the
   upper side and shrink slowly with clusters, so below :data:`TAIL_MIN_CLUSTERS` clusters they are
@@ -31,6 +30,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -46,8 +46,9 @@ MIN_CLUSTERS = 8
 #: The interval method of means, recorded in every report's ``bootstrap.method``.
 MEAN_METHOD = "studentized"
 MEAN_METHOD_TEXT = (
-    "source-cluster bootstrap, studentized: per side the wider of the bootstrap-t interval "
-    "(cluster-robust standard error per replicate) and the percentile interval"
+    "source-cluster bootstrap-t (studentized: cluster-robust standard error per replicate), each side read at "
+    "a level set by the effective cluster count and the clusters' spread, skewness and kurtosis "
+    "(docs/statistics.md, 'Each side at its level')"
 )
 #: Fewest source clusters for which the tails' (p99, CVaR1%) intervals are reported: below it the simulated
 #: coverage falls short of 93 % (one side above 3.5 %) for skewed data at every level tried; at 250 clusters with
@@ -62,39 +63,108 @@ TAIL_METHOD_TEXT = (
     f"source-cluster bootstrap, percentile interval read at {TAIL_ALPHA:g} per side; not estimable below "
     f"{TAIL_MIN_CLUSTERS} source clusters"
 )
-#: Small-sample calibration of the bootstrap-t: each side's quantile is read at
-#: ``alpha * CALIBRATION_FACTOR * C / (C + CALIBRATION_CLUSTERS)``. ``docs/statistics.md`` has the simulation
-#: that chose it: with right-skewed cluster effects the upper end (the gating side: a too-low upper bound lets
-#: a candidate pass ``max_ci_high``) misses more than its stated 2.5 % at every cluster count when read at
-#: ``alpha`` (7-15 % on Pareto and lognormal-1.3 cluster effects); the ``C / (C + K)`` term corrects the
-#: few-cluster excess, the factor the excess that remains at hundreds of clusters. It is 0.25 / 200: at 0.5 / 120
-#: lognormal cluster effects of log-sd 1.3 with skewed cluster sizes missed 3.2-4.4 % at 16-85 clusters and
-#: Pareto(2.2) cluster effects 3.3-4.1 % at 40-842 (``benchmarks/coverage_unseen.py``).
-CALIBRATION_CLUSTERS = 200.0
-CALIBRATION_FACTOR = 0.25
-
-
-def calibrated_alpha(alpha: float, n_clusters: float) -> float:
-    """The tail probability at which the bootstrap-t quantile is read for a stated one-sided ``alpha``;
-    ``n_clusters`` is the effective number of clusters (:func:`effective_clusters`: the cluster count when
-    every cluster holds as many positions).
-
-    ``n_boot * calibrated_alpha(alpha, C)`` replicates lie beyond each bootstrap-t bound (2.4 at 8 clusters with
-    the default 10,000 replicates, 4.6 at 16, 11.9 at 47, 18.6 at 85, 50.5 at 842)."""
-    return alpha * CALIBRATION_FACTOR * n_clusters / (n_clusters + CALIBRATION_CLUSTERS)
-
-
+#: The bootstrap-t level of each side (:func:`side_levels`): the stated tail probability ``alpha`` times
+#: ``C' / (C' + K m)`` (a few-cluster term: the resampled ``t`` is too short-tailed when the clusters at hand lack
+#: the population's rare heavy ones) divided by ``(1 + 3 skew+ + 5 kurt)^2`` (the cluster residuals' own skewness
+#: and excess kurtosis). ``m = min(1, v / 0.6)^2`` with ``v`` the relative spread of the clusters (``se sqrt(C') / r``):
+#: a homogeneous suite (``v`` ~ 0.1, the embedded default's) is read near ``alpha``; a heterogeneous one (``v`` >= 0.6)
+#: carries the whole few-cluster term. ``docs/statistics.md`` has the simulations that chose the constants.
+SMALL_SAMPLE_CLUSTERS = 200.0
+SPREAD_SCALE = 0.6
+SKEW_WEIGHT = 3.0
+KURTOSIS_WEIGHT = 5.0
+#: No side is read below ``LEVEL_FLOOR * alpha`` (nor, for memory, where more than :data:`MAX_READ_ELEMENTS`
+#: replicate x cluster entries would be needed).
+LEVEL_FLOOR = 0.01
+MAX_READ_ELEMENTS = 10_000_000
 #: Fewest replicates beyond each bootstrap-t bound: :func:`ratio_intervals` reads its quantiles from at least
 #: ``MIN_BEYOND / a'`` replicates (:func:`replicates_needed`), extending a smaller draw (:func:`extended_weights`).
 MIN_BEYOND = 20
 _BLOCK_ELEMENTS = 1 << 22  # replicates x statistics per block of ratio_intervals (bounds memory)
 
 
-def replicates_needed(n_clusters: float, alpha_lo: float, alpha_hi: float) -> int:
-    """Replicates from which :func:`ratio_intervals` reads a bootstrap-t quantile at ``calibrated_alpha`` of the
-    smaller positive side so that at least :data:`MIN_BEYOND` lie beyond it (0 when neither side is read)."""
-    sides = [a for a in (alpha_lo, alpha_hi) if a > 0]
-    return int(math.ceil(MIN_BEYOND / calibrated_alpha(min(sides), n_clusters) - 1e-9)) if sides else 0
+@dataclass(frozen=True)
+class ClusterShape:
+    """What :func:`side_levels` reads of one data set's cluster residuals ``e_c = s_c - r n_c`` (one entry per
+    statistic): ``skew`` ``sum e^3 / (sum e^2)^1.5`` (the standardized third cumulant of the total, signed),
+    ``kurt`` ``max(C sum e^4 / (sum e^2)^2 - 3, 0) / C`` (excess kurtosis over C), ``spread`` ``se sqrt(C') / |r|``
+    (the clusters' relative spread; inf when ``r`` is 0), ``c_eff`` (:func:`effective_clusters`) and the cluster
+    count ``n_clusters``."""
+
+    skew: np.ndarray
+    kurt: np.ndarray
+    spread: np.ndarray
+    c_eff: float
+    n_clusters: int
+
+    @classmethod
+    def of(cls, sums: np.ndarray, counts: np.ndarray) -> ClusterShape:
+        """The shape of per-cluster ``sums`` ``[C, k]`` over positions ``counts`` ``[C]``."""
+        n = np.asarray(counts, dtype=np.float64)
+        s = np.asarray(sums, dtype=np.float64)
+        C, N = n.shape[0], float(n.sum())
+        r = s.sum(axis=0) / N
+        e = s - n[:, None] * r[None, :]
+        e2 = e * e
+        s2 = e2.sum(axis=0)
+        s3 = (e2 * e).sum(axis=0)
+        s4 = (e2 * e2).sum(axis=0)
+        c_eff = effective_clusters(n)
+        pos = s2 > 0
+        safe = np.where(pos, s2, 1.0)
+        skew = np.where(pos, s3 / safe**1.5, 0.0)
+        kurt = np.where(pos, np.maximum(C * s4 / safe**2 - 3.0, 0.0) / C, 0.0)
+        se = np.sqrt(C / (C - 1.0) * s2) / N
+        with np.errstate(divide="ignore", invalid="ignore"):
+            spread = np.where(r != 0, se * math.sqrt(c_eff) / np.abs(r), math.inf)
+        return cls(skew, kurt, spread, c_eff, C)
+
+
+def side_levels(alpha: float, shape: ClusterShape, toward: int, right_skewed: np.ndarray) -> np.ndarray:
+    """Per statistic, the tail probability at which the bootstrap-t quantile of one side is read for a stated
+    one-sided ``alpha`` (0: the side is not read; returns zeros). ``toward`` +1 is the upper end, -1 the lower.
+
+    A ``right_skewed`` statistic (a mean of nonnegative, right-tailed per-position values: KLD, JSD) reads its lower
+    end at ``alpha`` and its upper end at ``alpha C'/(C' + K m) / (1 + 3 skew+ + 5 kurt)^2`` (the module constants;
+    ``skew+`` the positive part of the residuals' skew). Any other statistic (a paired difference, an agreement
+    rate: the heavy side is not known in advance) reads both ends so, with ``m = 1`` and ``skew+`` the skew toward
+    that end. Never below ``LEVEL_FLOOR * alpha`` (and the memory floor ``MIN_BEYOND C / MAX_READ_ELEMENTS``)."""
+    k = shape.skew.shape[0]
+    if alpha <= 0:
+        return np.zeros(k)
+    rs = np.broadcast_to(np.asarray(right_skewed, dtype=bool), (k,))
+    m = np.where(rs, np.minimum(1.0, shape.spread / SPREAD_SCALE) ** 2, 1.0)
+    c = shape.c_eff
+    skew = np.maximum(toward * shape.skew, 0.0)
+    level = alpha * c / (c + SMALL_SAMPLE_CLUSTERS * m) / (1.0 + SKEW_WEIGHT * skew + KURTOSIS_WEIGHT * shape.kurt) ** 2
+    if toward < 0:
+        level = np.where(rs, alpha, level)
+    return np.asarray(np.maximum(level, level_floor(alpha, shape.n_clusters)), dtype=np.float64)
+
+
+def level_floor(alpha: float, n_clusters: float) -> float:
+    """The smallest level any side is read at: ``LEVEL_FLOOR * alpha``, or where reading it would need more than
+    :data:`MAX_READ_ELEMENTS` replicate x cluster entries, the level ``MIN_BEYOND`` replicates of that many make
+    (never above ``alpha``)."""
+    return min(alpha, max(alpha * LEVEL_FLOOR, MIN_BEYOND * max(n_clusters, 1.0) / MAX_READ_ELEMENTS))
+
+
+def replicates_needed(levels: np.ndarray) -> int:
+    """Replicates from which :func:`ratio_intervals` reads bootstrap-t quantiles at ``levels`` (the positive ones) so
+    that at least :data:`MIN_BEYOND` lie beyond each (0 when none is read)."""
+    pos = np.asarray(levels, dtype=np.float64)
+    pos = pos[pos > 0]
+    return int(math.ceil(MIN_BEYOND / float(pos.min()) - 1e-9)) if pos.size else 0
+
+
+def read_rows(n_boot: int, needed: int) -> int:
+    """Replicates one statistic's quantiles are read from: the ``n_boot`` drawn when they hold ``needed``, else
+    ``n_boot`` doubled until they do (the draws' own extension, :func:`extended_weights`). A statistic's interval
+    so depends on its own sums and the draws only, never on the other statistics of the same call."""
+    rows = max(int(n_boot), 1)
+    while rows < needed:
+        rows *= 2
+    return rows
 
 
 def extended_weights(weights: np.ndarray, n_rows: int) -> np.ndarray:
@@ -144,6 +214,7 @@ def ratio_intervals(
     alpha_lo: float = (1.0 - LEVEL) / 2.0,
     alpha_hi: float = (1.0 - LEVEL) / 2.0,
     bounds: tuple[float, float] = (-math.inf, math.inf),
+    right_skewed: bool | Sequence[bool] | None = None,
 ) -> list[list[float] | None]:
     """Studentized cluster-bootstrap intervals of ratio means ``sum(sums) / sum(counts)``.
 
@@ -151,20 +222,21 @@ def ratio_intervals(
     cluster ``[C]`` or ``[C, k]`` (k statistics share one draw), ``counts`` per cluster ``[C]``
     (positions, all > 0). The lower end misses the true mean with probability ``alpha_lo`` and the
     upper end with ``alpha_hi`` (0.025 each: a two-sided 95 % interval; one side 0: a one-sided bound).
+    ``right_skewed`` (one flag, or one per statistic; default: whether ``bounds`` is ``[0, inf)``, a KLD-like
+    mean) selects the level rule of :func:`side_levels`.
 
     Per statistic, with ``r = S / N`` and cluster residuals ``e_c = s_c - r n_c``:
 
     * cluster-robust (CR1) standard error ``se = sqrt(C / (C - 1) * sum e_c^2) / N``;
     * replicate ``b``: ``r_b = r + (W_b . e) / N_b`` and its own ``se_b`` from the residuals about
       ``r_b`` (``sum_c W_bc (e_c - (r_b - r) n_c)^2``, expanded into three matrix products);
-    * bootstrap-t: ``[r - t_(1 - a'_lo) se, r - t_(a'_hi) se]`` with ``t_b = (r_b - r) / se_b``, each quantile
-      read at the calibrated level ``a' = calibrated_alpha(alpha, effective_clusters(counts))``;
-    * percentile: ``[q_(alpha_lo)(r_b), q_(1 - alpha_hi)(r_b)]``;
-    * per side the wider of the two, clipped to ``bounds`` (the statistic's possible range).
+    * bootstrap-t: ``[r - t_(1 - a'_lo) se, r - t_(a'_hi) se]`` with ``t_b = (r_b - r) / se_b``, each side's
+      quantile read at its level ``a'`` (:func:`side_levels`: from the stated ``alpha``, the effective cluster
+      count and the residuals' :class:`ClusterShape`), clipped to ``bounds`` (the statistic's possible range).
 
-    The quantiles come from at least ``MIN_BEYOND / a'`` replicates (:func:`replicates_needed`): ``weights``
-    extended by :func:`extended_weights` when it holds fewer, so at least :data:`MIN_BEYOND` replicates lie beyond
-    each bootstrap-t bound (the percentile interval reads the same replicates).
+    Each statistic's quantiles come from at least ``MIN_BEYOND / a'`` replicates (:func:`replicates_needed` of its
+    smaller level, :func:`read_rows`): ``weights`` extended by :func:`extended_weights` when it holds fewer, so at
+    least :data:`MIN_BEYOND` replicates lie beyond each bound.
 
     Returns one ``[lo, hi]`` per statistic, or ``None`` for every statistic when there are fewer
     than :data:`MIN_CLUSTERS` clusters (not estimable).
@@ -176,25 +248,38 @@ def ratio_intervals(
     k = s2.shape[1]
     if C < MIN_CLUSTERS:
         return [None] * k
-    c_eff = effective_clusters(n)
-    w = extended_weights(weights, replicates_needed(c_eff, alpha_lo, alpha_hi))
+    if right_skewed is None:
+        right_skewed = bounds[0] == 0.0 and bounds[1] == math.inf
+    rs = np.broadcast_to(np.asarray(right_skewed, dtype=bool), (k,))
+    shape = ClusterShape.of(s2, n)
+    a_lo, a_hi = side_levels(alpha_lo, shape, -1, rs), side_levels(alpha_hi, shape, +1, rs)
+    B = weights.shape[0]
+    rows_lo = np.array([read_rows(B, replicates_needed(a_lo[j : j + 1])) for j in range(k)])
+    rows_hi = np.array([read_rows(B, replicates_needed(a_hi[j : j + 1])) for j in range(k)])
+    rows = np.maximum(rows_lo, rows_hi)
+    w = extended_weights(weights, int(rows.max()))
     w = w if w.dtype == np.float64 else w.astype(np.float64)
-    a_lo, a_hi = calibrated_alpha(alpha_lo, c_eff), calibrated_alpha(alpha_hi, c_eff)
-    block = max(1, _BLOCK_ELEMENTS // w.shape[0])
     lo = np.empty(k)
     hi = np.empty(k)
-    for j in range(0, k, block):
-        lo[j : j + block], hi[j : j + block] = _studentized_block(w, n, s2[:, j : j + block], alpha_lo, alpha_hi, a_lo, a_hi)
+    for n_rows in np.unique(rows):
+        idx = np.flatnonzero(rows == n_rows)
+        wr = w[: int(n_rows)]
+        block = max(1, _BLOCK_ELEMENTS // wr.shape[0])
+        for j in range(0, idx.shape[0], block):
+            sl = idx[j : j + block]
+            lo[sl], hi[sl] = _studentized_block(wr, n, s2[:, sl], (a_lo[sl], rows_lo[sl]), (a_hi[sl], rows_hi[sl]))
     lo = np.clip(lo, bounds[0], bounds[1])
     hi = np.clip(hi, bounds[0], bounds[1])
     return [[float(lo[j]), float(hi[j])] for j in range(k)]
 
 
 def _studentized_block(
-    w: np.ndarray, n: np.ndarray, s2: np.ndarray, alpha_lo: float, alpha_hi: float, a_lo: float, a_hi: float,
+    w: np.ndarray, n: np.ndarray, s2: np.ndarray, side_lo: tuple[np.ndarray, np.ndarray], side_hi: tuple[np.ndarray, np.ndarray],
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Unclipped lower and upper ends of :func:`ratio_intervals` for the statistics ``s2`` [C, k] (``a_lo``, ``a_hi``:
-    the calibrated levels of the bootstrap-t quantiles). Replicates run along the rows' last axis ([k, B])."""
+    """Unclipped lower and upper ends of :func:`ratio_intervals` for the statistics ``s2`` [C, k]; ``side_lo`` and
+    ``side_hi`` are each side's levels [k] (0 where that side is not read: an infinite end) and the replicates
+    (first rows of ``w``) it is read from [k]. Replicates run along the rows' last axis ([k, B])."""
+    a_lo, a_hi = side_lo[0], side_hi[0]
     C, k = s2.shape
     N = float(n.sum())
     r = s2.sum(axis=0) / N
@@ -222,40 +307,34 @@ def _studentized_block(
     t *= 1e12  # t where se_b = 0 (every drawn cluster at the replicate's mean)
     np.divide(d, se_b, out=t, where=positive)
     np.clip(t, -1e12, 1e12, out=t)
-    del tmp, positive
-    t_hi, t_lo = _row_quantiles(t, (1.0 - a_lo if alpha_lo > 0 else None, a_hi if alpha_hi > 0 else None))
+    del tmp, positive, d, se_b
     with np.errstate(invalid="ignore"):
-        lo_t = np.where(se > 0, r - t_hi * se, r) if t_hi is not None else np.full(k, -np.inf)
-        hi_t = np.where(se > 0, r - t_lo * se, r) if t_lo is not None else np.full(k, np.inf)
-    p_lo, p_hi = _row_quantiles(d, (alpha_lo if alpha_lo > 0 else None, 1.0 - alpha_hi if alpha_hi > 0 else None))
-    lo_p = r + p_lo if p_lo is not None else np.full(k, -np.inf)
-    hi_p = r + p_hi if p_hi is not None else np.full(k, np.inf)
-    return np.minimum(lo_t, lo_p), np.maximum(hi_t, hi_p)
+        t_hi = _prefix_quantiles(t, side_lo[1], 1.0 - a_lo)
+        t_lo = _prefix_quantiles(t, side_hi[1], a_hi)
+        lo = np.where(a_lo > 0, np.where(se > 0, r - t_hi * se, r), -np.inf)
+        hi = np.where(a_hi > 0, np.where(se > 0, r - t_lo * se, r), np.inf)
+    return lo, hi
 
 
-def _row_quantiles(x: np.ndarray, qs: tuple[float | None, ...]) -> list[np.ndarray | None]:
-    """numpy's "linear" quantiles of every row of ``x`` [k, B] at each ``q`` (None: not needed), from one partial
-    sort of the rows (the order statistics around each ``q (B - 1)``)."""
-    B = x.shape[1]
-    idx: list[tuple[int, int, float]] = []
-    for q in qs:
-        if q is None:
-            continue
-        v = q * (B - 1)
-        lo = min(max(int(math.floor(v)), 0), B - 1)
-        idx.append((lo, min(lo + 1, B - 1), v - lo))
-    kth = sorted({i for lo, hi, _ in idx for i in (lo, hi)})
-    part = np.partition(x, kth, axis=1) if kth else x
-    out: list[np.ndarray | None] = []
-    it = iter(idx)
-    for q in qs:
-        if q is None:
-            out.append(None)
-            continue
-        lo, hi, f = next(it)
-        a, b = part[:, lo], part[:, hi]
-        out.append(np.asarray(a + (b - a) * f if f < 0.5 else b - (b - a) * (1.0 - f), dtype=np.float64))
+def _prefix_quantiles(t: np.ndarray, rows: np.ndarray, q: np.ndarray) -> np.ndarray:
+    """Row ``j`` of ``t`` [k, B]: the quantile at ``q[j]`` of its first ``rows[j]`` replicates."""
+    out = np.empty(t.shape[0])
+    for m in np.unique(rows):
+        idx = np.flatnonzero(rows == m)
+        out[idx] = _sorted_row_quantiles(np.sort(t[idx, : int(m)], axis=1), q[idx])
     return out
+
+
+def _sorted_row_quantiles(x: np.ndarray, q: np.ndarray) -> np.ndarray:
+    """numpy's "linear" quantile of every row of the row-sorted ``x`` [k, B], row ``j`` at ``q[j]``."""
+    B = x.shape[1]
+    v = np.clip(np.asarray(q, dtype=np.float64), 0.0, 1.0) * (B - 1)
+    lo = np.clip(np.floor(v).astype(np.int64), 0, B - 1)
+    hi = np.minimum(lo + 1, B - 1)
+    f = v - lo
+    rows = np.arange(x.shape[0])
+    a, b = x[rows, lo], x[rows, hi]
+    return np.asarray(np.where(f < 0.5, a + (b - a) * f, b - (b - a) * (1.0 - f)), dtype=np.float64)
 
 
 def ratio_interval(

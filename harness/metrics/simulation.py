@@ -29,6 +29,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from harness.metrics.bootstrap import effective_clusters, extended_weights
+
 
 @dataclass(frozen=True)
 class ClusterModel:
@@ -110,3 +112,33 @@ ALL_MODELS = (FIXTURE, HEAVY, EXTREME)
 #: have for an interval (8), one shard of the embedded default (16), its whole ladder (47 clusters, 96
 #: contexts), a larger ladder (85), and the seed suite (842 clusters, 5,120 contexts).
 LAYOUTS = ((8, 1), (16, 1), (47, 2), (85, 2), (842, 6))
+
+
+def previous_rule_intervals(weights: np.ndarray, sums: np.ndarray, counts: np.ndarray, alpha: float = 0.025) -> tuple[np.ndarray, np.ndarray]:
+    """The mean interval of the harness's previous rule, and the percentile interval, of every data set (column of
+    ``sums`` [C, R]) on the same draws: ``([R, 2], [R, 2])``, lower ends clipped at 0.
+
+    Previous rule: per side the wider of the percentile interval at ``alpha`` and the bootstrap-t read at
+    ``a' = 0.25 alpha C' / (C' + 200)`` for every data set, from at least ``20 / a'`` replicates (the draws extended
+    as :func:`harness.metrics.bootstrap.extended_weights` does). Kept so the simulations compare the two rules on the
+    same data sets (``docs/statistics.md``)."""
+    n = np.asarray(counts, dtype=np.float64)
+    s = np.asarray(sums, dtype=np.float64)
+    C, N = n.shape[0], float(n.sum())
+    c_eff = effective_clusters(n)
+    a_t = alpha * 0.25 * c_eff / (c_eff + 200.0)
+    w = extended_weights(weights, int(math.ceil(20.0 / a_t - 1e-9))).astype(np.float64)
+    r = s.sum(axis=0) / N
+    e = s - n[:, None] * r[None, :]
+    fac = C / (C - 1.0)
+    se = np.sqrt(fac * (e**2).sum(axis=0)) / N
+    Nb = w @ n
+    d = (w @ e) / Nb[:, None]
+    Q = w @ (e**2) - 2.0 * d * (w @ (e * n[:, None])) + d**2 * (w @ (n**2))[:, None]
+    se_b = np.sqrt(fac * np.maximum(Q, 0.0)) / Nb[:, None]
+    t = np.clip(np.divide(d, se_b, out=np.sign(d) * 1e12, where=se_b > 0), -1e12, 1e12)
+    tq = np.quantile(t, [a_t, 1.0 - a_t], axis=0)
+    dq = np.quantile(d, [alpha, 1.0 - alpha], axis=0)
+    pct = np.stack([np.maximum(r + dq[0], 0.0), r + dq[1]], axis=1)
+    prev = np.stack([np.maximum(np.minimum(r - tq[1] * se, pct[:, 0]), 0.0), np.maximum(r - tq[0] * se, pct[:, 1])], axis=1)
+    return prev, pct

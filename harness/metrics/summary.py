@@ -69,6 +69,11 @@ N_WORST = 20
 DELTA_P_PERCENTILES = (1, 5, 10, 25, 50, 75, 90, 95, 99)
 
 
+#: Which of ("kld", "top1", "ear", "jsd_bits") are means of nonnegative right-tailed per-position values
+#: (:func:`harness.metrics.bootstrap.side_levels`: their lower end is read at the stated level); the agreement
+#: rates' heavy side is not known in advance.
+RIGHT_SKEWED_MEANS = (True, False, False, True)
+
 def _f(x: Any) -> float:
     return float(x)
 
@@ -231,11 +236,13 @@ def summarize(
     cl_sums = {k: np.bincount(L.ctx_cluster, weights=v, minlength=C) for k, v in ctx_sums.items()}
     W = draw_cluster_weights(C, n_boot, seed)
     names = ("kld", "top1", "ear", "jsd_bits")
-    ivs = ratio_intervals(W, np.stack([cl_sums[k] for k in names], axis=1), cl_sums["positions"], bounds=(0.0, math.inf))
+    ivs = ratio_intervals(W, np.stack([cl_sums[k] for k in names], axis=1), cl_sums["positions"], bounds=(0.0, math.inf),
+                          right_skewed=RIGHT_SKEWED_MEANS)
     ci = {k: iv if (iv is None or k in ("kld", "jsd_bits")) else [iv[0], min(iv[1], 1.0)] for k, iv in zip(names, ivs)}
     diag = diagnostics_from_totals(diagnostic_totals(s), n, int(s.top1.sum()))
     dnames = ("kld_rev", "top5_shared", "top10_shared")
-    div = ratio_intervals(W, np.stack([cl_sums[k] for k in dnames], axis=1), cl_sums["positions"], bounds=(0.0, math.inf))
+    div = ratio_intervals(W, np.stack([cl_sums[k] for k in dnames], axis=1), cl_sums["positions"], bounds=(0.0, math.inf),
+                          right_skewed=(True, False, False))
     diag["kld_rev"]["ci95"] = div[0]
     diag["top5_overlap"]["ci95"] = None if div[1] is None else [div[1][0] / 5, min(div[1][1] / 5, 1.0)]
     diag["top10_overlap"]["ci95"] = None if div[2] is None else [div[2][0] / 10, min(div[2][1] / 10, 1.0)]

@@ -214,12 +214,12 @@ def _cluster_bootstrap(rows: list[dict[str, Any]], n_boot: int, seed: int) -> di
     W = draw_cluster_weights(C, n_boot, seed)
     counts = per_cluster("positions")
     sums = np.stack([per_cluster("sum_kld"), per_cluster("top1"), per_cluster("sum_ear")], axis=1)
-    kld, top1, ear = ratio_intervals(W, sums, counts, bounds=(0.0, math.inf))
+    kld, top1, ear = ratio_intervals(W, sums, counts, bounds=(0.0, math.inf), right_skewed=(True, False, False))
     out = {"kld": kld, "top1": top1 and [top1[0], min(top1[1], 1.0)], "ear": ear and [ear[0], min(ear[1], 1.0)]}
     if rows and all(k in r for r in rows for k in DIAGNOSTIC_ROW_KEYS):
         # the diagnostics' intervals: the same draws, a separate call (the headline's values do not move)
         d = np.stack([per_cluster(k) for k in DIAGNOSTIC_ROW_KEYS], axis=1)
-        rev, t5, t10 = ratio_intervals(W, d, counts, bounds=(0.0, math.inf))
+        rev, t5, t10 = ratio_intervals(W, d, counts, bounds=(0.0, math.inf), right_skewed=(True, False, False))
         out.update({"kld_rev": rev, "top5_overlap": t5 and [t5[0] / 5, min(t5[1] / 5, 1.0)],
                     "top10_overlap": t10 and [t10[0] / 10, min(t10[1] / 10, 1.0)]})
     return out
