@@ -1,117 +1,179 @@
-"""Per-side misses of alternative mean intervals on heavy-tailed shapes (the comparison in docs/statistics.md).
+"""Each side's miss of candidate mean-interval procedures on the same data sets (the comparison in docs/statistics.md).
 
-Run by hand (minutes): ``python benchmarks/coverage_alternatives.py SHAPE REPS CLUSTERS`` with ``SHAPE`` one of
-``pareto3`` (Pareto(3) cluster effects, skewed sizes), ``extreme`` (Pareto(2.5), 2 contexts each) or ``ln1.3skew``
-(lognormal cluster log-sd 1.3, skewed sizes) and ``CLUSTERS`` a comma list, e.g.
-``python benchmarks/coverage_alternatives.py extreme 4000 8,16,47,85``. Every candidate sees the same data sets
-and the same 10,000 cluster draws:
+Run by hand (minutes per set): ``python benchmarks/coverage_alternatives.py collect SET REPS CLUSTERS DIR`` with
+``SET`` one of ``cal`` (the calibration models, 2 contexts per cluster), ``unseen`` (``coverage_unseen.SHAPES``),
+``in_use`` (``IN_USE_SHAPES``) or ``held`` (``HELD_OUT_SHAPES``) and ``CLUSTERS`` a comma list, e.g.
+``python benchmarks/coverage_alternatives.py collect cal 1000 8,16,47,85,842 /tmp/alt``; then
+``python benchmarks/coverage_alternatives.py table DIR summary|cells``.
 
-* ``F/K``: per side the wider of the percentile interval and the bootstrap-t read at ``a F C'/(C' + K)`` (the
-  harness's rule; ``1.0/0`` reads it at the stated ``a``);
-* ``F/K+log``: additionally the bootstrap-t of ``log r`` (standard error ``se / r``), per side the widest;
-* ``bca``: the bias-corrected and accelerated percentile interval (acceleration from the cluster jackknife).
+``collect`` draws each cell's data sets (half from 100 clusters) as ``coverage_unseen`` does and, per data set on one
+draw of 10,000 replicates (no extension), stores the bootstrap-t quantiles at a grid of levels (:data:`LEVELS`), the
+percentile ends and what the level rule reads of the cluster residuals (skew, kurtosis, spread). ``table`` lets
+every candidate read its levels from that grid (log-linear interpolation; a level below 0.0005 is read at 0.0005,
+narrower than :func:`harness.metrics.bootstrap.ratio_intervals` reads it, so an upper miss is if anything
+overstated), so all candidates see the same data sets and draws:
 
-It prints each side's miss rate with its Monte-Carlo standard error and the median upper half-width / mean.
+* ``previous``: per side the wider of the percentile interval and the bootstrap-t at ``0.25 a C'/(C' + 200)``;
+* ``percentile``; ``bootstrap-t``: read at the stated ``a``;
+* ``skew only``: the upper end at ``a / (1 + 8 skew)^2``, no few-cluster term;
+* ``few-cluster, m = 1``: the harness's rule without the spread factor (every suite pays the whole ``C'/(C' + 200)``);
+* ``chosen``: the harness's rule (:func:`harness.metrics.bootstrap.side_levels`, its module constants).
 """
 
 from __future__ import annotations
 
+import glob
 import math
+import os
 import sys
-import time
 
 import numpy as np
-from coverage_unseen import Shape, cluster_sizes, draw_mean_data  # run as a script: benchmarks/ is on the path
-from scipy.stats import norm
+from coverage_table import HEAVIER  # run as a script: benchmarks/ is on the path
+from coverage_unseen import HELD_OUT_SHAPES, IN_USE_SHAPES, SHAPES, Shape, cluster_sizes, draw_mean_data
 
-from harness.metrics.bootstrap import draw_cluster_weights, effective_clusters
-from harness.metrics.simulation import EXTREME, ClusterModel
+import harness.metrics.bootstrap as bs
+from harness.metrics.simulation import ALL_MODELS
 
-SHAPES = {
-    "pareto3": Shape(ClusterModel("e", sigma_cluster=0.0, sigma_context=0.3, sigma_position=1.5, cluster_law="pareto",
-                                  pareto_shape=3.0), skewed_sizes=True),
-    "extreme": Shape(EXTREME),
-    "ln1.3skew": Shape(ClusterModel("f", sigma_cluster=1.3, sigma_context=0.3, sigma_position=1.5), skewed_sizes=True),
+A = 0.025
+LEVELS = np.array([0.0005, 0.001, 0.0015, 0.002, 0.003, 0.004, 0.005, 0.0065, 0.008, 0.01, 0.0125, 0.015, 0.0175,
+                   0.02, 0.025, 0.03, 0.035])
+SETS = {
+    "cal": ([Shape(m) for m in ALL_MODELS[:2] + HEAVIER + ALL_MODELS[2:]], 61_000),
+    "unseen": (list(SHAPES), 62_000),
+    "in_use": (list(IN_USE_SHAPES), 63_000),
+    "held": (list(HELD_OUT_SHAPES), 64_000),
 }
-LEVELS = ((0.5, 120.0), (0.4, 120.0), (0.3, 120.0), (0.5, 300.0), (0.25, 200.0), (1.0, 0.0))
 
 
-def quantile_sorted(xs: np.ndarray, q: np.ndarray | float) -> np.ndarray:
-    """numpy's "linear" quantile of every column of the column-sorted ``xs`` at ``q`` (scalar or one per column)."""
+def _grid_quantiles(xs: np.ndarray, p: np.ndarray) -> np.ndarray:
+    """Column quantiles ("linear") of the column-sorted ``xs`` [B, R] at each of ``p``: [R, len(p)]."""
     B = xs.shape[0]
-    pos = np.asarray(q) * (B - 1)
+    pos = p * (B - 1)
     i = np.clip(np.floor(pos).astype(np.int64), 0, B - 2)
     f = pos - i
-    cols = np.arange(xs.shape[1])
-    return np.asarray(xs[i, cols] * (1 - f) + xs[i + 1, cols] * f, dtype=np.float64)
+    return np.asarray((xs[i] * (1 - f)[:, None] + xs[i + 1] * f[:, None]).T, dtype=np.float64)
 
 
-def candidates(sums: np.ndarray, counts: np.ndarray, W: np.ndarray, a: float = 0.025) -> tuple[np.ndarray, dict[str, tuple[np.ndarray, np.ndarray]]]:
-    """Point estimates and each candidate's (lower, upper) ends for every column of ``sums`` [C, R]."""
-    n = counts.astype(np.float64)
+def collect_chunk(sums: np.ndarray, counts: np.ndarray, W: np.ndarray) -> dict[str, np.ndarray]:
+    """What ``table`` reads of each data set (a column of ``sums``) on the draws ``W`` [B, C]."""
+    n = counts
     C, N = n.shape[0], float(n.sum())
-    r = sums.sum(axis=0) / N
-    e = sums - n[:, None] * r[None, :]
     fac = C / (C - 1.0)
-    se = np.sqrt(fac * (e**2).sum(axis=0)) / N
+    r = sums.sum(0) / N
+    e = sums - n[:, None] * r[None]
+    se = np.sqrt(fac * (e * e).sum(0)) / N
     Nb = W @ n
     d = (W @ e) / Nb[:, None]
-    Q = W @ (e**2) - 2.0 * d * (W @ (e * n[:, None])) + d**2 * (W @ (n**2))[:, None]
-    se_b = np.sqrt(fac * np.maximum(Q, 0.0)) / Nb[:, None]
-    t = np.clip(d / np.where(se_b > 0, se_b, 1e-300), -1e12, 1e12)
-    rb = r[None, :] + d
-    with np.errstate(divide="ignore", invalid="ignore"):
-        pos = np.maximum(rb, 1e-300)
-        tl = np.clip(np.where(rb > 0, (np.log(pos) - np.log(r)[None, :]) / (se_b / pos), -1e12), -1e12, 1e12)
-    ts, tls, rbs = np.sort(t, axis=0), np.sort(tl, axis=0), np.sort(rb, axis=0)
-    ce = effective_clusters(n)
-    p_lo, p_hi = quantile_sorted(rbs, a), quantile_sorted(rbs, 1 - a)
-    out: dict[str, tuple[np.ndarray, np.ndarray]] = {}
-    for f, K in LEVELS:
-        ap = a * f * ce / (ce + K)
-        lo = np.minimum(r - quantile_sorted(ts, 1 - ap) * se, p_lo)
-        hi = np.maximum(r - quantile_sorted(ts, ap) * se, p_hi)
-        out[f"{f:g}/{K:g}"] = (lo, hi)
-        out[f"{f:g}/{K:g}+log"] = (np.minimum(r * np.exp(-quantile_sorted(tls, 1 - ap) * se / r), lo),
-                                   np.maximum(r * np.exp(-quantile_sorted(tls, ap) * se / r), hi))
-    z0 = norm.ppf(np.clip((rb < r[None, :]).mean(axis=0), 1e-6, 1 - 1e-6))
-    dj = (sums.sum(axis=0)[None, :] - sums) / (N - n)[:, None]
-    dj = dj.mean(axis=0)[None, :] - dj
-    acc = (dj**3).sum(axis=0) / (6.0 * ((dj**2).sum(axis=0)) ** 1.5)
-    ends = [quantile_sorted(rbs, np.clip(norm.cdf(z0 + (z0 + z) / (1 - acc * (z0 + z))), 0, 1))
-            for z in (norm.ppf(a), norm.ppf(1 - a))]
-    out["bca"] = (ends[0], ends[1])
-    return r, out
+    Q = W @ (e * e) - 2 * d * (W @ (e * n[:, None])) + d * d * (W @ (n * n))[:, None]
+    seb = np.sqrt(fac * np.maximum(Q, 0)) / Nb[:, None]
+    t = np.clip(np.divide(d, seb, out=np.sign(d) * 1e12, where=seb > 0), -1e12, 1e12)
+    t.sort(0)
+    d.sort(0)
+    shape = bs.ClusterShape.of(sums, n)
+    return {"r": r, "se": se, "skew": shape.skew, "kurt": shape.kurt, "spread": shape.spread,
+            "tlo": _grid_quantiles(t, LEVELS), "thi": _grid_quantiles(t, 1 - LEVELS),
+            "plo": _grid_quantiles(d, LEVELS) + r[:, None], "phi": _grid_quantiles(d, 1 - LEVELS) + r[:, None]}
 
 
-def cell(shape: Shape, C: int, reps: int, seed: int, n_boot: int = 10_000) -> tuple[dict[str, tuple[float, float, float]], float]:
-    sizes = cluster_sizes(C, shape.skewed_sizes, seed)
-    rng = np.random.default_rng(seed + 1)
-    W = draw_cluster_weights(C, n_boot, seed=seed + 2).astype(np.float64)
-    acc: dict[str, list[float]] = {}
-    halves: dict[str, list[np.ndarray]] = {}
-    for r0 in range(0, reps, 250):
-        sums, counts, truth = draw_mean_data(shape, rng, min(250, reps - r0), sizes)
-        r, out = candidates(sums, counts, W)
-        for k, (lo, hi) in out.items():
-            m = acc.setdefault(k, [0.0, 0.0])
-            m[0] += float((hi < truth).sum())
-            m[1] += float((lo > truth).sum())
-            halves.setdefault(k, []).append((hi - r) / r)
-    res = {k: (v[0] / reps, v[1] / reps, float(np.median(np.concatenate(halves[k])))) for k, v in acc.items()}
-    return res, float(sizes.max() / sizes.sum())
+def collect(name: str, reps: int, clusters: list[int], out: str) -> None:
+    shapes, base = SETS[name]
+    os.makedirs(out, exist_ok=True)
+    for i, shape in enumerate(shapes):
+        for C in clusters:
+            seed = base + 100 * i + C
+            n = reps if C < 100 else reps // 2
+            sizes = cluster_sizes(C, shape.skewed_sizes, seed)
+            rng = np.random.default_rng(seed + 1)
+            W = bs.draw_cluster_weights(C, 10_000, seed=seed + 2).astype(np.float64)
+            parts = []
+            for r0 in range(0, n, 250):
+                sums, counts, truth = draw_mean_data(shape, rng, min(250, n - r0), sizes)
+                part = collect_chunk(sums, counts, W)
+                part["truth"] = np.full(part["r"].shape, truth)
+                parts.append(part)
+            cell = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+            cell["c_eff"] = np.full(n, bs.effective_clusters(sizes.astype(np.float64)))
+            cell["C"] = np.full(n, C)
+            np.savez(os.path.join(out, f"{name}_{i}_{C}.npz"), **cell)
+            print(name, i, C, flush=True)
 
 
-def main(name: str, reps: int, clusters: list[int]) -> None:
-    for C in clusters:
-        t0 = time.time()
-        res, share = cell(SHAPES[name], C, reps, seed=91_000 + C + 7 * len(name))
-        print(f"== {name} C={C} reps={reps} largest share={share:.2f} ({time.time() - t0:.0f}s)")
-        for k, (below, above, half) in res.items():
-            se = math.sqrt(max(below, 1e-4) * (1 - below) / reps)
-            print(f"  {k:14s} upper end below {100 * below:5.2f} % ± {100 * se:.2f}  lower end above {100 * above:5.2f} %  "
-                  f"upper half-width / mean {half:.3f}", flush=True)
+def _interp(arr: np.ndarray, level: np.ndarray) -> np.ndarray:
+    ll = np.log(LEVELS)
+    x = np.clip(np.log(level), ll[0], ll[-1])
+    j = np.clip(np.searchsorted(ll, x) - 1, 0, len(ll) - 2)
+    f = (x - ll[j]) / (ll[j + 1] - ll[j])
+    rows = np.arange(arr.shape[0])
+    return np.asarray(arr[rows, j] * (1 - f) + arr[rows, j + 1] * f, dtype=np.float64)
+
+
+def _level(o: dict[str, np.ndarray], spread_scaled: bool) -> np.ndarray:
+    """The upper end's level of :func:`harness.metrics.bootstrap.side_levels` (a right-skewed mean)."""
+    m = np.minimum(1.0, o["spread"] / bs.SPREAD_SCALE) ** 2 if spread_scaled else 1.0
+    ce = o["c_eff"]
+    lev = A * ce / (ce + bs.SMALL_SAMPLE_CLUSTERS * m) / (1 + bs.SKEW_WEIGHT * np.maximum(o["skew"], 0) + bs.KURTOSIS_WEIGHT * o["kurt"]) ** 2
+    return np.asarray(np.maximum(lev, A * bs.LEVEL_FLOOR), dtype=np.float64)
+
+
+def candidate_ends(o: dict[str, np.ndarray]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Each candidate's (lower, upper) ends of every data set of a cell (lower ends clipped at 0)."""
+    r, se = o["r"], o["se"]
+    full = np.full_like(r, A)
+    p_lo, p_hi = _interp(o["plo"], full), _interp(o["phi"], full)
+
+    def t_ends(a_lo: np.ndarray, a_hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return r - _interp(o["thi"], a_lo) * se, r - _interp(o["tlo"], a_hi) * se
+
+    ce = o["c_eff"]
+    prev = A * 0.25 * ce / (ce + 200.0)
+    lo_prev, hi_prev = t_ends(prev, prev)
+    out = {
+        "previous": (np.minimum(lo_prev, p_lo), np.maximum(hi_prev, p_hi)),
+        "percentile": (p_lo, p_hi),
+        "bootstrap-t": t_ends(full, full),
+        "skew only": t_ends(full, A / (1 + 8 * np.maximum(o["skew"], 0)) ** 2),
+        "few-cluster, m = 1": t_ends(full, _level(o, False)),
+        "chosen": t_ends(full, _level(o, True)),
+    }
+    return {k: (np.maximum(lo, 0.0), hi) for k, (lo, hi) in out.items()}
+
+
+def table(folder: str, kind: str) -> None:
+    names = {k: [s.model.name if k == "cal" else s.name for s in v[0]] for k, v in SETS.items()}
+    rows: dict[str, list[tuple[str, str, int, int, float, float, float]]] = {}
+    for f in sorted(glob.glob(os.path.join(folder, "*.npz"))):
+        name, i, C = os.path.basename(f)[:-4].rsplit("_", 2)
+        o = dict(np.load(f))
+        ends = candidate_ends(o)
+        pw = ends["percentile"][1] - ends["percentile"][0]
+        for k, (lo, hi) in ends.items():
+            rows.setdefault(k, []).append((name, names[name][int(i)], int(C), lo.shape[0], float((hi < o["truth"]).mean()),
+                                           float((lo > o["truth"]).mean()), float(np.median((hi - lo) / pw))))
+    if kind == "summary":
+        print("| procedure | set | cells | upper > 2.5 % + SE | upper < 1.0 % - SE | lower > 2.5 % + SE | lower < 1.0 % - SE "
+              "| largest upper miss | median width / percentile's |")
+        print("|---|---|---|---|---|---|---|---|---|")
+        for k, rs in rows.items():
+            for s in SETS:
+                sel = [x for x in rs if x[0] == s]
+                if not sel:
+                    continue
+                se = np.array([math.sqrt(A * (1 - A) / x[3]) for x in sel])
+                up, dn = np.array([x[4] for x in sel]), np.array([x[5] for x in sel])
+                print(f"| {k} | {s} | {len(sel)} | {(up > A + se).sum()} | {(up < 0.01 - se).sum()} | {(dn > A + se).sum()} | "
+                      f"{(dn < 0.01 - se).sum()} | {100 * up.max():.1f} % | {np.median([x[6] for x in sel]):.2f} |")
+        return
+    print("| set | shape | clusters | data sets | upper end below the truth: before / now | lower end above: before / now "
+          "| width / percentile's: before / now |")
+    print("|---|---|---|---|---|---|---|")
+    key = {s: i for i, s in enumerate(SETS)}
+    for b, c in sorted(zip(rows["previous"], rows["chosen"]), key=lambda z: (key[z[0][0]], names[z[0][0]].index(z[0][1]), z[0][2])):
+        print(f"| {c[0]} | {c[1]} | {c[2]} | {c[3]} | {100 * b[4]:.1f} / **{100 * c[4]:.1f}** % | "
+              f"{100 * b[5]:.1f} / **{100 * c[5]:.1f}** % | {b[6]:.2f} / **{c[6]:.2f}** |")
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], int(sys.argv[2]), [int(c) for c in sys.argv[3].split(",")])
+    if sys.argv[1] == "collect":
+        collect(sys.argv[2], int(sys.argv[3]), [int(c) for c in sys.argv[4].split(",")], sys.argv[5])
+    else:
+        table(sys.argv[2], sys.argv[3] if len(sys.argv) > 3 else "summary")
