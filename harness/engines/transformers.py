@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, cast
 from harness.engines.base import EngineOptions
 from harness.engines.compressed_config import check_compressed_tensors
 from harness.engines.identity import model_identity
+from harness.engines.load_checks import check_before_loading
 from harness.engines.option_specs import OptionSpec, int_option, table_option, validate_options
 from harness.engines.quant_manifest import QUANT_FILE, is_quantized_checkpoint
 from harness.errors import EXTRAS, FidelityError, MissingPackageError, pip_extra
@@ -134,6 +135,14 @@ def check_loading_info(root: Path, info: Mapping[str, Iterable[object]]) -> None
         )
 
 
+def _has_quantization_config(root: Path) -> bool:
+    try:
+        cfg = json.loads((root / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError, UnicodeDecodeError):
+        return False
+    return isinstance(cfg, dict) and isinstance(cfg.get("quantization_config"), dict)
+
+
 def load_model(
     model_dir: str | Path,
     device: str = "cpu",
@@ -162,6 +171,7 @@ def load_model(
     check_quantization_package(root)
 
     check_compressed_tensors(root)  # the configuration against the stored tensors, before the library believes it
+    check_before_loading(root, opts, trust_remote_code, quantized=_has_quantization_config(root))
     from transformers import AutoModelForCausalLM
 
     kw: dict[str, Any] = {}
@@ -188,6 +198,11 @@ def load_model(
                                   needed_for=str(root / "config.json")) from None
     except (OSError, ValueError) as e:
         raise FidelityError(f"{root}: transformers could not load the model ({e})") from None
+    except (RuntimeError, AssertionError, NotImplementedError, KeyError, TypeError, AttributeError) as e:
+        given = ", ".join(f"{k} = {opts[k]!r}" for k in sorted(opts) if k != "batch_size") or "none"
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        raise FidelityError(f"{root}: transformers could not load the model with engine options {given} "
+                            f"({type(e).__name__}: {first})") from None
     check_loading_info(root, info)
     if "device_map" not in opts:
         model.to(device)

@@ -51,6 +51,9 @@ class WindowCase:
                 continue
             summaries[cand.name] = window_summary(pos, k, n_boot=n_boot)
             base_summaries[cand.name] = summaries[cand.name] if k == base else window_summary(pos, base, n_boot=n_boot)
+        if not summaries:  # no verdict over an empty table: the case fails naming every refusal
+            raise FidelityError(f"window comparison from row {k}: expected at least one candidate scored, found none: "
+                                + "; ".join(said))
         n_ctx = sum(len(session.shard_indices(s)) for s in shards)
         payload = {"base": base, "k": k, "summaries": summaries, "base_summaries": base_summaries, "notes": said,
                    "shards": [int(s) for s in shards]}
