@@ -190,6 +190,8 @@ MANIFEST_CHECKS = {
                               r"positions_scored \(the suite's positions per context less the window\): expected 2047, found 2046"),
     "suite digest": (lambda d: d["suite"]["parent"].update(suite_token_sha256="0" * 64), r"a receipt of another suite"),
     "manifest digest": (lambda d: d["suite"]["parent"].update(manifest_sha256="0" * 64), r"suite.parent.manifest_sha256 \(sha256 of"),
+    "reference model": (lambda d: d["reference_identity"].update(config_sha256="0" * 64),
+                        r"reference_identity: config_sha256 \(the suite manifest's model_identity.*expected 191e0af2.*the suite was tokenized for another model"),
     "shard lineage": (lambda d: d["shards"][1].update(suite_token_sha256=d["shards"][0]["suite_token_sha256"]),
                       r"shards\[1\].suite_token_sha256 \(lineage of contexts 512..1023"),
 }

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.errors import VerificationError
-from harness.interchange.manifest_read import SuiteManifest
+from harness.interchange.manifest_read import SuiteManifest, check_model_identity
 from harness.io import domain
 from harness.io.jsonio import read_json
 
@@ -201,6 +201,8 @@ def _against_manifest(path: Path, doc: Mapping[str, Any], rows: list[ReceiptRow]
         raise VerificationError(path, f"suite.parent.manifest_sha256 (sha256 of {m.path})", m.sha256, parent.get("manifest_sha256"))
     if parent.get("contexts") not in (None, len(m.rows)):
         raise VerificationError(path, "suite.parent.contexts (the manifest's)", len(m.rows), parent.get("contexts"))
+    ref = doc.get("reference_identity")
+    check_model_identity(m, f"{path}: reference_identity", config_sha256=ref.get("config_sha256") if isinstance(ref, dict) else None)
     for r in rows:
         mr = m.row(r.index)
         if mr is None:
