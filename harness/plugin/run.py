@@ -63,6 +63,7 @@ from harness.plugin.step_summary import CASE_MARKERS, ENV, append, failing_case,
 from harness.reports.aggregate import format_ladder
 from harness.run.cluster.ray_executor import RayExecutor, parse_executor, require_ray, scored_shard
 from harness.run.reuse import ReuseLog
+from harness.run.score_cache import scores_cache_line
 from harness.run.shared_scores import Handover, remove_session_files, shared_dir
 from harness.scoring.threads import ThreadChoice, apply_threads, apply_worker_threads, choose_threads
 
@@ -463,7 +464,7 @@ class FidelityRun:
                   else f"suite {p.config.suite}")
         line = (f"fidelity: {p.path} ({nc} candidate{'s' * (nc != 1)} x {ns} shard{'s' * (ns != 1)}{skipped}; "
                 f"{source}; reports {self.pytest_config.getoption('fidelity_report_dir')}/)")
-        return [line] + ([f"fidelity: {self.threads.line()}"] if self.threads is not None else [])
+        return [line, scores_cache_line(self.plan.config.cache_dir)] + ([f"fidelity: {self.threads.line()}"] if self.threads is not None else [])
 
     def pytest_sessionstart(self, session: pytest.Session) -> None:
         import xdist

@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 #: A cache's unit, as the summary names it.
-UNITS = {"captures": "contexts"}
+UNITS = {"captures": "contexts", "scores": "shards"}
 
 
 @dataclass
@@ -30,6 +30,10 @@ class ReuseLog:
         r.difference_update(c)  # computed in this run: never also counted as reused
         if where:
             self.where.setdefault(cache, {})[candidate] = where
+
+    def served(self, cache: str, candidate: str) -> set[int]:
+        """The units ``cache`` served for ``candidate`` in this run (not computed)."""
+        return set(self.units.get(cache, {}).get(candidate, (set(), set()))[0])
 
     def to_json(self) -> dict[str, object]:
         units = {cache: {cand: [sorted(r), sorted(c)] for cand, (r, c) in per.items()} for cache, per in self.units.items()}

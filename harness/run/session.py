@@ -38,7 +38,9 @@ from harness.inputs.suite import Suite
 from harness.interchange.dataset import PublishedDataset, open_published
 from harness.io.jsonio import JSONObject, get_int, read_json
 from harness.reports.shard import ShardReport
+from harness.run.result_cache import ResultCache
 from harness.run.reuse import ReuseLog
+from harness.run.score_cache import score_binding, score_cache, verify_contents
 from harness.run.shard import CandidateMeta, ShardPositions, score_shard, shard_positions
 from harness.run.shard_inputs import ShardInputs, verified
 from harness.run.shared_scores import Handover, binding, scored_once
@@ -152,6 +154,7 @@ class FidelitySession:
     _bpw: dict[str, BitsPerWeight | None] = field(default_factory=dict)
     #: What the caches served this run instead of computing it (a rerun says so: :mod:`harness.run.reuse`)
     reuse: ReuseLog = field(default_factory=ReuseLog)
+    _score_cache: ResultCache[ShardPositions] | None = None
 
     # ------------------------------------------------------------------ inputs
     @property
@@ -390,16 +393,32 @@ class FidelitySession:
             inputs = self.shard_inputs(cand, shard)
 
             def score() -> ShardPositions:
-                return shard_positions(inputs, device=self.device)
-
-            if self.shared_scores is None:
-                self._positions[key] = score()
-            else:  # another worker of this session may have scored it already
+                if self.shared_scores is None:
+                    return shard_positions(inputs, device=self.device)
+                # another worker of this session may have scored it already
                 bound = binding(session=self.shared_scores.session, candidate=cand.name, suite=inputs.suite, shard=shard,
                                 reference=inputs.reference, cand_store=inputs.candidate, head=inputs.head,
                                 cand_head=inputs.cand_head, window=inputs.score_from, device=self.device)
-                self._positions[key] = scored_once(self.shared_scores, cand.name, shard, bound, score)
+                return scored_once(self.shared_scores, cand.name, shard, bound,
+                                   lambda: shard_positions(inputs, device=self.device))
+
+            cache, stem = self.score_cache, f"{cand.name}-shard{shard:02d}"
+            n_reused = len(cache.reused)
+            pos = cache.get(stem, score_binding(inputs, cand.name, self.device), score)
+            reused = len(cache.reused) > n_reused
+            if reused:  # read, not scored: the files it was scored from must still hold what the key names
+                verify_contents(inputs)
+            self.reuse.note("scores", cand.name, reused=[shard] if reused else [], computed=[] if reused else [shard],
+                            where=str(cache.folder))
+            self._positions[key] = pos
         return self._positions[key]
+
+    @property
+    def score_cache(self) -> ResultCache[ShardPositions]:
+        """Scored positions kept across runs (:mod:`harness.run.score_cache`), signed with this user's key."""
+        if self._score_cache is None:
+            self._score_cache = score_cache(self.config.cache_dir, self.signing_key())
+        return self._score_cache
 
     def hold_store(self, name: str, store: CaptureStore) -> None:
         """A live candidate's capture store, opened and verified by the caller (a cluster task, under the
@@ -438,4 +457,5 @@ class FidelitySession:
             custody=self.custody,
         )
         report.timing["total_s"] = time.perf_counter() - t0
+        report.timing["scores"] = "cache" if shard in self.reuse.served("scores", cand.name) else "scored"
         return ScoredShard(cand.name, shard, report, headline_of(report.metrics), size)

@@ -95,15 +95,17 @@ def store_content_sha256(store: CaptureStore, indices: list[int]) -> str:
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode("utf-8")).hexdigest()
 
 
-def binding(*, session: str, candidate: str, suite: Suite, shard: int, reference: CaptureStore, cand_store: CaptureStore,
+def binding(*, session: str | None, candidate: str, suite: Suite, shard: int, reference: CaptureStore, cand_store: CaptureStore,
             head: HeadTensor | None, cand_head: HeadTensor | None, window: int, device: str) -> JSONObject:
-    """Everything the positions of ``candidate`` x ``shard`` were computed from (module docstring)."""
+    """Everything the positions of ``candidate`` x ``shard`` were computed from (module docstring);
+    ``session`` None: bound to no session (the scores cache across runs, :mod:`harness.run.score_cache`)."""
     from harness.run.shard import SCORER_SETTINGS
 
     indices = list(suite.shard_indices(shard))
     scorer: JSONObject = {**SCORER_SETTINGS, "device": device, "env": dict(scoring_env())}
+    bound: JSONObject = {} if session is None else {"session": session}
     return {
-        "session": session, "candidate": candidate, "candidate_identity": cand_store.identity,
+        **bound, "candidate": candidate, "candidate_identity": cand_store.identity,
         "candidate_store_sha256": store_content_sha256(cand_store, indices),
         "reference_identity": reference.identity, "reference_store_sha256": store_content_sha256(reference, indices),
         "suite_token_sha256": suite.suite_token_sha256, "shard": shard, "shard_sha256": suite.shard(shard).sha256,
@@ -112,8 +114,8 @@ def binding(*, session: str, candidate: str, suite: Suite, shard: int, reference
     }
 
 
-def _signature(key: bytes, meta: str, arrays: dict[str, np.ndarray]) -> str:
-    mac = hmac.new(key, meta.encode("utf-8"), hashlib.sha256)
+def _signature(key: bytes, meta: str, arrays: dict[str, np.ndarray], domain: bytes) -> str:
+    mac = hmac.new(key, domain + meta.encode("utf-8"), hashlib.sha256)
     for name in _ARRAYS:
         a = np.ascontiguousarray(arrays[name])
         mac.update(f"\0{name}\0{a.dtype.str}\0{a.shape}\0".encode())
@@ -121,9 +123,10 @@ def _signature(key: bytes, meta: str, arrays: dict[str, np.ndarray]) -> str:
     return mac.hexdigest()
 
 
-def save_positions(path: Path, pos: ShardPositions, bound: JSONObject, key: bytes) -> None:
+def save_positions(path: Path, pos: ShardPositions, bound: JSONObject, key: bytes, *, domain: bytes = b"") -> None:
     """Write ``pos`` to ``path`` (.npz) atomically: arrays as arrays, the rest (with ``bound``, what they
-    were computed from) as one JSON string, and the signature over both."""
+    were computed from) as one JSON string, and the signature over both (``domain``: a prefix of the signed
+    text naming the protocol, so a file of one protocol is never believed by another)."""
     meta = json.dumps({
         "schema": _SCHEMA, "binding": bound,
         "labels": [[lab.index, lab.source_cluster, lab.stratum] for lab in pos.labels],
@@ -132,7 +135,7 @@ def save_positions(path: Path, pos: ShardPositions, bound: JSONObject, key: byte
     }, sort_keys=True)
     arrays = {**{f: getattr(pos.scores, f) for f in _SCORE_FIELDS}, "context_index": pos.context_index, "row": pos.row}
     buf = io.BytesIO()
-    np.savez(buf, meta=np.array(meta), signature=np.array(_signature(key, meta, arrays)), **arrays)
+    np.savez(buf, meta=np.array(meta), signature=np.array(_signature(key, meta, arrays, domain)), **arrays)
     atomic_write_bytes(path, buf.getvalue())
 
 
@@ -157,7 +160,7 @@ _META_SCHEMA = Closed({"schema": str, "binding": MapOf(object), "labels": [[obje
                        "score_s": float, "scorer_run": MapOf(str)})
 
 
-def _read_signed(path: Path, key: bytes) -> tuple[_Meta, dict[str, np.ndarray]]:
+def _read_signed(path: Path, key: bytes, domain: bytes = b"") -> tuple[_Meta, dict[str, np.ndarray]]:
     """The meta and arrays of a file signed with ``key``; anything else is a VerificationError."""
     try:
         with np.load(path, allow_pickle=False) as z:
@@ -170,7 +173,7 @@ def _read_signed(path: Path, key: bytes) -> tuple[_Meta, dict[str, np.ndarray]]:
     except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile) as e:
         # a truncated or foreign file; an object (pickled) array is a ValueError under allow_pickle=False
         raise VerificationError(path, "shared positions", "a .npz of plain arrays", f"{type(e).__name__}: {e}") from None
-    if not hmac.compare_digest(signature, _signature(key, meta_text, arrays)):
+    if not hmac.compare_digest(signature, _signature(key, meta_text, arrays, domain)):
         raise VerificationError(path, "shared positions signature", "signed by this session", "another signature")
     meta: JSONObject = loads_json(meta_text, path)
     if meta.get("schema") != _SCHEMA:
@@ -179,12 +182,12 @@ def _read_signed(path: Path, key: bytes) -> tuple[_Meta, dict[str, np.ndarray]]:
     return cast(_Meta, meta), arrays  # checked above, and signed by this session (save_positions wrote it)
 
 
-def load_positions(path: Path, bound: JSONObject, key: bytes) -> ShardPositions:
+def load_positions(path: Path, bound: JSONObject, key: bytes, *, domain: bytes = b"") -> ShardPositions:
     """Read what :func:`save_positions` wrote, believing it only when it is signed with ``key`` and was
     computed from exactly ``bound``; anything else is a VerificationError naming the file."""
     from harness.run.shard import ShardPositions
 
-    meta, arrays = _read_signed(path, key)
+    meta, arrays = _read_signed(path, key, domain)
     if meta.get("binding") != bound:
         got = meta.get("binding")
         found: dict[str, Any] = got if isinstance(got, dict) else {}

@@ -1,0 +1,88 @@
+"""A cache of computed results across runs: one signed file per entry, found by what it was computed from.
+
+General: a kind of result (scored positions, :mod:`harness.run.score_cache`; any other per-shard result)
+names its folder under ``[settings] cache_dir`` and supplies a *binding* (JSON: every input that decides the
+numbers) and its own ``read`` / ``write`` of one entry. An entry's file is
+``<cache_dir>/<kind>/<stem>-<sha256 of the binding, 16 hex>.<suffix>``; its content is signed with this user's
+capture cache key (:mod:`harness.capture.cache_sign`) and carries the binding, so ``read`` believes a file only
+when both match: a forged, truncated, renamed or foreign entry is named in an :class:`UntrustedCacheWarning`,
+computed again and replaced. A changed input is another binding, so another file: it is computed, never read.
+Concurrent processes (pytest-xdist workers) computing one entry take a lock beside it; the second reads.
+docs/performance.md ("Reruns") lists what the scored positions are keyed by.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Generic, TypeVar
+
+from filelock import FileLock
+
+from harness.capture.cache_sign import UntrustedCacheWarning
+from harness.engines.identity import identity_key
+from harness.errors import FidelityError, VerificationError
+from harness.io.jsonio import JSONObject
+
+_T = TypeVar("_T")
+
+
+@dataclass
+class ResultCache(Generic[_T]):
+    """The entries of one kind of result in ``folder``, signed with ``key``. ``read(path, binding)`` returns the
+    entry or raises :class:`~harness.errors.VerificationError` when it is not believed; ``write(path, value,
+    binding)`` writes it atomically. ``reused`` / ``computed``: the stems read / computed by this process."""
+
+    folder: Path
+    key: bytes = field(repr=False)
+    read: Callable[[Path, JSONObject], _T]
+    write: Callable[[Path, _T, JSONObject], None]
+    suffix: str = ".npz"
+    reused: list[str] = field(default_factory=list)
+    computed: list[str] = field(default_factory=list)
+
+    def path(self, stem: str, bound: JSONObject) -> Path:
+        """The file of the entry ``stem`` computed from ``bound``."""
+        if not stem or not all(c.isalnum() or c in "_.+-" for c in stem) or stem.startswith("."):
+            raise FidelityError(f"{self.folder}: a cache entry's name: expected letters, digits and _.+-, found {stem!r}")
+        return self.folder / f"{stem}-{identity_key(bound)[:16]}{self.suffix}"
+
+    def get(self, stem: str, bound: JSONObject, compute: Callable[[], _T]) -> _T:
+        """The entry ``stem`` computed from exactly ``bound``: read when a believed file holds it, else
+        ``compute()``d (under the entry's lock, so concurrent processes compute it once) and written."""
+        target = self.path(stem, bound)
+        self.folder.mkdir(parents=True, exist_ok=True)
+        with FileLock(target.with_name(f".{target.name}.lock")):
+            if target.is_dir() and not target.is_symlink():
+                raise FidelityError(f"{target}: a cache entry: expected a file, found a folder (remove it)")
+            if target.exists() or target.is_symlink():
+                if target.is_symlink() or not target.is_file():
+                    reason = "not a regular file of this harness (a symbolic link or a special file)"
+                else:
+                    try:
+                        value = self.read(target, bound)
+                    except VerificationError as e:
+                        reason = f"{e.what}: expected {e.expected}, found {e.found}"
+                    else:
+                        self.reused.append(stem)
+                        return value
+                warnings.warn(f"{target}: cached result not believed ({reason:.300}); computed again and replaced",
+                              UntrustedCacheWarning, stacklevel=2)
+                target.unlink()
+            value = compute()
+            self.write(target, value, bound)
+            self.computed.append(stem)
+            return value
+
+    def entries(self) -> list[Path]:
+        """The entry files in the folder now (any process's)."""
+        return cache_entries(self.folder, self.suffix)
+
+
+def cache_entries(folder: Path, suffix: str = ".npz") -> list[Path]:
+    """The entry files of a cache folder now (none when it is missing or not a plain folder)."""
+    if folder.is_symlink() or not folder.is_dir():
+        return []
+    return sorted(p for p in folder.iterdir() if p.suffix == suffix and not p.name.startswith("."))
