@@ -69,10 +69,10 @@ def _entries(project: Path) -> list[Path]:
 
 def test_unchanged_rerun_reads_and_matches_an_uncached_run(project: Path, scored: list[tuple[Path, int]]) -> None:
     s1, first = _positions(project)
-    assert len(scored) == 1 and s1.reused == set() and len(_entries(project)) == 1
+    assert len(scored) == 1 and not s1.reuse.served("scores", "good") and len(_entries(project)) == 1
     s2, second = _positions(project)
     assert len(scored) == 1, "an unchanged candidate x shard was scored again"
-    assert s2.reused == {("good", 0)}
+    assert s2.reuse.served("scores", "good") == {0}
     assert _same(first, second)
     report = s2.score(s2.config.candidate("good"), 0, n_boot=100).report
     assert report.timing["scores"] == "cache"
@@ -86,7 +86,7 @@ def test_unchanged_rerun_reads_and_matches_an_uncached_run(project: Path, scored
 def test_a_changed_window_is_scored_again(project: Path, scored: list[tuple[Path, int]]) -> None:
     _positions(project)
     session, _ = _positions(project, score_from=8)
-    assert len(scored) == 2 and session.reused == set() and len(_entries(project)) == 2
+    assert len(scored) == 2 and not session.reuse.served("scores", "good") and len(_entries(project)) == 2
 
 
 @pytest.mark.parametrize("setting", ["env", "cpu"])
@@ -98,7 +98,7 @@ def test_a_changed_scorer_setting_is_scored_again(project: Path, scored: list[tu
     else:  # another CPU kind (torch dispatching for another instruction set)
         monkeypatch.setattr(score_cache_module, "cpu_capability", lambda: "AVX2-elsewhere")
     session, _ = _positions(project)
-    assert len(scored) == 2 and session.reused == set()
+    assert len(scored) == 2 and not session.reuse.served("scores", "good")
 
 
 def _edit_context(store: Path, index: int, scale: float) -> None:
@@ -118,7 +118,7 @@ def test_a_changed_store_is_scored_again(project: Path, scored: list[tuple[Path,
     first = session.shard_indices(0)[0]
     _edit_context(project / "reference", first, 1.5)
     session2, after = _positions(project)
-    assert len(scored) == 2 and session2.reused == set()
+    assert len(scored) == 2 and not session2.reuse.served("scores", "good")
     assert not np.array_equal(before.scores.kld, after.scores.kld)
 
 
@@ -144,7 +144,7 @@ def test_a_forged_entry_is_refused_and_replaced(project: Path, scored: list[tupl
         save_positions(entry, fake, bound, key, domain=domain)
         with pytest.warns(UntrustedCacheWarning, match=entry.name):
             s, got = _positions(project)
-        assert s.reused == set() and _same(got, true) and float(got.scores.kld.max()) > 0
+        assert not s.reuse.served("scores", "good") and _same(got, true) and float(got.scores.kld.max()) > 0
     assert len(scored) == 3
     _, again = _positions(project)  # the replaced entry is this harness's own now
     assert len(scored) == 3 and _same(again, true)

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from harness.engines.base import EngineOptions
+from harness.engines.bf16_path import Fp32Kernels, bf16_path
 from harness.engines.compressed_config import check_compressed_tensors
 from harness.engines.identity import model_identity
 from harness.engines.load_checks import check_before_loading
@@ -333,21 +334,37 @@ class TransformersLoaded:
         self.device = device
         self.options = dict(options or {})
         self.batch_size = int_option(self.options, "batch_size", 1)
+        import torch
+
+        #: bf16 work through fp32 kernels (:mod:`harness.engines.bf16_path`): a bf16 model on a CPU without
+        #: native bf16 (or ``FIDELITY_BF16_PATH=fp32``); None: the model's own kernels
+        on_cpu = all(p.device.type == "cpu" for p in model.parameters())
+        bf16 = any(p.dtype == torch.bfloat16 for p in model.parameters())
+        self.kernels = Fp32Kernels() if on_cpu and bf16 and bf16_path("cpu") == "fp32" else None
 
     def identity(self) -> dict[str, str]:
-        return engine_identity(self.options)
+        ident = engine_identity(self.options)
+        if self.kernels is not None:
+            ident["bf16_path"] = "fp32"
+        return ident
 
     def forward(self, token_ids: np.ndarray, kind: str) -> torch.Tensor:
         assert self.model is not None, "model was closed"
         fn = capture_hidden if kind == "hidden_states" else capture_logits
-        return fn(self.model, token_ids)
+        if self.kernels is None:
+            return fn(self.model, token_ids)
+        with self.kernels.mode:
+            return fn(self.model, token_ids)
 
     def forward_batch(self, contexts: Sequence[np.ndarray], kind: str) -> list[torch.Tensor]:
         import numpy as np
 
         assert self.model is not None, "model was closed"
         fn = capture_hidden_batch if kind == "hidden_states" else capture_logits_batch
-        return fn(self.model, np.stack([np.asarray(c) for c in contexts]))
+        if self.kernels is None:
+            return fn(self.model, np.stack([np.asarray(c) for c in contexts]))
+        with self.kernels.mode:
+            return fn(self.model, np.stack([np.asarray(c) for c in contexts]))
 
     def close(self) -> None:
         self.model = None

@@ -26,6 +26,7 @@ from harness.capture.store import CaptureStore
 from harness.dataset.verify import verify_dataset
 from harness.engines import identity as engine_identity
 from harness.engines.base import EngineOptions
+from harness.engines.bf16_path import bf16_path
 from harness.engines.identity import identity_key
 from harness.engines.numeric_env import numeric_settings
 from harness.engines.registry import get_engine, require
@@ -279,6 +280,8 @@ class FidelitySession:
         keyed: dict[str, Any] = {"model": self.candidate_identity(cand), "engine": cand.engine, "device": self.device,
                                  "runtime": {**engine_identity.runtime_identity(), **_engine_packages()},
                                  "settings": numeric_settings(cand.engine)}
+        if cand.engine == "transformers" and bf16_path(self.device) == "fp32":  # bf16 through fp32 kernels
+            keyed["bf16_path"] = "fp32"
         if cand.options:  # captures taken with other engine options never share a cache folder
             keyed["options"] = cand.options
         key = identity_key(keyed)
