@@ -22,7 +22,7 @@ def test_the_log_counts_each_unit_once_and_merges() -> None:
     other.merge(log.to_json())  # a worker's whole log arrives with each of its cases
     other.note("scores", "a", reused={5}, computed={6})  # another cache, under its own name
     assert other.lines() == ["capture cache: reused 6 of 8 contexts (a 2 of 4, b 4 of 4)",
-                             "score cache: reused 1 of 2 items (a 1 of 2)"]
+                             "score cache: reused 1 of 2 shards (a 1 of 2)"]
 
 
 def test_a_rerun_of_the_ladder_says_it_reused_the_captures(fidelity_project: Path, tmp_path: Path,

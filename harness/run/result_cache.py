@@ -13,6 +13,7 @@ docs/performance.md ("Reruns") lists what the scored positions are keyed by.
 
 from __future__ import annotations
 
+import json
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -22,8 +23,8 @@ from typing import Generic, TypeVar
 from filelock import FileLock
 
 from harness.capture.cache_sign import UntrustedCacheWarning
-from harness.engines.identity import identity_key
 from harness.errors import FidelityError, VerificationError
+from harness.io.hashing import sha256_bytes
 from harness.io.jsonio import JSONObject
 
 _T = TypeVar("_T")
@@ -47,7 +48,8 @@ class ResultCache(Generic[_T]):
         """The file of the entry ``stem`` computed from ``bound``."""
         if not stem or not all(c.isalnum() or c in "_.+-" for c in stem) or stem.startswith("."):
             raise FidelityError(f"{self.folder}: a cache entry's name: expected letters, digits and _.+-, found {stem!r}")
-        return self.folder / f"{stem}-{identity_key(bound)[:16]}{self.suffix}"
+        text = json.dumps(bound, sort_keys=True, separators=(",", ":"), allow_nan=False)
+        return self.folder / f"{stem}-{sha256_bytes(text.encode('utf-8'))[:16]}{self.suffix}"
 
     def get(self, stem: str, bound: JSONObject, compute: Callable[[], _T]) -> _T:
         """The entry ``stem`` computed from exactly ``bound``: read when a believed file holds it, else
