@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import importlib
+import inspect
 from pathlib import Path
 
 from harness.plugin import builtin, pytest_plugin
@@ -38,7 +39,27 @@ def test_markers_fixtures_and_cases_come_from_the_registry() -> None:
             if fixture is not None:
                 assert callable(getattr(pytest_plugin, fixture)), fixture
         if kind.test is not None:
-            assert getattr(builtin, kind.test).__doc__ == kind.test_doc
+            case = getattr(builtin, kind.test)
+            assert case.__doc__ == kind.test_doc
+            assert [m.name for m in case.pytestmark] == [kind.marker]
+            assert list(inspect.signature(case).parameters) == [kind.fixture]
+
+
+def _defined(module: object, decorator: str) -> set[str]:
+    """The functions written out in ``module``'s source (``def NAME``) whose decorators mention ``decorator``."""
+    tree = ast.parse(inspect.getsource(module))  # type: ignore[arg-type]
+    return {node.name for node in tree.body if isinstance(node, ast.FunctionDef)
+            and any(decorator in ast.unparse(d) for d in node.decorator_list)}
+
+
+def test_each_kind_fixture_and_case_is_written_out() -> None:
+    """Every kind's fixtures and case function are plain ``def``s of the plugin's modules (found by searching
+    for ``def fidelity_tails``), exactly the names the registry declares: none generated, none left over."""
+    declared = {f for k in REPORT_KINDS for f in (k.fixture, k.param_fixture) if f is not None}
+    core = {"fidelity_session", "fidelity_case", "fidelity_scored", "fidelity_gate"}
+    assert _defined(pytest_plugin, "pytest.fixture") == declared | core
+    tests = {k.test for k in REPORT_KINDS if k.test is not None}
+    assert _defined(builtin, "pytest.mark") == tests | {"test_fidelity"}
 
 
 def test_no_plugin_module_chooses_a_kind_by_name() -> None:

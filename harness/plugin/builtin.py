@@ -13,14 +13,17 @@ per parameter): ``test_tails`` (``tails-<candidate>``), ``test_window`` (``windo
 
 from __future__ import annotations
 
-import inspect
-from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from harness.plugin.kinds import ReportKind
-from harness.plugin.registry import REPORT_KINDS
+from harness.plugin import kind_paired, kind_tails, kind_window
+
+if TYPE_CHECKING:
+    from harness.plugin.kind_paired import PairCase
+    from harness.plugin.kind_tails import TailCase
+    from harness.plugin.kind_window import WindowCase
+    from harness.plugin.kinds import ReportCase
 
 #: The skip reason of a case of a first run (no baseline recorded yet for any candidate).
 NO_BASELINE_SKIP = "no baseline for any candidate yet (a first run): scored and reported, not gated"
@@ -36,26 +39,33 @@ def test_fidelity(fidelity_scored: Any, fidelity_gate: Any) -> None:
         pytest.fail(failure, pytrace=False)
 
 
-def _case_function(kind: ReportKind) -> Callable[..., None]:
-    """``kind``'s case function: it takes the kind's case fixture and runs its check; a failed check fails the
-    case with its message only (no traceback, no repr of the case)."""
-    assert kind.test is not None and kind.fixture is not None and kind.marker is not None
-    fixture = kind.fixture
-
-    def case(**fixtures: Any) -> None:
-        try:
-            fixtures[fixture].check()
-        except AssertionError as e:
-            pytest.fail(str(e), pytrace=False)
-
-    case.__name__ = case.__qualname__ = kind.test
-    case.__doc__ = kind.test_doc
-    case.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
-        [inspect.Parameter(fixture, inspect.Parameter.KEYWORD_ONLY)])
-    marked: Callable[..., None] = getattr(pytest.mark, kind.marker)(case)
-    return marked
+def _check(case: ReportCase) -> None:
+    """Run a report case's check; a failed check fails the case with its message only (no traceback, no repr
+    of the case)."""
+    __tracebackhide__ = True
+    try:
+        case.check()
+    except AssertionError as e:
+        pytest.fail(str(e), pytrace=False)
 
 
-for _kind in REPORT_KINDS:
-    if _kind.test is not None:
-        globals()[_kind.test] = _case_function(_kind)
+# One case function per report kind with a ``test`` (tests/test_report_kinds.py checks the names, markers and
+# fixtures against harness.plugin.registry); each one's docstring is its kind's rule (``KIND.test_doc``).
+@pytest.mark.fidelity_tails
+def test_tails(fidelity_tails: TailCase) -> None:
+    _check(fidelity_tails)
+
+
+@pytest.mark.fidelity_window
+def test_window(fidelity_window: WindowCase) -> None:
+    _check(fidelity_window)
+
+
+@pytest.mark.fidelity_paired
+def test_paired(fidelity_paired: PairCase) -> None:
+    _check(fidelity_paired)
+
+
+test_tails.__doc__ = kind_tails.KIND.test_doc
+test_window.__doc__ = kind_window.KIND.test_doc
+test_paired.__doc__ = kind_paired.KIND.test_doc

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from harness.plugin.kinds import CaseRun, Payload, Uncollected, Written
+from harness.run.precision_floor import PrecisionFloor as PrecisionFloorRecord
 from harness.run.precision_floor import precision_floor, write_precision_floor
 
 if TYPE_CHECKING:
@@ -28,7 +29,7 @@ class PrecisionFloor(Uncollected):
                   "higher-precision forward of its own weights (fixture fidelity_precision_floor)")
     fixture = "fidelity_precision_floor"
 
-    def case(self, run: CaseRun, request: pytest.FixtureRequest, param: Any) -> dict[str, Any]:
+    def case(self, run: CaseRun, request: pytest.FixtureRequest, param: Any) -> PrecisionFloorRecord:
         """The marker's measurement of the configured reference; written to ``<report dir>/precision_floor.json``
         and ``.md``."""
         import pytest
@@ -41,8 +42,7 @@ class PrecisionFloor(Uncollected):
         result = precision_floor(suite_path=cfg.suite, model_dir=cfg.reference.model, store_path=cfg.reference.store,
                                  head_path=cfg.reference.head, n_boot=cfg.n_boot, **kw)
         write_precision_floor(result, Path(request.config.getoption("fidelity_report_dir")))
-        out: dict[str, Any] = dict(result)
-        return out
+        return result
 
     def write(self, out: Path, payloads: Sequence[Payload], palette_names: Sequence[str] | None) -> Written:
         return Written()

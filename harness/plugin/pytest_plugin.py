@@ -11,21 +11,26 @@ fidelity case runs, so ``pytest --help`` stays fast.
 from __future__ import annotations
 
 import argparse
-import inspect
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from harness.plugin import kind_allocate, kind_attribution, kind_paired, kind_precision_floor, kind_tails, kind_window
 from harness.plugin.ini import IniKey, add_ini, apply_ini
-from harness.plugin.kinds import ReportKind
 from harness.plugin.registry import REPORT_KINDS
 from harness.plugin.run import PARAMETRIZED, RUN_KEY, FidelityRun, active_run
 from harness.run.cluster.ray_executor import executor_argument
 from harness.scoring.backends import device_argument
 
 if TYPE_CHECKING:
+    from harness.allocation.records import AllocationDoc
+    from harness.inputs.config import PairConfig
+    from harness.plugin.kind_paired import PairCase
+    from harness.plugin.kind_tails import TailCase
+    from harness.plugin.kind_window import WindowCase
+    from harness.run.precision_floor import PrecisionFloor
     from harness.run.session import FidelitySession, ScoredShard
 
 #: The plugin's own markers (``--strict-markers`` safe): the candidate x shard cases', then each report
@@ -157,37 +162,67 @@ def fidelity_gate(request: pytest.FixtureRequest) -> Any:
     return active_run(request.config).gate()
 
 
-def _param_fixture(name: str) -> Callable[..., object]:
-    """A report kind's parameter fixture: its value is the case's parameter."""
-
-    def param(request: pytest.FixtureRequest) -> object:
-        return request.param
-
-    param.__name__ = param.__qualname__ = name
-    param.__doc__ = f"The parameter of this case (``{name}``)."
-    return pytest.fixture(name=name)(param)
-
-
-def _case_fixture(kind: ReportKind) -> Callable[..., object]:
-    """A report kind's case fixture: :meth:`~harness.plugin.kinds.ReportKind.case` of the case's parameter."""
-    assert kind.fixture is not None
-    param_name = kind.param_fixture
-
-    def case(request: pytest.FixtureRequest, **params: object) -> object:
-        param = params[param_name] if param_name is not None else None
-        return active_run(request.config).report_case(request, kind, param)
-
-    case.__name__ = case.__qualname__ = kind.fixture
-    case.__doc__ = (inspect.getdoc(kind.case) or "") + f" (report kind ``{kind.name}``)"
-    names = ["request"] + ([param_name] if param_name is not None else [])
-    case.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
-        [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD) for n in names])
-    return pytest.fixture(name=kind.fixture)(case)
+# ---------------------------------------------------------------- report kinds' fixtures
+# One parameter fixture (its value is the case's parameter, from the kind's ``params(plan)``) and one case
+# fixture (``KIND.case(run, request, param)``) per report kind that has them; tests/test_report_kinds.py checks
+# that these are exactly the names the kinds of harness.plugin.registry declare.
+#
+#   kind (module)              parameter fixture          case fixture
+#   tails (kind_tails)         fidelity_tail_candidate    fidelity_tails
+#   window (kind_window)       fidelity_window_k          fidelity_window
+#   paired (kind_paired)       fidelity_pair              fidelity_paired
+#   attribution                -                          fidelity_attribution
+#   allocation (kind_allocate) -                          fidelity_allocation
+#   precision_floor            -                          fidelity_precision_floor
+@pytest.fixture
+def fidelity_tail_candidate(request: pytest.FixtureRequest) -> str:
+    """The candidate of this tails case (``tails-<candidate>``)."""
+    return str(request.param)
 
 
-# every report kind's fixtures, by name, as module attributes (where pytest finds a plugin's fixtures)
-for _kind in REPORT_KINDS:
-    if _kind.param_fixture is not None:
-        globals()[_kind.param_fixture] = _param_fixture(_kind.param_fixture)
-    if _kind.fixture is not None:
-        globals()[_kind.fixture] = _case_fixture(_kind)
+@pytest.fixture
+def fidelity_tails(request: pytest.FixtureRequest, fidelity_tail_candidate: str) -> TailCase:
+    """A candidate's tail report over the selected shards (report kind ``tails``)."""
+    return kind_tails.KIND.case(active_run(request.config), request, fidelity_tail_candidate)
+
+
+@pytest.fixture
+def fidelity_window_k(request: pytest.FixtureRequest) -> tuple[int, tuple[str, ...]]:
+    """The first scored row ``k`` of this window case, and the notes on the windows skipped."""
+    return request.param  # type: ignore[no-any-return]
+
+
+@pytest.fixture
+def fidelity_window(request: pytest.FixtureRequest, fidelity_window_k: tuple[int, tuple[str, ...]]) -> WindowCase:
+    """Every selected candidate rescored from row ``k`` (report kind ``window``)."""
+    return kind_window.KIND.case(active_run(request.config), request, fidelity_window_k)
+
+
+@pytest.fixture
+def fidelity_pair(request: pytest.FixtureRequest) -> PairConfig:
+    """The declared pair of this case (``pair-<a>-vs-<b>``)."""
+    return request.param  # type: ignore[no-any-return]
+
+
+@pytest.fixture
+def fidelity_paired(request: pytest.FixtureRequest, fidelity_pair: PairConfig) -> PairCase:
+    """A declared pair compared on the same positions (report kind ``paired``)."""
+    return kind_paired.KIND.case(active_run(request.config), request, fidelity_pair)
+
+
+@pytest.fixture
+def fidelity_attribution(request: pytest.FixtureRequest) -> dict[str, Any]:  # Any: attribute()'s JSON document
+    """The ``fidelity_attribute`` marker's attribution of a candidate (report kind ``attribution``)."""
+    return kind_attribution.KIND.case(active_run(request.config), request, None)
+
+
+@pytest.fixture
+def fidelity_allocation(request: pytest.FixtureRequest) -> AllocationDoc:
+    """The ``fidelity_allocate`` marker's search, built and checked (report kind ``allocation``)."""
+    return kind_allocate.KIND.case(active_run(request.config), request, None)
+
+
+@pytest.fixture
+def fidelity_precision_floor(request: pytest.FixtureRequest) -> PrecisionFloor:
+    """The reference measured against a higher-precision forward of itself (report kind ``precision_floor``)."""
+    return kind_precision_floor.KIND.case(active_run(request.config), request, None)

@@ -46,7 +46,7 @@ from harness.plugin.builtin import NO_BASELINE_SKIP
 from harness.plugin.ini import ini_path
 from harness.plugin.junit import headline_numbers, record_not_measured, record_on_case, record_on_suite
 from harness.plugin.keywords import add_tag_keywords
-from harness.plugin.kinds import Payload, ReportKind
+from harness.plugin.kinds import Payload
 from harness.plugin.ladder import LadderCollector
 from harness.plugin.registry import REPORT_KINDS, write_extras
 from harness.plugin.report_dir import (
@@ -718,10 +718,6 @@ class FidelityRun:
         """``fn()`` with a capture's progress reaching the terminal; a FidelityError fails the case as ``what: ...``."""
         with self.terminal():
             return _or_fail(what, fn)
-
-    def report_case(self, request: pytest.FixtureRequest, kind: ReportKind, param: object) -> object:
-        """The value of ``kind``'s case fixture for this case's parameter (:meth:`ReportKind.case`)."""
-        return kind.case(self, request, param)
 
 
 class _OwnLine:
