@@ -1,47 +1,14 @@
 """One-pass per-layer error (``fidelity layers``): where a candidate's hidden states leave the reference's.
 
-For a few contexts of the suite, the reference and the candidate are run in the same process and
-compute dtype (default float32: the weights keep their stored values), and every decoder layer's
-output hidden state and every linear module's output are compared:
-
-* **free-running** — each model on its own: layer i's output of the candidate (fed by its own layer
-  i-1) against the reference's. The error accumulates along the depth.
-* **teacher-forced** — each candidate layer fed the *reference's* input to that layer (a forward
-  pre-hook swaps it in): the error that layer i adds by itself, given the reference's input.
-* **per module** (teacher-forced) — each linear module of the candidate fed the reference's input to
-  the same module: the error of that module's weights alone, pooled by module kind (``q_proj``,
-  ``down_proj``, ...).
-
-Per comparison, over all positions of the contexts (r the reference's vectors, c the candidate's):
-
-* ``rel_frobenius`` = ‖c − r‖_F / ‖r‖_F;
-* ``cosine_error`` = 1 − mean over positions of cos(r_t, c_t);
-* ``sqnr_db`` = 10 log10(‖r‖² / ‖c − r‖²) (``None`` when the two are identical).
-
-By kind, ``rel_frobenius`` and ``sqnr_db`` pool the sums of every module of the kind, and
-``cosine_error`` is the mean over the modules.
-
-Hybrid models mix layer types (``config.layer_types``: ``linear_attention`` for gated delta-rule layers,
-``full_attention``); each layer row carries its type and ``by_layer_type`` pools the teacher-forced
-sums of all layers of one type (``cosine_error``: the mean over those layers), so the error of the
-linear-attention layers and of the full-attention layers can be compared directly. A model without
-``layer_types`` has one type, ``decoder``.
-
-Relation to ``fidelity attribute``: these are *distances of hidden states*, measured in one pass
-(four forwards in all), not effects on the output distribution. A layer's teacher-forced error says
-how much it perturbs its own output; whether that reaches the next-token distribution depends on
-what the later layers do with it (they can damp or amplify it). ``fidelity attribute`` measures the
-causal effect on KLD (restore a group's weights, re-run, re-score), with intervals, at one forward per
-group. Use this to see quickly which layers and module kinds deviate most; use the attribution for
-what to spend bits on. ``tests/test_layers.py`` checks that on the embedded int3 candidate the
-teacher-forced ranking of the worst layers matches the attribution's ranking by ΔKLD.
-
-JSON (schema :data:`SCHEMA`): ``reference`` / ``candidate`` (path, identity), ``suite`` (path,
-hash, ``contexts``: the indices used), ``compute`` (dtype, device), ``n_positions``, ``layers`` (one
-object per decoder layer: ``layer``, ``teacher_forced`` and ``free_running`` each
-:class:`ErrorStats`), ``modules`` (``layer``, ``kind``, ``name``, :class:`ErrorStats` fields),
-``by_kind`` (``kind``, ``n_modules``, :class:`ErrorStats` fields), ``ranking`` (layers by
-teacher-forced ``rel_frobenius``, worst first) and ``timing``.
+For a few contexts, the reference and the candidate run in one process and compute dtype; every decoder
+layer's output and every linear module's output are compared **free-running** (each model on its own),
+**teacher-forced** (each candidate layer fed the reference's input to it) and **per module** (each linear
+module fed the reference's input, pooled by module kind), as ``rel_frobenius`` = ‖c − r‖_F / ‖r‖_F,
+``cosine_error`` = 1 − mean cos(r_t, c_t) and ``sqnr_db`` = 10 log10(‖r‖² / ‖c − r‖²) (None when equal).
+``by_kind`` and ``by_layer_type`` pool the sums of their members (``cosine_error``: the members' mean).
+These are distances of hidden states, not effects on the output distribution (``fidelity attribute``
+measures those): docs/diagnostics.md, "Where hidden states leave the reference"; docs/hybrid.md, "By layer type".
+The JSON (schema :data:`SCHEMA`) is the TypedDicts below.
 """
 
 from __future__ import annotations

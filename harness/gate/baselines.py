@@ -1,36 +1,13 @@
-"""Committed threshold baselines: one human-readable JSON file per candidate.
+"""Committed threshold baselines: one human-readable JSON file per candidate (``fidelity.baseline/1``).
 
-A baseline file ``<baselines>/<candidate>.json`` holds thresholds with their
-direction, for every shard (``"shards": {"00": {...}}``) and/or a ``"default"``
-entry used for shards without their own::
-
-    {
-      "schema": "fidelity.baseline/1",
-      "candidate": "int4_g32",
-      "default": {"max_mean_kld": 0.005},
-      "shards": {"00": {"max_ci_high": 0.0051, "max_mean_kld": 0.0046, "max_p99": 0.031, "min_top1": 0.93}}
-    }
-
-Fields (each optional; a case passes when every present field holds):
-
-* ``max_mean_kld`` — token-mean KLD (nats) must be <= the value;
-* ``max_ci_high`` — upper end of the 95% cluster-bootstrap interval must be <= the value;
-* ``max_p99`` — 99th percentile of per-position KLD must be <= the value;
-* ``min_top1`` — top-1 agreement (fraction) must be >= the value.
-
-A baseline also records what it was measured on (``"identity"``): the sha256 of the candidate's content
-identity (:func:`identity_sha256`: the model's config and weight files by sha256, or the store's recorded
-model identity; the folder name is left out) and, for people, the model's name. A case whose candidate
-has another identity fails, saying so, until the baseline is updated on purpose. A baseline that records
-none (written before identities were recorded) still gates on its thresholds, and the run names it with the
-command that re-derives it.
-
-Baselines change only on purpose: ``--fidelity-update-baselines`` writes the measured
-values with the margin below. Margin (documented, applied on update):
-``max_*`` = measured x (1 + ``REL_MARGIN``) + ``ABS_MARGIN_KLD``; ``min_top1`` =
-measured - ``TOP1_MARGIN``. The margin absorbs numeric differences between machines
-(BF16 GEMMs on another CPU or a GPU), not real regressions: a candidate whose drift
-grows by more than 10% fails.
+``<baselines>/<candidate>.json`` holds thresholds per shard (``"shards": {"00": {...}}``) and/or a
+``"default"``; each field is optional and a case passes when every present one holds: ``max_mean_kld``
+(token-mean KLD, nats, <=), ``max_ci_high`` (upper end of the 95 % interval, <=), ``max_p99`` (<=),
+``min_top1`` (top-1 agreement, >=). ``identity`` records the sha256 of the candidate's content identity
+(:func:`identity_sha256`); a case whose candidate has another identity fails until the baseline is updated.
+Only ``--fidelity-update-baselines`` writes them: ``max_*`` = measured x (1 + ``REL_MARGIN``) +
+``ABS_MARGIN_KLD``, ``min_top1`` = measured - ``TOP1_MARGIN``; the margin absorbs numeric differences
+between machines, not regressions. docs/design.md, section 2 ("Gate") and section 3; docs/configuration.md.
 """
 
 from __future__ import annotations

@@ -1,51 +1,12 @@
-"""The project configuration file, ``fidelity.toml``.
+"""The project configuration file, ``fidelity.toml``: :func:`load_config` -> :class:`FidelityConfig`.
 
-It names the suite, the reference (capture store, shared head, and the reference
-model so a missing store can be captured) and the candidates to score. Every key
-is validated on load; an error names the file and the key.
-
-Example::
-
-    [suite]
-    path = "fixtures/suite"
-
-    [reference]
-    name = "bf16"
-    model = "fixtures/model"            # used to capture the store when it is missing
-    store = "fixtures/reference"        # verified capture store
-    head = "fixtures/lm_head.safetensors"
-
-    [settings]
-    cache_dir = ".fidelity-cache"       # live captures of candidates, keyed by identity
-    baselines = "fidelity_tests/baselines"
-    n_boot = 10000
-
-    [[candidates]]
-    name = "int8"
-    engine = "transformers"
-    model = "fixtures/candidates/int8"  # or: store = "path/to/capture", or model = "hf://org/repo@revision"
-    tags = ["rtn"]
-    [candidates.options]                # optional, per engine (harness/engines/option_specs.py)
-    batch_size = 4
-
-Instead of ``[suite]`` and ``[reference]``, a reference dataset (``fidelity dataset build``) may supply
-all three inputs: ``[dataset] path = "dataset"`` takes the suite from ``dataset/suite``, the reference
-store from ``dataset/reference``, the head from ``dataset/head/lm_head.safetensors``, the reference name
-from ``dataset.json``, and runs the shards the dataset holds a reference for (the run verifies the
-dataset whole, as ``fidelity verify DATASET`` does, before scoring). A folder in the published
-fidelity-suite layout (``suite/suite-manifest.json``, ``reference/<folder>/capture-manifest.json``) is
-read in place the same way; its head is ``lm-head/weight.safetensors`` unless ``[dataset] head = ...``
-names the pinned head file (the published datasets ship it separately).
-
-    [card]                              # optional: what the published set's Hugging Face model card says
-    base_model = "Qwen/Qwen3-8B"        # the BF16 original's Hub id: base_model, base_model_relation: quantized
-    license = "apache-2.0"              # the candidates' licence (a quantization keeps its base model's)
-
-    [[pairs]]                           # paired comparisons (common random numbers)
-    a = "int4_g32"
-    b = "int4_g32_b"
-    margin = 0.001                      # equivalence margin on mean KLD, nats
-    expect = "equivalent"               # optional: the pair's case fails on another verdict
+It names the suite (``[suite]``), the reference (``[reference]``: capture store, shared head, and the model
+that captures a missing store), the settings (``[settings]``), the candidates to score (``[[candidates]]``,
+each with its engine and ``[candidates.options]``), paired comparisons (``[[pairs]]``) and the published
+card's inputs (``[card]``). Instead of ``[suite]`` and ``[reference]``, ``[dataset] path`` takes all three
+inputs from a reference dataset, or from a folder in the published fidelity-suite layout (docs/interchange.md).
+Every key is validated on load; an error names the file and the key. The file, annotated key by key:
+docs/configuration.md.
 """
 
 from __future__ import annotations

@@ -1,36 +1,9 @@
-"""Per-report statistics (docs/design.md, section 2): ``summarize`` turns per-position scores into a JSON-ready dict.
+"""Per-report statistics: ``summarize`` turns per-position scores into a shard report's ``metrics`` block.
 
-Field meanings (all KLD values in nats; "positions" are the scored positions after the window):
-
-* ``n_positions``, ``n_contexts``, ``n_clusters``, ``score_from`` — what was counted. The window
-  ``score_from=k`` drops rows ``< k`` of every context *before* any statistic.
-* ``kld.mean`` — the primary number: token mean over all positions. ``kld.mean_context_macro`` —
-  mean of per-context means. ``kld.ci95`` — the 95 % studentized source-cluster bootstrap interval
-  (``bootstrap`` block: replicates, seed, ``method`` / ``method_text`` of the means' intervals,
-  ``tail_method`` of the tails', ``min_clusters``; see :mod:`harness.metrics.bootstrap`). Every
-  interval (``ci95``, ``p99_ci95``, ...) is ``null`` when the report has fewer than
-  ``min_clusters`` source clusters: not estimable, never a zero-width interval.
-  ``kld.se_iid`` — the naive i.i.d. standard error (what llama.cpp prints), for comparison only.
-* ``kld.median/p95/p99/p999`` — numpy "linear" quantiles over positions; ``kld.cvar1`` — mean of
-  the worst 1 % with fractional boundary weight; ``kld.max`` — exact max; ``kld.p99_ci95`` and
-  ``kld.cvar1_ci95`` — cluster-bootstrap intervals of the pooled tail statistics, ``null`` below
-  ``bootstrap.tail_min_clusters`` source clusters (``bootstrap.tail_estimable``: false), where their
-  coverage cannot be trusted.
-* ``exceedance`` — exact counts of positions with KLD > 1e-4, 1e-3, 1e-2, 0.1, 1.
-* ``histogram`` — the fixed log-spaced histogram (:mod:`harness.metrics.histogram`).
-* ``top1``, ``ear``, ``jsd_bits`` — mean agreement of the argmaxes, mean sum min(p, q), mean JSD.
-* ``ppl`` — exp(mean NLL) of reference and candidate, their ratio, ``mean_ln_ratio`` = mean
-  (nll_cand - nll_ref), and the Pearson correlation of the per-position NLLs.
-* ``delta_p`` — Δp = q(y) - p(y) for the true next token y: mean, std, RMS, percentiles.
-* ``per_stratum`` — positions, contexts, mean KLD, top-1 per stratum.
-* ``contexts`` — one row per context with sums, so the headline can be recomputed from the report
-  alone; ``worst_contexts`` — the 20 contexts with the highest mean KLD.
-* ``diagnostics`` — reverse KL with its interval, reference entropy and confidence, the candidate's
-  probability of the reference's top token, top-5/top-10 overlap with intervals, llama-perplexity's
-  "same top", KLD by reference-confidence bucket and by reference-entropy decile
-  (:mod:`harness.metrics.diagnostics`).
-* ``totals`` — additive sums, max, histogram and exceedance counts: :func:`merge_totals` combines
-  the totals of two shards exactly as if they had been scored together.
+The block's shape is :class:`harness.metrics.records.ShardSummary` (KLD in nats; "positions" are the scored
+positions after the window ``score_from``); what each field means: docs/design.md, section 3, "The
+``metrics`` block, field by field". :func:`merge_totals` combines two shards' ``totals`` exactly as if they
+had been scored together.
 """
 
 from __future__ import annotations

@@ -1,84 +1,14 @@
-"""Fused full-vocabulary KL scorer in Triton: logits never leave the chip (docs/design.md, section 6).
+"""Fused full-vocabulary KL scorer in Triton: logits never leave the chip.
 
-One program owns ``BLOCK_M`` rows (positions). It walks the vocabulary in ``BLOCK_N`` columns;
-for each column block it computes the reference and candidate logits with ``tl.dot`` (bf16
-operands, fp32 accumulation: every bf16 x bf16 product is exact in fp32, so these are the same
-"fp32 logits from bf16 operands" as :func:`harness.scoring.scorer.logits_gemm`) and folds them into
-per-row running statistics. Logits are never written to global memory. When both operands go
-through one shared head, each head tile is loaded once and used by both dots.
-
-Phase 1 (always; one pass over the head): normalizers, KL, top-1, NLLs
------------------------------------------------------------------------
-Notation per row: l_j reference logits, m_j candidate logits, p = softmax(l), q = softmax(m),
-d_j = l_j - m_j. Running maxes ``a = max l``, ``b = max m`` and
-
-    S = sum_j e^(l_j - a)          R = sum_j e^(m_j - b)
-
-(rescaled by e^(a_old - a_new) when the max grows: the usual online softmax). Then
-ln p_j - ln q_j = d_j - (a + ln S) + (b + ln R), so
-
-    KL = sum p_j (ln p_j - ln q_j) = T/S + (b - a) + ln(R/S),   T = sum_j e^(l_j - a) d_j.
-
-That textbook form subtracts O(10) quantities to get a KL that is often 1e-6 or smaller: in fp32
-ln(R/S) alone carries ~1e-7 relative error of ln S (~1e-6 nats absolute) -- the same
-ulp(lse) floor the torch scorer removes. The kernel therefore accumulates a form without the
-cancellation. For any per-row constant c, with x_j = d_j - c and phi(x) = e^(-x) - 1 + x >= 0:
-
-    ln E_p[e^(-x)] = ln sum e^(m_j) - ln sum e^(l_j) + c = (b + ln R) - (a + ln S) + c =: Z
-    KL = E_p[x] + Z   (since E_p[d] - KL = ln sum e^l - ln sum e^m)
-       = E_p[phi(x)] - (e^Z - 1) + Z
-       = F/S + (Z - expm1(Z)),          F = sum_j e^(l_j - a) phi(x_j)    (rescaled like S).
-
-F is a sum of non-negative terms (no cancellation; phi is evaluated by its series for
-|x| < 1/8), and Z - expm1(Z) ~ -Z^2/2 is second order in Z, so the fp32 error of ln S, ln R
-(~1e-7) enters KL only as ~|Z| * 1e-7. The kernel takes c = a_0 - b_0 (the two maxes over the
-first column block) so that x is centred and Z is small; identical operands give x == 0, F == 0,
-Z == 0 and KL == 0 exactly. The weighted term e^(l-a) phi(x) is formed as
-e^((l-a) - x) - e^(l-a) + e^(l-a) x for x < -1 (= e^(m - a + c) - ...), which overflows only if
-the candidate's logits rise more than ~88 above their first-block maximum relative to the
-reference's; rows whose result is not finite are rescored by the torch path.
-
-Top-1: per block ``tl.argmax(..., tie_break_left=True)``; the running index is replaced only
-when a block's maximum is *strictly* greater, so ties go to the lowest token id, as in torch.
-NLL: the target's logit is picked out of its block (exact), then nll = a + ln S - l_y (float64
-on the host).
-
-The other phase-1 scores
-------------------------
-* Reverse KL(q||p): the same cancellation-free form with the roles exchanged (weights e^(m-b),
-  x -> -x, Z -> -Z): KL(q||p) = G/R + (-Z - expm1(-Z)), G = sum_j e^(m_j - b) phi(-x_j).
-* Entropy of p: H = ln S + E/S with E = sum_j e^(l_j - a) (a - l_j) >= 0, rescaled when the max
-  grows (E <- e^(a_old - a_new) (E + (a_new - a_old) S)).
-* p(argmax p) = 1/S; q(argmax p) = e^(m_top - b)/R, m_top the candidate's logit at the running
-  reference argmax (replaced with it).
-* Top-k sets: each side keeps a running, unordered list of its ``TOPK`` largest logits and their
-  ids (:func:`_topk_merge` folds each column block in, ties to the lowest id; only as many rounds
-  as a block's elements above the list's minimum); the host orders each list (logit descending,
-  id ascending) and counts the shared ids of the first 5 and of all 10.
-
-Phase 2 (optional; a second pass over the head): JSD and EAR
-------------------------------------------------------------
-min(p, q) and the JSD terms depend on the *final* normalizers, which no single pass has while it
-walks the vocabulary. Phase 2 recomputes each block's logits with the final a, b, ln S - ln R
-and accumulates, exactly as :func:`harness.scoring.scorer._metrics_chunk` does on a logits tile
-(P = e^(l-a), Q = e^(m-b) S/R, d = (l-a) - (m-b) - (ln S - ln R)):
-
-    sum min(P, Q),  sum min(P, Q) |d|,  sum (P + Q) log1p(tanh(|d|/2))
-
-so EAR = sum min / sum P and 2 JSD_nats = (sum (P+Q) log1p(s) - sum min |d|) / sum P (sum P is
-re-accumulated in phase 2's own order, so identical operands give EAR == 1 exactly). Cost: it redoes
-both GEMMs, so scoring with JSD/EAR costs about 2x the phase-1 GEMM time (the same GEMM count as
-the two-pass method, but KL, top-1 and the NLLs never need it). ``jsd_ear=False`` skips it and
-returns NaN for ``jsd_bits`` and ``ear``.
-
-Numerics vs the torch path: the GEMMs accumulate in a different order (tl.dot tiles vs
-cuBLAS/MKL), so logits differ by fp32 rounding (~1e-6 relative); per position the two paths
-agree to |delta KL| <= 1e-6 + 1e-4 KL (and likewise JSD, EAR; NLLs to 1e-4 absolute), checked by
-``tests/test_fused_kl.py`` under ``TRITON_INTERPRET=1`` against a float64 reference.
-
-Under the interpreter (``TRITON_INTERPRET=1``, CPU) Triton 3.9's ``tl.dot`` on bf16 operands
-returns wrong values, so there the operands are widened to fp32 before the dot (exact) and the
-dot runs in IEEE fp32 -- the same numbers. On CUDA the dot takes bf16 operands (tensor cores).
+One program owns ``BLOCK_M`` rows (positions) and walks the vocabulary in ``BLOCK_N`` columns, computing
+both sides' logits with ``tl.dot`` (bf16 operands, fp32 accumulation: the same fp32 logits as
+:func:`harness.scoring.scorer.logits_gemm`) and folding them into per-row running statistics. Phase 1
+(one pass over the head): normalizers, KL in a cancellation-free online form, reverse KL, entropy, top-1
+(ties to the lowest id), top-k sets, NLLs; rows whose result is not finite are rescored by the torch
+path. Phase 2 (``jsd_ear=True``, a second pass with the final normalizers): JSD and EAR. Per position
+the two paths agree to |delta| <= 1e-6 + 1e-4 |value| (NLLs 1e-4), ``tests/test_fused_kl.py``.
+Derivation, numerics and the interpreter's bf16 ``tl.dot`` workaround: docs/performance.md, "The fused
+Triton kernel" and its "Derivation".
 """
 
 from __future__ import annotations

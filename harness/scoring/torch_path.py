@@ -1,55 +1,13 @@
-"""Exact full-vocabulary scorer (docs/design.md, sections 2 and 6).
+"""Exact full-vocabulary scorer: KL, JSD, EAR, NLLs and top-1 per position, on any torch device.
 
-Per position, with p = softmax(reference logits) and q = softmax(candidate logits) over the
-*whole* vocabulary (never top-k), the scorer returns KL(p||q) in nats, the Jensen-Shannon
-divergence in bits, EAR = sum min(p, q), the negative log-likelihoods of the true next token
-under both, and both argmaxes (ties to the lowest token id).
-
-How it is computed
-------------------
-* **One GEMM per hidden state.** Rows are processed in tiles of ``tile_rows``: the reference
-  and candidate logits of a tile are computed once each (:func:`logits_tiles`: both sides
-  stacked into one ``[2 x tile, hidden] @ head.T`` when they share the head, so the head is
-  streamed once per tile) and every metric is derived from those two tiles while they are in
-  memory (:func:`_metrics_chunk`, which only reads them).
-* **fp32 logits from bf16 operands.** The operands keep their values (bf16 hidden states and
-  head); products accumulate in fp32 and the logits stay fp32 (:func:`logits_gemm`). On CUDA
-  that is ``torch.mm(..., out_dtype=float32)`` where torch has it; elsewhere the operands are
-  widened to fp32 first (exact: every bf16 value is an fp32 value) and multiplied in fp32.
-  Rounding the logits to bf16 instead -- what a bf16 GEMM returns on a CPU -- adds an error of
-  up to ulp/2 (1/32 for logits in [8, 16)) to every logit independently on the two sides, a
-  noise floor of about 0.5 Var(delta) ~ 1e-4 nats of KLD between *different* hidden states:
-  as large as the drift of an int8 candidate. ``tests/test_scorer.py`` checks the floor is gone.
-* **Cache-sized metric chunks.** The metric math runs over ``chunk_rows`` rows of a tile at a
-  time in six pre-allocated fp32 buffers, so on a CPU the ~30 elementwise passes stay in cache.
-  With T torch threads, T worker threads each take whole chunks with single-threaded ops (see
-  ``_MetricRunner``). Peak extra memory is ``2 * tile_rows * vocab`` logits plus
-  ``T * 6 * chunk_rows * vocab`` fp32 values, independent of the number of positions N
-  (``tile_rows`` defaults to what fits :data:`MEMORY_BUDGET_BYTES`); outputs are numpy arrays
-  of length N.
-* **One fused metric kernel at scale.** On a CPU, when a call scores enough logits to pay for a
-  compile (:mod:`harness.scoring.metric_kernel`: ``FIDELITY_METRIC_KERNEL``, a C++ compiler on
-  PATH), the elementwise/reduction chain runs as one inductor-compiled kernel over chunks of
-  :data:`COMPILED_CHUNK_BYTES` (each row read from memory once, its passes in cache) instead of
-  ~30 torch passes; the same formulas, the same outputs to fp32 rounding and summation order.
-* **Numerics.** Softmax in fp32, max-shifted; row sums accumulate in float64
-  (``sum(dtype=float64)``) and their logarithms are taken in float64.
-  d = ln p - ln q is formed as ``(x - max x) - (y - max y) - (ln s_x - ln s_y)``: the two
-  normalizers cancel in float64 first, so d keeps full fp32 relative accuracy even for tiny
-  divergences (an fp32 log_softmax would leave an ulp(lse) ~ 1e-6 offset in d, and therefore
-  in KLD). Identical
-  inputs give d == 0 and KLD == 0 exactly, by construction, without any clamping.
-  JSD uses a cancellation-free form: with a = |d|, s = tanh(a/2) = -expm1(-a) / (2 + expm1(-a)),
-
-      2 * JSD_nats = sum (p + q) * log1p(s) - sum min(p, q) * a
-
-  (ln(2 max / (p+q)) = log1p(s) and ln(2 min / (p+q)) = log1p(s) - a), which is exact for
-  any finite d and never forms log(0).
-  EAR = sum min(p, q) (identical inputs give exactly 1), clipped to [0, 1] against rounding.
-* Inputs must be finite (captures and heads are verified upstream, docs/design.md, section 4).
-
-The module is device-agnostic: the same code runs on CUDA (there ``chunk_rows`` defaults to
-the whole tile).
+Per position, with p = softmax(reference logits) and q = softmax(candidate logits) over the *whole*
+vocabulary (never top-k): KL(p||q) in nats, the Jensen-Shannon divergence in bits, EAR = sum min(p, q),
+the negative log-likelihoods of the true next token under both, and both argmaxes (ties to the lowest
+token id). Each tile's logits are computed once, in fp32 from bf16 operands (:func:`logits_gemm`), and
+every metric is taken from them in cache-sized chunks (:func:`_metrics_chunk`); memory does not grow
+with the number of positions. Identical inputs give KLD == 0 and EAR == 1 exactly. How it is computed
+and why (GEMM, chunking, the fused metric kernel, the cancellation-free forms): docs/design.md,
+section 6, "The exact scorer".
 """
 
 from __future__ import annotations
