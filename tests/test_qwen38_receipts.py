@@ -346,10 +346,10 @@ def test_v6_suite_with_token_files_read_in_place(tmp_path: Path) -> None:
 def test_one_ladder_is_one_measurement(rdir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Receipts of another reference (resealed, consistent in itself) are not put into one ladder with the rest."""
     doc = _load(rdir / "kld5-1M-tail-fp8.json")
-    doc["reference_identity"]["config_sha256"] = "0" * 64
+    doc["reference_identity"]["index_sha256"] = "0" * 64
     other = _write(tmp_path / "fp8.json", _reseal(doc))
     read_cumulative(other)
     assert main(["aggregate", str(rdir / "kld5-1M-tail-ctx.json"), str(other), "--suite", str(rdir / "kld5-suite-manifest.json"),
                  "--out", str(tmp_path / "out")]) == 1
     err = capsys.readouterr().err
-    assert "reference_identity.config_sha256" in err and "two measurements" in err and not (tmp_path / "out").exists()
+    assert "reference_identity.index_sha256" in err and "two measurements" in err and not (tmp_path / "out").exists()
