@@ -7,6 +7,7 @@ Everything is built once per session in a temporary folder, with fixed seeds.
 from __future__ import annotations
 
 import random
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,33 @@ import pytest
 # native libraries it loads) cannot be imported a second time in one process (SystemError / segfault). Imported
 # here, before any in-process run, it is part of every snapshot whatever the test order.
 import torch
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+
+
+class NoFixtureNamespaces:
+    """A meta path finder that keeps a folder of ``fixtures/`` from being imported as a namespace package.
+
+    Some tests put ``fixtures/`` on ``sys.path`` to import its builders (``make_*.py``); its data folders
+    (``gguf/``, ``model/``, ...) hold no ``__init__.py``, so without this ``import gguf`` with the ``gguf``
+    package absent would resolve to the folder ``fixtures/gguf`` and fail later with ``AttributeError``
+    instead of skipping. A top-level name found nowhere but as such a folder is a ModuleNotFoundError."""
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
+        import importlib.machinery
+
+        if path is not None or "." in fullname or not (FIXTURES / fullname).is_dir() or (FIXTURES / fullname / "__init__.py").exists():
+            return None
+        others = [p for p in sys.path if Path(p or ".").resolve() != FIXTURES]
+        spec = importlib.machinery.PathFinder.find_spec(fullname, others)
+        if spec is None:
+            raise ModuleNotFoundError(f"No module named {fullname!r} (the folder fixtures/{fullname} is data, not a package)",
+                                      name=fullname)
+        return spec
+
+
+if not any(isinstance(f, NoFixtureNamespaces) for f in sys.meta_path):
+    sys.meta_path.insert(0, NoFixtureNamespaces())
 
 TINY_VOCAB = 300
 TINY_HIDDEN = 32

@@ -85,13 +85,13 @@ class RequestOptions(TypedDict, total=False):
 def budget_key(spec: str, family: Family) -> str:
     """A budget as the search names it: bytes and ``base`` as given, a choice in the family's spelling."""
     s = spec.strip()
-    return s.upper() if family.name == "gguf" and not s.isdigit() and s != "base" else s
+    return s.upper() if family.name == "gguf" and not (s.isascii() and s.isdigit()) and s != "base" else s
 
 
 def resolve_budget(spec: str, family: Family, base: dict[str, str]) -> tuple[int, str]:
     """``(bytes, what it is)`` of one budget (module docstring)."""
     s = budget_key(spec, family)
-    if s.isdigit():
+    if s.isascii() and s.isdigit():  # ASCII digits only: '²' or '٣' are not a byte count
         return int(s), f"{int(s)} bytes"
     if s == "base":
         return layout_bytes(family, base), "the base layout's bytes"
