@@ -13,9 +13,14 @@ from typing import Any
 
 from harness.gate.baselines import headline_of, identity_sha256, load_baseline_or_none, unused_baselines, write_baseline
 from harness.interchange.suite_manifest import load_any_suite
-from harness.io.jsonio import read_json
-from harness.io.schema import check
-from harness.reports.aggregate import format_ladder, ladder_rows, write_ladder
+from harness.reports.aggregate import (
+    annotate_floor,
+    format_ladder,
+    ladder_notes,
+    ladder_rows,
+    matching_floor,
+    write_ladder,
+)
 from harness.reports.shard import ShardReport, report_shard
 
 
@@ -37,6 +42,9 @@ class LadderCollector:
     same_identity: list[list[str]] = field(default_factory=list)
     #: Baselines of this run's candidates that record no identity (named at the end of the run).
     without_identity: list[Path] = field(default_factory=list)
+    #: The reference's precision floor shown beside the ladder (``precision_floor.json`` of this suite and
+    #: reference), or None.
+    floor: dict[str, Any] | None = None
 
     def add(self, payload: dict[str, Any], *, passed: bool, no_baseline: bool = False) -> None:
         """Record one case's report and write ``<report-dir>/<candidate>/shard-<NN>.json`` and ``.md``."""
@@ -63,7 +71,9 @@ class LadderCollector:
         why = not_scored or {}
         missing = [{"candidate": c.name, "status": why[c.name].split(":", 1)[0], "reason": why[c.name].split(":", 1)[1].strip()}
                    for c in config.candidates if c.name not in scored and c.name in why]
-        write_ladder(self.report_dir, self.ladder_rows, _precision_floor(self.report_dir, self.ladder_rows), missing)
+        self.floor = matching_floor(self.report_dir / "precision_floor.json", self.ladder_rows)
+        annotate_floor(self.ladder_rows, self.floor)
+        write_ladder(self.report_dir, self.ladder_rows, self.floor, missing)
         identities = {r.candidate: r.comparability.get("candidate", {}).get("identity") for r in reports}
         # one model through two engines is two measurements; one model twice through one engine is reported
         engines = {r.candidate: r.comparability.get("engine", {}).get("candidate") for r in reports}
@@ -84,7 +94,7 @@ class LadderCollector:
 
     def summary_lines(self) -> list[str]:
         """The ladder as terminal lines, sorted by mean KLD, plus baseline notes."""
-        lines = format_ladder(self.ladder_rows)
+        lines = [*format_ladder(self.ladder_rows), *ladder_notes(self.floor)]
         lines.append(f"reports: {self.report_dir}/")
         for p in self.written_baselines:
             lines.append(f"baseline written: {p}")
@@ -97,26 +107,6 @@ class LadderCollector:
             lines.append(f"same identity: {', '.join(group)} are one model by content (config and weight files "
                          "by sha256) through one engine: measured twice")
         return lines
-
-
-def _precision_floor(report_dir: Path, rows: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """The report folder's ``precision_floor.json`` (``-m fidelity_precision_floor``) when it measures the
-    ladder's suite and reference, else None (a floor of another suite or reference is never shown)."""
-    path = report_dir / "precision_floor.json"
-    if not path.is_file() or not rows:
-        return None
-    floor: dict[str, Any] = read_json(path)
-    comp = rows[0]["aggregate"]["comparability"]
-    if floor.get("schema") != "fidelity.precision-floor/1":
-        return None
-
-    # a report folder travels: a floor that lies is a named refusal, never a KeyError at the end of a run
-    check(floor, {"suite": {"suite_token_sha256": str}, "reference": {"identity": object}}, path)
-    if floor["suite"]["suite_token_sha256"] != comp.get("suite_token_sha256"):
-        return None
-    if floor["reference"]["identity"] != comp.get("reference", {}).get("identity"):
-        return None
-    return floor
 
 
 def same_identity_groups(identities: dict[str, dict[str, Any]]) -> list[list[str]]:

@@ -85,6 +85,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="where per-shard reports and the ladder are written (default: fidelity-reports/)")
     group.addoption("--fidelity-window", dest="fidelity_window", metavar="N", type=_window, default=None,
                     help="score_from: drop the first N rows of every context (a different measurement)")
+    group.addoption("--fidelity-no-floor", dest="fidelity_no_floor", action="store_true",
+                    help="do not measure (or read from the cache) the reference's precision floor shown beside the "
+                         "ladder (a float64 forward of the reference on the run's shards: docs/statistics.md)")
     group.addoption("--fidelity-update-baselines", dest="fidelity_update_baselines", action="store_true",
                     help="write measured values (plus the documented margin) to the baseline files")
     group.addoption("--fidelity-executor", dest="fidelity_executor", metavar="WHERE", type=executor_argument, default=None,

@@ -60,7 +60,7 @@ from harness.plugin.report_dir import (
     write_stamp,
 )
 from harness.plugin.step_summary import CASE_MARKERS, ENV, append, failing_case, render
-from harness.reports.aggregate import format_ladder
+from harness.reports.aggregate import format_ladder, ladder_notes
 from harness.run.cluster.ray_executor import RayExecutor, parse_executor, require_ray, scored_shard
 from harness.run.reuse import ReuseLog
 from harness.run.score_cache import scores_cache_line
@@ -608,13 +608,14 @@ class FidelityRun:
         failed = True
         try:
             if self.collector.reports:
+                written += self._floor(report_dir)
                 self.collector.finish(update_baselines=self.pytest_config.getoption("fidelity_update_baselines"),
                                       config=self.plan.full, not_scored=self.not_scored)
                 written += [report_dir / "ladder.md", report_dir / "ladder.json"]
             if self.extras:
                 # the tail plot colours candidates as a published set of this configuration does
-                self.extra_lines = write_extras(report_dir, self.extras, written=written,
-                                                palette_names=[c.name for c in self.plan.full.candidates])
+                self.extra_lines += write_extras(report_dir, self.extras, written=written,
+                                                 palette_names=[c.name for c in self.plan.full.candidates])
             failed = False
         finally:  # the stamp and ledger name what this run wrote, even when a summary failed
             if failed:  # no partial set of summaries: those this run wrote before the failure go again
@@ -632,6 +633,26 @@ class FidelityRun:
                                     f"(fidelity-run.json names the run of each file)")
         for rel in (k for k in kept if report_dir / k not in written):
             self.extra_lines.append(f"kept, edited since an earlier run wrote it (not this run's): {report_dir / rel}")
+
+    def _floor(self, report_dir: Path) -> list[Path]:
+        """The reference's precision floor over this run's shards and window, from the cache or measured now
+        (:mod:`harness.run.floor_cache`), written as ``precision_floor.json`` / ``.md`` for the ladder; nothing
+        with ``--fidelity-no-floor``."""
+        if self.pytest_config.getoption("fidelity_no_floor"):
+            self.extra_lines.append("precision floor: not measured (--fidelity-no-floor)")
+            return []
+        from harness.run.floor_cache import floor_for_run
+        from harness.run.precision_floor import write_precision_floor
+
+        shards = ",".join(str(s) for s in sorted({s for _c, s in self.collector.verdicts}))
+        try:
+            floor, line = floor_for_run(self.plan.full, shards=shards or None,
+                                        score_from=self.pytest_config.getoption("fidelity_window"),
+                                        key=self.session.signing_key())
+        except FidelityError as e:  # the ladder stands without it; the reason is named
+            floor, line = None, f"precision floor: not measured ({e})"
+        self.extra_lines.append(line)
+        return write_precision_floor(floor, report_dir) if floor is not None else []
 
     def missing_from_ladder(self) -> list[dict[str, str]]:
         """Candidates of this run whose cases produced no report, each with its ``status`` (``failed``: its
@@ -674,7 +695,8 @@ class FidelityRun:
         if not target or self.is_worker:
             return
 
-        ladder = format_ladder(self.collector.ladder_rows) if self.collector.ladder_rows else []
+        ladder = ([*format_ladder(self.collector.ladder_rows), "", *ladder_notes(self.collector.floor)]
+                  if self.collector.ladder_rows else [])
         notes = [*self.extra_lines, *([f"error: {self.finish_error}"] if self.finish_error else [])]
         append(target, render(shown_path(self.plan.path, self.pytest_config), ladder, self.missing_from_ladder(),
                               self.failures, notes))

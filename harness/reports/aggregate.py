@@ -31,6 +31,8 @@ import numpy as np
 
 from harness.errors import VerificationError
 from harness.io.atomic import atomic_write_files, dumps_json
+from harness.io.jsonio import read_json
+from harness.io.schema import check
 from harness.metrics.bootstrap import MEAN_METHOD, MEAN_METHOD_TEXT, MIN_CLUSTERS, draw_cluster_weights, ratio_intervals
 from harness.metrics.diagnostics import diagnostics_from_totals
 from harness.metrics.histogram import LogHistogram
@@ -373,12 +375,75 @@ def _size(b: int | None) -> str:
     return size_text(b)
 
 
+#: What every ladder's mean KLD includes, stated once under each ladder (terminal, ladder.md, step summary, card).
+INCLUDES = ("Each mean KLD: KL(P_reference || P_candidate) per scored position, both sides bf16 executions of their "
+            "weights through one shared head (fp32 logits); it includes both forwards' bf16 rounding, is never net of "
+            "the precision floor, and does not measure either model against exact arithmetic.")
+#: The mark of a candidate whose interval overlaps the precision floor's.
+INDISTINGUISHABLE = "indistinguishable from bf16 execution"
+
+
+def matching_floor(path: Path, rows: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
+    """The precision floor at ``path`` (``fidelity.precision-floor/1``) when it measures the ladder ``rows``' suite
+    and reference, else None (a floor of another suite or reference is never shown)."""
+    if not path.is_file() or not rows:
+        return None
+    floor: dict[str, Any] = read_json(path)
+    comp = rows[0]["aggregate"]["comparability"]
+    if floor.get("schema") != "fidelity.precision-floor/1":
+        return None
+    # a report folder travels: a floor that lies is a named refusal, never a KeyError at the end of a run
+    check(floor, {"suite": {"suite_token_sha256": str}, "reference": {"identity": object},
+                  "kld": {"mean": float, "ci95": object}, "compute": {"dtype": str}, "n_positions": int}, path)
+    if floor["suite"]["suite_token_sha256"] != comp.get("suite_token_sha256"):
+        return None
+    if floor["reference"]["identity"] != comp.get("reference", {}).get("identity"):
+        return None
+    return floor
+
+
+def annotate_floor(rows: Sequence[dict[str, Any]], floor: Mapping[str, Any] | None) -> None:
+    """Give each ladder row ``floor_ratio`` (its mean KLD / the floor's mean) and ``vs_floor``
+    (:data:`INDISTINGUISHABLE` when its 95% interval overlaps the floor's, else ``"above the floor"``);
+    ``floor``: a ``fidelity.precision-floor/1`` result of the same suite and reference, or None (rows untouched)."""
+    if floor is None:
+        return
+    k = floor["kld"]
+    f_lo, f_hi = k["ci95"] or (k["mean"], k["mean"])
+    for r in rows:
+        lo, hi = r["ci95"] or (r["mean_kld"], r["mean_kld"])
+        r["floor_ratio"] = r["mean_kld"] / k["mean"] if k["mean"] > 0 else None
+        r["vs_floor"] = INDISTINGUISHABLE if lo <= f_hi and f_lo <= hi else "above the floor"
+
+
+def floor_line(floor: Mapping[str, Any]) -> str:
+    """One line: the precision floor with its interval, what it compares, over which positions."""
+    k = floor["kld"]
+    ci = f"[{_fmt(k['ci95'][0])}, {_fmt(k['ci95'][1])}]" if k["ci95"] else "[not estimable]"
+    where = floor["sample"]["text"] if floor.get("sample") else "every context of the run's shards"
+    return (f"Precision floor of the reference: {_fmt(k['mean'])} {ci} nats, KL(bf16 reference capture || "
+            f"{floor['compute']['dtype']} forward of the same weights) over {floor['n_positions']} positions ({where}, "
+            f"score_from={floor.get('score_from', 0)}). A mean KLD near it cannot be told from the reference's own "
+            "rounding; it is not subtracted (rounding noise changes with the weights).")
+
+
+def ladder_notes(floor: Mapping[str, Any] | None) -> list[str]:
+    """The lines under every ladder table: what its numbers include, and the precision floor (when measured)."""
+    return [INCLUDES, *([floor_line(floor)] if floor is not None else [])]
+
+
 def format_ladder(rows: Sequence[dict[str, Any]]) -> list[str]:
-    """The ladder as aligned text lines (terminal) — also valid Markdown table rows."""
-    head = ["candidate", "bpw (linear / all)", "size", "shards", "mean KLD [95% CI]", "p99 (bin)", "top-1", "baseline"]
+    """The ladder as aligned text lines (terminal) — also valid Markdown table rows. Rows annotated by
+    :func:`annotate_floor` get a ``× floor`` column (the ratio, and the mark when indistinguishable)."""
+    floored = any("floor_ratio" in r for r in rows)
+    head = ["candidate", "bpw (linear / all)", "size", "shards", "mean KLD [95% CI]", *(["× floor"] if floored else []),
+            "p99 (bin)", "top-1", "baseline"]
     body = []
     for r in rows:
         ci = f"[{_fmt(r['ci95'][0])}, {_fmt(r['ci95'][1])}]" if r["ci95"] else "[not estimable]"
+        ratio = [] if not floored else [
+            ("—" if r.get("floor_ratio") is None else f"{r['floor_ratio']:.3g}×")
+            + (f" ({INDISTINGUISHABLE})" if r.get("vs_floor") == INDISTINGUISHABLE else "")]
         body.append(
             [
                 r["candidate"],
@@ -386,6 +451,7 @@ def format_ladder(rows: Sequence[dict[str, Any]]) -> list[str]:
                 _size(r["size_bytes"]),
                 str(len(r["shards"])),
                 f"{_fmt(r['mean_kld'])} {ci}",
+                *ratio,
                 f"≤ {_fmt(r['p99_bounds'][1])}",
                 f"{r['top1']:.4f}",
                 r["verdict"],
@@ -421,16 +487,14 @@ def ladder_files(out_dir: Path, rows: Sequence[dict[str, Any]], floor: dict[str,
     md = "# Fidelity ladder\n\n" + "\n".join(format_ladder(rows)) + "\n"
     if not_measured:
         md += "\n" + "".join(line + "\n" for line in not_measured_lines(not_measured))
+    doc["includes"] = INCLUDES
+    md += "".join(f"\n{line}\n" for line in ladder_notes(floor))
     if floor is not None:
         k = floor["kld"]
         doc["precision_floor"] = {"mean": k["mean"], "ci95": k["ci95"], "dtype": floor["compute"]["dtype"],
                                   "shards": floor["suite"]["shards"], "n_positions": floor["n_positions"],
+                                  "score_from": floor.get("score_from", 0), "sample": floor.get("sample"),
                                   "definition": floor["definition"]}
-        ci = f"[{_fmt(k['ci95'][0])}, {_fmt(k['ci95'][1])}]" if k["ci95"] else "[not estimable]"
-        md += (f"\nPrecision floor of the reference: {_fmt(k['mean'])} {ci} nats, KL(bf16 reference capture ‖ "
-               f"{floor['compute']['dtype']} forward of the same weights) over {floor['n_positions']} positions. "
-               "A mean KLD near it cannot be told from the reference's own rounding; it is not subtracted "
-               "(rounding noise changes with the weights).\n")
     return {out_dir / "ladder.md": md, out_dir / "ladder.json": dumps_json(doc)}
 
 

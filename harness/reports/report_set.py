@@ -39,7 +39,16 @@ from harness.io.atomic import atomic_write_files, atomic_write_text, dumps_json,
 from harness.io.hashing import sha256_file
 from harness.io.jsonio import read_json
 from harness.io.schema import MapOf, Nullable, Optional, check
-from harness.reports.aggregate import aggregate, format_ladder, ladder_files, ladder_rows, not_measured_lines
+from harness.reports.aggregate import (
+    aggregate,
+    annotate_floor,
+    format_ladder,
+    ladder_files,
+    ladder_notes,
+    ladder_rows,
+    matching_floor,
+    not_measured_lines,
+)
 from harness.reports.card import card_info, render_card, split_card
 from harness.reports.diagnostics import diagnostics_lines
 from harness.reports.numbers import fmt_opt
@@ -414,6 +423,8 @@ def _render_set(groups: dict[str, list[Any]], suite: Any, baselines: dict[str, A
     verdicts = derive_verdicts(groups, baselines)
     rows = ladder_rows([r for g in groups.values() for r in g], verdicts, suite=shape)
     tails, window, pairs, adaptive = extras["tails"], extras["window"], extras["paired"], extras["adaptive"]
+    floor = extras.get("floor")
+    annotate_floor(rows, floor)
     results = {
         "schema": SCHEMA_RESULTS,
         "suite": shape.to_json(),
@@ -432,9 +443,10 @@ def _render_set(groups: dict[str, list[Any]], suite: Any, baselines: dict[str, A
         "window": window,
         "paired": pairs,
         "adaptive": adaptive,
+        "precision_floor": floor,
     }
     missing = not_measured_lines(not_measured)
-    ladder_lines = format_ladder(rows) + ([""] + missing if missing else [])
+    ladder_lines = format_ladder(rows) + ["", *ladder_notes(floor)] + ([""] + missing if missing else [])
     points = size_points(aggs)
     files: dict[str, Any] = {
         "ladder.md": "# Fidelity ladder\n\n" + "\n".join(ladder_lines) + "\n",
@@ -451,7 +463,7 @@ def _render_set(groups: dict[str, list[Any]], suite: Any, baselines: dict[str, A
     n_contexts = sum(s.stop - s.start for s in shape.shards)
     readme = render_card(card, aggs, {**shape.to_json(), "n_contexts": n_contexts}, ladder_lines, bool(tails), details)
     # the card first: verify names the last disagreement, and the card only repeats results.json's numbers
-    return {"files": {"README.md": readme, **files}, "points": points}
+    return {"files": {"README.md": readme, **files}, "points": points, "floor": floor}
 
 
 _NOT_MEASURED_SCHEMA = {"not_measured": [{"candidate": str, "status": str, "reason": str}]}
@@ -508,6 +520,8 @@ def publish(reports_dir: str | Path, out_dir: str | Path, *, config: Any = None,
         "adaptive": _read_adaptive(reports_dir / "adaptive.json", groups),
         "paired": [_read_paired(p, groups, config) for p in sorted((reports_dir / "paired").glob("*.json"))]
         if (reports_dir / "paired").is_dir() else [],
+        "floor": matching_floor(reports_dir / "precision_floor.json",
+                                [{"aggregate": {"comparability": r.comparability}} for g in groups.values() for r in g]),
     }
 
     derived = _render_set(groups, suite, baselines, extras, reproduction_info(config, groups), n_shards=n_shards,
@@ -516,7 +530,8 @@ def publish(reports_dir: str | Path, out_dir: str | Path, *, config: Any = None,
     with staged_directory(out) as stage:
         atomic_write_files({stage / rel: text for rel, text in derived["files"].items()})
         palette = None if config is None else [c.name for c in config.candidates]  # colours as in tails.png
-        plot_kld_vs_size(derived["points"], stage / "kld-vs-size.png", palette)
+        plot_kld_vs_size(derived["points"], stage / "kld-vs-size.png", palette,
+                         None if derived["floor"] is None else derived["floor"]["kld"])
         if extras["tails"]:  # the card embeds it (colours as in the run's tails.png)
 
             plot_ccdf({n: t["ccdf"] for n, t in sorted(extras["tails"].items())}, stage / "tails.png", palette)
@@ -579,7 +594,7 @@ def rederive_set(root: str | Path) -> list[str]:
             raise VerificationError(rp, "baselines", "an object", type(recorded).__name__)
         baselines = {n: Baseline.from_json(b, rp, n) for n, b in recorded.items() if b is not None}
         extras = {"tails": {n: c.get("tails") for n, c in cands.items() if c.get("tails")}, "window": res.get("window"),
-                  "paired": res.get("paired") or [], "adaptive": res.get("adaptive")}
+                  "paired": res.get("paired") or [], "adaptive": res.get("adaptive"), "floor": res.get("precision_floor")}
         for name, c in cands.items():
             if c.get("tails") is not None:
                 check(c["tails"], REPORT_SCHEMA, rp, f"candidates.{name}.tails")

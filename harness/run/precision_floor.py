@@ -33,8 +33,9 @@ bootstrap of the shard reports --, ``median``, ``p99``, ``max``), ``kld_rev_mean
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TypedDict
+from typing import NotRequired, TypedDict
 
 import numpy as np
 
@@ -92,6 +93,10 @@ class PrecisionFloor(TypedDict):
     top1: float
     bootstrap: FloorBootstrap
     timing: dict[str, float]
+    #: the window: each context's first ``score_from`` rows are not scored (as in the ladder)
+    score_from: NotRequired[int]
+    #: how the measured contexts were chosen (:mod:`harness.run.floor_cache`); absent: every context of the shards
+    sample: NotRequired[JSONObject]
 
 DEFINITION = ("mean KL(P_capture || P_high): the committed bf16 reference capture against a forward of the same "
               "bf16 weight values in higher-precision compute, both through the shared head")
@@ -103,8 +108,11 @@ BATCH = 8
 
 
 def precision_floor(*, suite_path: str | Path, model_dir: str | Path, store_path: str | Path, head_path: str | Path,
-                    shards: str | None = None, dtype: str = "float64", n_boot: int = 10_000) -> PrecisionFloor:
-    """Measure the precision floor of a reference capture (module docstring); returns the JSON-ready result."""
+                    shards: str | None = None, dtype: str = "float64", n_boot: int = 10_000,
+                    contexts: Sequence[int] | None = None, score_from: int = 0) -> PrecisionFloor:
+    """Measure the precision floor of a reference capture (module docstring); returns the JSON-ready result.
+    ``contexts``: measure only these context indices of ``shards`` (a sample; default: all of them);
+    ``score_from``: drop each context's first rows, as the ladder's window does."""
     import torch
 
     from harness.scoring.gemm import gemm_mode
@@ -121,6 +129,11 @@ def precision_floor(*, suite_path: str | Path, model_dir: str | Path, store_path
     check_reference_identity(store, reference_model=Path(model_dir), head=head)
     shard_list = suite.parse_shards(shards)
     indices = suite.context_indices(shard_list)
+    if contexts is not None:
+        outside = sorted(set(contexts) - set(indices))
+        if outside:
+            raise FidelityError(f"precision floor: contexts {outside[:5]} are not in shards {shards}")
+        indices = sorted(contexts)
     tdtype = getattr(torch, dtype)
     model = load_model(model_dir, device="cpu", dtype="bfloat16").to(tdtype)
     w_hi = head.weight.to(tdtype)
@@ -147,7 +160,7 @@ def precision_floor(*, suite_path: str | Path, model_dir: str | Path, store_path
     ci = np.repeat(np.asarray(indices, dtype=np.int64), rows)
     row = np.tile(np.arange(rows, dtype=np.int64), len(indices))
     labels = [ContextLabel(c.index, c.source_cluster, c.stratum) for c in (suite.contexts[j] for j in indices)]
-    m = summarize(scores, ci, row, labels, n_boot=n_boot)
+    m = summarize(scores, ci, row, labels, score_from=score_from, n_boot=n_boot)
     k = m["kld"]
     return {
         "schema": SCHEMA,
@@ -157,6 +170,7 @@ def precision_floor(*, suite_path: str | Path, model_dir: str | Path, store_path
         "head": {"path": str(head_path), "sha256": head.sha256},
         "compute": {"dtype": dtype, "device": "cpu", "reference_logits_gemm": path},
         "suite": {"path": str(suite_path), "suite_token_sha256": suite.suite_token_sha256, "shards": list(shard_list)},
+        "score_from": score_from,
         "n_positions": m["n_positions"],
         "n_contexts": m["n_contexts"],
         "n_clusters": m["n_clusters"],
@@ -188,6 +202,9 @@ def render_precision_floor(r: PrecisionFloor) -> str:
         f"{_fmt(k['p99'])} | {_fmt(k['max'])} | {r['top1']:.4f} |",
         "",
         f"Interval: {r['bootstrap']['method_text']}, {r['bootstrap']['n_boot']} replicates, seed {r['bootstrap']['seed']}.",
+        "",
+        f"Contexts: {r['sample']['text'] if 'sample' in r else 'every context of the shards'}; "
+        f"window score_from={r.get('score_from', 0)}.",
         "",
         "A candidate's KLD holds its weight error and the rounding noise of both forwards, which changes with",
         "the weights; this floor is the scale below which a KLD cannot be told from the reference's own",
