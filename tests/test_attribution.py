@@ -140,6 +140,10 @@ def test_cli_writes_all_files(planted: dict, tmp_path: Path) -> None:
     assert json.loads(paths[0].read_text())["groupings"][0]["groups"][0]["group"] == PLANTED
     assert "| 1 | v_proj |" in paths[1].read_text()
     assert paths[2].read_bytes()[:4] == b"\x89PNG"
+    # the setting that makes KLD(candidate) differ from the ladder's number is stated next to it
+    dtype = planted["compute"]["dtype"]
+    assert f"nats ({dtype} forward of both models' stored weights in this process" in paths[1].read_text()
+    assert ("leaves out" in paths[1].read_text()) == (dtype != "bfloat16")
 
 
 def test_refuses_other_architecture(tmp_path: Path) -> None:

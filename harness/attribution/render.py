@@ -31,13 +31,25 @@ def _ci(d: dict[str, Any] | None) -> str:
     return f"{_g(d['value'])} [{_g(ci[0])}, {_g(ci[1])}]" if ci else f"{_g(d['value'])} [not estimable]"
 
 
+def setting_note(r: dict[str, Any]) -> str:
+    """What makes KLD(candidate) here differ from the ladder's number for the same candidate and shards: the
+    forward's dtype and the reference side (stated next to the number)."""
+    dtype = r["compute"]["dtype"]
+    note = (f"{dtype} forward of both models' stored weights in this process, the reference captured here; the ladder "
+            "scores bf16 executions against the committed reference capture")
+    if dtype != "bfloat16":
+        note += (f" and includes both forwards' bf16 rounding, which this {dtype} forward leaves out (--dtype bfloat16 "
+                 "comes close to the ladder)")
+    return note
+
+
 def render_markdown(r: dict[str, Any]) -> str:
     """Ranked tables per grouping, additivity and the bits-to-spend suggestion."""
     lines = [
         f"# Attribution: {r['candidate']['path']} vs {r['reference']['path']}", "",
         (f"Suite {r['suite']['path']} shards {r['suite']['shards']}: {r['n_positions']} positions, "
         f"{r['n_contexts']} contexts, {r['n_clusters']} source clusters; {r['differing_params']} parameters differ. "
-        f"KLD(candidate) = {_ci(r['whole'])} nats. Intervals: 95%, {r['bootstrap'].get('method_text', r['bootstrap']['method'])}, "
+        f"KLD(candidate) = {_ci(r['whole'])} nats ({setting_note(r)}). Intervals: 95%, {r['bootstrap'].get('method_text', r['bootstrap']['method'])}, "
         f"{r['bootstrap']['n_boot']} replicates, seed {r['bootstrap']['seed']}."), "",
         ("ΔKLD restore = KLD(candidate) − KLD(candidate with the group restored to the reference's weights); "
         "KLD only = KLD(reference with only this group taken from the candidate)."), "",

@@ -58,9 +58,13 @@ class PairConfig:
 
     a: str
     b: str
+    #: The margin as written: nats (``margin_kind`` ``absolute``), a fraction of the better candidate's mean KLD
+    #: (``relative``, from ``"20%"``) or a multiple of the reference's precision floor (``floor``, from ``"2x floor"``).
     margin: float
     #: Optional expected verdict (``equivalent``, ``A better``, ``B better``): the pair's case fails when it differs.
     expect: str | None = None
+    #: ``absolute``, ``relative`` or ``floor`` (see ``margin``)
+    margin_kind: str = "absolute"
 
 
 @dataclass(frozen=True)
@@ -324,6 +328,28 @@ def _card(path: Path, raw: Any) -> CardConfig:
     return CardConfig(base_model=base, license=lic)
 
 
+_MARGIN_WANT = ('a finite number > 0 (nats), a percentage of the better candidate\'s mean KLD ("20%") or a multiple '
+                'of the precision floor ("2x floor")')
+_FLOOR_MARGIN = re.compile(r"^\s*([0-9.eE+-]+)\s*[x×]\s*floor\s*$")
+_PERCENT_MARGIN = re.compile(r"^\s*([0-9.eE+-]+)\s*%\s*$")
+
+
+def _margin(raw: object, where: str) -> tuple[str, float]:
+    """``(kind, value)`` of a pair's ``margin`` (:class:`PairConfig`); a ConfigError naming it otherwise."""
+    kind, value = "absolute", None
+    if isinstance(raw, (int, float)) and not isinstance(raw, bool):
+        value = float(raw)
+    elif isinstance(raw, str) and (m := _PERCENT_MARGIN.match(raw) or _FLOOR_MARGIN.match(raw)):
+        kind = "relative" if raw.strip().endswith("%") else "floor"
+        try:
+            value = float(m.group(1)) / (100.0 if kind == "relative" else 1.0)
+        except ValueError:
+            value = None
+    if value is None or not 0.0 < value < math.inf:
+        raise ConfigError(f"{where}: expected {_MARGIN_WANT}, found {'nothing' if raw is None else repr(raw)}")
+    return kind, value
+
+
 def load_config(path: str | Path) -> FidelityConfig:
     """Read and validate ``fidelity.toml``; raises :class:`ConfigError` naming the file and key."""
     path = Path(path)
@@ -421,12 +447,8 @@ def load_config(path: str | Path) -> FidelityConfig:
             )
         if a == b:
             raise ConfigError(f"{path}: pairs[{i}]: expected two different candidates, found a = b = {a!r}")
-        if "margin" not in pr.table:
-            raise ConfigError(f"{path}: pairs[{i}].margin: expected a finite number > 0 (nats), found nothing")
-        margin = pr.number("margin", 0.0)
-        if not 0.0 < margin < math.inf:
-            raise ConfigError(f"{path}: pairs[{i}].margin: expected a finite number > 0 (nats), found {margin!r}")
-        pairs.append(PairConfig(a=a, b=b, margin=margin, expect=expect))
+        kind, margin = _margin(pr.table.get("margin"), f"{path}: pairs[{i}].margin")
+        pairs.append(PairConfig(a=a, b=b, margin=margin, expect=expect, margin_kind=kind))
     cfg = FidelityConfig(
         path=path,
         suite=suite,  # type: ignore[arg-type]  # _Reader.path_ raises when a required path is missing

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from harness.errors import FidelityError
 from harness.plugin.kinds import CasePlan, CaseRun, Payload, Written
 from harness.reports.paired import check_paired, paired_report, write_paired
 
@@ -31,10 +32,20 @@ class PairCase:
 
     @classmethod
     def run(cls, session: FidelitySession, a: str, b: str, margin: float, shards: Sequence[int],
-            expect: str | None = None) -> PairCase:
+            expect: str | None = None, margin_kind: str = "absolute") -> PairCase:
         ca, cb = session.config.candidate(a), session.config.candidate(b)
+        floor_mean = None
+        if margin_kind == "floor":  # the floor of the run's shards and window (the ladder's, from the cache)
+            from harness.run.floor_cache import floor_for_run
+
+            floor, line = floor_for_run(session.config, shards=",".join(map(str, shards)), score_from=session.score_from,
+                                        key=session.signing_key())
+            if floor is None:
+                raise FidelityError(f"pair {a} vs {b}: a margin tied to the floor needs it: {line}")
+            floor_mean = floor["kld"]["mean"]
         rep = paired_report(a, b, [session.positions(ca, s) for s in shards], [session.positions(cb, s) for s in shards],
-                            margin=margin, score_from=session.score_from, n_boot=session.config.n_boot, shards=shards)
+                            margin=margin, score_from=session.score_from, n_boot=session.config.n_boot, shards=shards,
+                            margin_kind=margin_kind, floor_mean=floor_mean)
         return cls(rep, expect)
 
     def check(self) -> None:
@@ -66,7 +77,8 @@ class Paired:
         """A declared pair compared on the same positions."""
         p: PairConfig = param
         case = run.compute(f"pair {p.a} vs {p.b}",
-                           lambda: PairCase.run(run.session, p.a, p.b, p.margin, list(run.plan.shards), p.expect))
+                           lambda: PairCase.run(run.session, p.a, p.b, p.margin, list(run.plan.shards), p.expect,
+                                                p.margin_kind))
         run.send(request, self.name, case.payload)
         return case
 
@@ -79,8 +91,9 @@ class Paired:
             iv = "not estimable" if ci is None else f"95% [{ci[0]:.4g}, {ci[1]:.4g}]"
             cm = rep.get("certifiable_margin")
             head = f"paired {rep['a']} vs {rep['b']}: {rep['verdict_named']} (diff {rep['kld_mean']['diff']:.4g}, {iv}, "
-            written.lines.append(head + (f"margin ±{rep['margin']:g}, certifiable ±{cm:.2g}) {path}" if cm is not None
-                                         else f"margin ±{rep['margin']:g}) {path}"))
+            warn = f" WARNING: {rep['margin_warning']}" if rep.get("margin_warning") else ""
+            written.lines.append(head + (f"margin ±{rep['margin']:.3g}, certifiable ±{cm:.2g}) {path}" if cm is not None
+                                         else f"margin ±{rep['margin']:.3g}) {path}") + warn)
         return written
 
 

@@ -62,17 +62,52 @@ def verdict(ci: Sequence[float] | None, margin: float) -> str:
     return "inconclusive"
 
 
+#: How a pair's margin is written (``[[pairs]] margin``): nats, a fraction of the better candidate's mean KLD,
+#: or a multiple of the reference's precision floor.
+MARGIN_KINDS = ("absolute", "relative", "floor")
+
+
+def resolve_margin(value: float, kind: str, mean_a: float, mean_b: float,
+                   floor_mean: float | None = None) -> tuple[float, dict[str, Any]]:
+    """The margin in nats and its rule (``kind``, ``value``, ``text``, ``floor_mean``) from the margin as written
+    (:data:`MARGIN_KINDS`); a ``floor`` margin needs ``floor_mean``."""
+    if kind == "absolute":
+        nats, text = value, f"{value:g} nats"
+    elif kind == "relative":
+        better = min(mean_a, mean_b)
+        nats, text = value * better, f"{100 * value:g}% of the better candidate's mean KLD {better:.4g}"
+    elif kind == "floor":
+        if floor_mean is None:
+            raise FidelityError(f"margin '{value:g}x floor' needs the reference's precision floor, which is not measured")
+        nats, text = value * floor_mean, f"{value:g} x the precision floor {floor_mean:.4g}"
+    else:
+        raise FidelityError(f"margin kind: expected one of {', '.join(MARGIN_KINDS)}, found {kind!r}")
+    return nats, {"kind": kind, "value": value, "text": text, "floor_mean": floor_mean}
+
+
+def margin_warning(margin: float, mean_a: float, mean_b: float) -> str | None:
+    """The flag of a margin larger than both candidates' mean KLDs (None otherwise): at such a margin
+    'equivalent' says next to nothing."""
+    if margin <= max(mean_a, mean_b):
+        return None
+    return (f"margin {margin:.3g} exceeds both mean KLDs ({mean_a:.3g}, {mean_b:.3g}): 'equivalent' at this margin says "
+            "little; use a relative margin (\"20%\") or one tied to the floor (\"2x floor\")")
+
+
 def pair_id(a: str, b: str) -> str:
     return f"{a}-vs-{b}"
 
 
 def paired_report(
     a: str, b: str, pos_a: Sequence[Any], pos_b: Sequence[Any], *, margin: float, score_from: int = 0,
-    n_boot: int = 10_000, shards: Sequence[int] | None = None,
+    n_boot: int = 10_000, shards: Sequence[int] | None = None, margin_kind: str = "absolute",
+    floor_mean: float | None = None,
 ) -> dict[str, Any]:
     """Paired comparison of ``a`` and ``b`` from their :class:`~harness.run.shard.ShardPositions` (same shards, same order).
     ``shards``: the shard numbers of the positions, in order (recorded, so a reader can re-derive the report
-    from the shard reports: :func:`verify_paired`)."""
+    from the shard reports: :func:`verify_paired`). ``margin`` as written, of ``margin_kind``
+    (:func:`resolve_margin`); the report's ``margin`` is in nats, ``margin_rule`` says how it was formed and
+    ``margin_warning`` flags one larger than both mean KLDs."""
     for pa, pb in zip(pos_a, pos_b):
         if not (np.array_equal(pa.context_index, pb.context_index) and np.array_equal(pa.row, pb.row)):
             raise FidelityError(f"paired {a} vs {b}: the two candidates were not scored on the same positions")
@@ -87,10 +122,12 @@ def paired_report(
     labels = [lab for p in pos_a for lab in p.labels]
     res = paired(sa, sb, ctx, row, labels, score_from=score_from, n_boot=n_boot)
     ci = res["kld_mean"]["ci95"]
+    margin, rule = resolve_margin(float(margin), margin_kind, fsum["a"], fsum["b"], floor_mean)
     v = verdict(ci, margin)
     named = {"A better": f"{a} better", "B better": f"{b} better"}.get(v, v)
     certifiable = None if ci is None else max(-float(ci[0]), float(ci[1]))
-    return {"schema": SCHEMA, "a": a, "b": b, "margin": float(margin), "verdict": v, "verdict_named": named,
+    return {"schema": SCHEMA, "a": a, "b": b, "margin": float(margin), "margin_rule": rule,
+            "margin_warning": margin_warning(margin, fsum["a"], fsum["b"]), "verdict": v, "verdict_named": named,
             "test": TEST, "alpha_per_side": ALPHA_SIDE, "certifiable_margin": certifiable,
             "independent_kld_means": fsum, **res, **({"shards": [int(x) for x in shards]} if shards is not None else {})}
 
@@ -119,7 +156,7 @@ def check_paired(rep: dict[str, Any], expect: str | None = None) -> list[str]:
             f"pair {pair_id(rep['a'], rep['b'])}: verdict {rep['verdict']!r}, expected {expect!r} "
             f"(mean KLD difference {rep['kld_mean']['diff']:.4g}, 95% interval "
             f"{'not estimable' if ci is None else f'[{ci[0]:.4g}, {ci[1]:.4g}]'}, margin ±{rep['margin']:g}; "
-            f"smallest certifiable margin {_margin(rep)})"
+            f"smallest certifiable margin {_margin(rep)})" + (f"; WARNING: {rep['margin_warning']}" if rep.get("margin_warning") else "")
         )
     return out
 
@@ -167,6 +204,13 @@ def verify_paired(rep: dict[str, Any], path: Any, rows_a: Mapping[int, Sequence[
         raise VerificationError(path, "bootstrap", f"seed {DEFAULT_SEED}" + (f", n_boot {n_boot} (the configuration's)" if n_boot else ""),
                                 f"seed {boot['seed']}, n_boot {boot['n_boot']}")
     ci = ratio_intervals(draw_cluster_weights(len(names), int(boot["n_boot"]), int(boot["seed"])), diff_cl, pos_cl)[0]
+    rule = rep.get("margin_rule")
+    if isinstance(rule, dict):  # a relative or floor margin follows from the means (and the recorded floor)
+        want_m, _ = resolve_margin(float(rule["value"]), str(rule["kind"]), mean_a, mean_b, rule.get("floor_mean"))
+        if not _close(rep["margin"], want_m, 1e-9):
+            raise VerificationError(path, "margin", f"{want_m!r} ({rule['kind']} margin {rule['value']!r})", rep["margin"])
+    if "margin_warning" in rep and rep["margin_warning"] != margin_warning(rep["margin"], mean_a, mean_b):
+        raise VerificationError(path, "margin_warning", repr(margin_warning(rep["margin"], mean_a, mean_b)), rep["margin_warning"])
     d = rep["kld_mean"]
     checks: list[tuple[str, Any, Any, float]] = [
         ("n_positions", n, rep["n_positions"], 0.0), ("n_clusters", len(names), rep["n_clusters"], 0.0),
@@ -203,8 +247,10 @@ def render_paired(rep: dict[str, Any]) -> str:
     bs = rep["bootstrap"]
     lines = [
         f"# Paired comparison: {a} vs {b}", "",
-        f"**Verdict: {rep['verdict_named']}** (margin ±{rep['margin']:g} nats on the mean-KLD difference; the smallest "
-        f"margin these data could certify: {_margin(rep)}).", "",
+        f"**Verdict: {rep['verdict_named']}** (margin ±{rep['margin']:.4g} nats on the mean-KLD difference"
+        + (f": {rep['margin_rule']['text']}" if rep.get("margin_rule") else "")
+        + f"; the smallest margin these data could certify: {_margin(rep)})."
+        + (f" **WARNING: {rep['margin_warning']}.**" if rep.get("margin_warning") else ""), "",
         f"Test: {rep['test']}.", "",
         f"{rep['n_positions']} positions in {rep['n_contexts']} contexts, {rep['n_clusters']} source clusters, "
         f"score_from={rep['score_from']}. Differences are {a} − {b}; means: {bs.get('method_text', bs['method'])}; "

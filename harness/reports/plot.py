@@ -99,10 +99,12 @@ def pareto_front(points: Sequence[tuple[float, float, str]]) -> list[tuple[float
 
 
 def _label_text(p: Mapping[str, Any]) -> str:
-    """``name mean ±half-width%`` (the interval's half-width relative to the mean, when estimable)."""
+    """``name mean [-a%, +b%]``: the 95% interval's ends relative to the mean, when estimable (printed as an
+    interval: it is seldom symmetric)."""
     ci = p["ci95"]
-    half = "" if ci is None else f" ±{100.0 * (ci[1] - ci[0]) / 2.0 / p['mean_kld']:.1f}%"
-    return f"{p['candidate']} {p['mean_kld']:.3g}{half}"
+    rel = "" if ci is None else (f" [{100.0 * (ci[0] / p['mean_kld'] - 1.0):+.1f}%, "
+                                 f"{100.0 * (ci[1] / p['mean_kld'] - 1.0):+.1f}%]")
+    return f"{p['candidate']} {p['mean_kld']:.3g}{rel}"
 
 
 #: Label offsets tried in turn (points from the marker; the horizontal alignment follows the side).

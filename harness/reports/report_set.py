@@ -159,7 +159,11 @@ def _check_paired(rep: dict[str, Any], path: Any, groups: dict[str, list[Any]], 
         if rep[side] not in rows:
             raise VerificationError(path, side, f"a candidate with shard reports ({', '.join(groups)})", rep[side])
     pair = next((p for p in getattr(config, "pairs", ()) if (p.a, p.b) == (rep["a"], rep["b"])), None)
-    verify_paired(rep, path, rows[rep["a"]], rows[rep["b"]], margin=None if pair is None else pair.margin,
+    if pair is not None and pair.margin_kind != (rep.get("margin_rule") or {}).get("kind", "absolute"):
+        raise VerificationError(path, "margin_rule.kind", f"{pair.margin_kind!r} (the pair's margin in the configuration)",
+                                (rep.get("margin_rule") or {}).get("kind", "absolute"))
+    absolute = pair is not None and pair.margin_kind == "absolute"
+    verify_paired(rep, path, rows[rep["a"]], rows[rep["b"]], margin=pair.margin if absolute and pair else None,
                   n_boot=None if config is None else config.n_boot)
 
 
