@@ -544,9 +544,9 @@ def test_baseline_for_shard_100_round_trips(tmp_path: Path) -> None:
 
 PAIRS = [
     ("pair-a-equals-b", 'a = "good"\nb = "good"\nmargin = 0.001', "pairs[0]: expected two different candidates, found a = b = 'good'"),
-    ("pair-margin-zero", 'a = "good"\nb = "bad"\nmargin = 0.0', "pairs[0].margin: expected a finite number > 0 (nats), found 0.0"),
-    ("pair-margin-inf", 'a = "good"\nb = "bad"\nmargin = inf', "pairs[0].margin: expected a finite number > 0 (nats), found inf"),
-    ("pair-margin-missing", 'a = "good"\nb = "bad"', "pairs[0].margin: expected a finite number > 0 (nats), found nothing"),
+    ("pair-margin-zero", 'a = "good"\nb = "bad"\nmargin = 0.0', "pairs[0].margin: expected a finite number > 0 (nats), a percentage of the better candidate\'s mean KLD (\"20%\") or a multiple of the precision floor (\"2x floor\"), found 0.0"),
+    ("pair-margin-inf", 'a = "good"\nb = "bad"\nmargin = inf', "pairs[0].margin: expected a finite number > 0 (nats), a percentage of the better candidate\'s mean KLD (\"20%\") or a multiple of the precision floor (\"2x floor\"), found inf"),
+    ("pair-margin-missing", 'a = "good"\nb = "bad"', "pairs[0].margin: expected a finite number > 0 (nats), a percentage of the better candidate\'s mean KLD (\"20%\") or a multiple of the precision floor (\"2x floor\"), found nothing"),
 ]
 
 

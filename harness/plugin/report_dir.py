@@ -53,7 +53,7 @@ _NAME = r"[A-Za-z0-9][A-Za-z0-9_.+]*"
 #: A shard report's path relative to the folder.
 _SHARD = re.compile(rf"^{_NAME}/shard-\d{{2,}}\.(json|md)$")
 #: The run summaries this project's writers produce, relative to the folder.
-_SUMMARY = re.compile(rf"^((ladder|window|adaptive|cross_engine)\.(json|md)|tails\.(json|md|png)"
+_SUMMARY = re.compile(rf"^((ladder|window|adaptive|cross_engine|precision_floor)\.(json|md)|tails\.(json|md|png)"
                       rf"|paired/{_NAME}-vs-{_NAME}\.(json|md))$")
 #: Sub-folders a run may create for its summaries (removed when emptied, if the ledger says a run created them).
 SUMMARY_FOLDERS = ("paired",)
