@@ -143,6 +143,20 @@ def test_reports_and_junit_properties(project: pytest.Pytester) -> None:
     # pytest's default junit_family (xunit2): the numbers are testsuite properties named by the case
     assert 'name="good-shard00:fidelity_mean_kld"' in xml and 'name="good-shard03:fidelity_top1"' in xml
     result.stdout.fnmatch_lines(["*fidelity ladder*", "*| candidate*mean KLD [[]95% CI[]]*", "*| good *pass*"])
+    # the model built here: the floor beside the ladder, the ratio to it, bits per weight (a plain bf16 folder: 16)
+    result.stdout.fnmatch_lines(["*| candidate*bpw (linear / all)*mean KLD [[]95% CI[]]*× floor*",
+                                 "*| good *| — / 16.00 *×*pass*", "Each mean KLD: *both forwards' bf16 rounding*",
+                                 "Precision floor of the reference: * [[]*, *[]] nats*", "*precision floor: from the cache (*"])
+    ladder = json.loads((project.path / "out" / "ladder.json").read_text())
+    floor = json.loads((project.path / "out" / "precision_floor.json").read_text())
+    (row,) = ladder["rows"]
+    assert ladder["precision_floor"]["mean"] == floor["kld"]["mean"] > 0 and floor["suite"]["shards"] == [0, 1, 2, 3]
+    assert row["floor_ratio"] == pytest.approx(row["mean_kld"] / floor["kld"]["mean"], rel=1e-12)
+    assert row["bits_per_weight"]["total_bpw"] == 16.0 and row["bits_per_weight"]["linear_bpw"] is None
+    again = project.runpytest("-m", "fidelity", "-k", "good", "--fidelity-report-dir", "out2", "--fidelity-no-floor")
+    again.assert_outcomes(passed=4)
+    again.stdout.fnmatch_lines(["*precision floor: not measured (--fidelity-no-floor)*"])
+    assert "× floor" not in again.stdout.str() and not (project.path / "out2" / "precision_floor.json").exists()
 
 
 @pytest.mark.slow  # runs cases of the tiny project (captures and scoring)
