@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from harness.errors import FidelityError
 from harness.plugin.kinds import CasePlan, CaseRun, Payload, Written
 from harness.reports.paired import check_paired, paired_report, write_paired
+from harness.run.floor_cache import floor_for_run
 
 if TYPE_CHECKING:
     import pytest
@@ -36,8 +37,6 @@ class PairCase:
         ca, cb = session.config.candidate(a), session.config.candidate(b)
         floor_mean = None
         if margin_kind == "floor":  # the floor of the run's shards and window (the ladder's, from the cache)
-            from harness.run.floor_cache import floor_for_run
-
             floor, line = floor_for_run(session.config, shards=",".join(map(str, shards)), score_from=session.score_from,
                                         key=session.signing_key())
             if floor is None:

@@ -62,6 +62,8 @@ from harness.plugin.report_dir import (
 from harness.plugin.step_summary import CASE_MARKERS, ENV, append, failing_case, render
 from harness.reports.aggregate import format_ladder, ladder_notes
 from harness.run.cluster.ray_executor import RayExecutor, parse_executor, require_ray, scored_shard
+from harness.run.floor_cache import floor_for_run
+from harness.run.precision_floor import write_precision_floor
 from harness.run.reuse import ReuseLog
 from harness.run.score_cache import scores_cache_line
 from harness.run.shared_scores import Handover, remove_session_files, shared_dir
@@ -641,9 +643,6 @@ class FidelityRun:
         if self.pytest_config.getoption("fidelity_no_floor"):
             self.extra_lines.append("precision floor: not measured (--fidelity-no-floor)")
             return []
-        from harness.run.floor_cache import floor_for_run
-        from harness.run.precision_floor import write_precision_floor
-
         shards = ",".join(str(s) for s in sorted({s for _c, s in self.collector.verdicts}))
         try:
             floor, line = floor_for_run(self.plan.full, shards=shards or None,

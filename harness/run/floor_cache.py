@@ -22,6 +22,7 @@ from pathlib import Path
 
 from harness.attribution.sizes import folder_tensor_bytes
 from harness.capture.cache_sign import UntrustedCacheWarning, sign, unsigned_reason
+from harness.capture.store import CaptureStore
 from harness.engines.identity import model_identity
 from harness.inputs.config import FidelityConfig
 from harness.inputs.head import load_head
@@ -71,8 +72,6 @@ def floor_for_run(config: FidelityConfig, *, shards: str | None, score_from: int
     ref = config.reference
     if ref.model is None or not Path(ref.model).is_dir():
         return None, "precision floor: not measured (the reference has no model folder to run in float64)"
-    from harness.capture.store import CaptureStore
-
     suite = Suite.load(config.suite, verify=False)
     store = CaptureStore.open(ref.store, suite)
     if store.kind != "hidden_states":
