@@ -83,3 +83,13 @@ def test_card_body_escapes_what_it_is_given() -> None:
     body = render_body({"reference": "a`<script>`b", "base_model": None}, [], False, "")
     html = markdown_it.MarkdownIt("commonmark").render(body)
     assert "<script>" not in html and "<code>a`&lt;script&gt;`b</code>" in html
+
+
+def test_reference_name_may_hold_a_dash(fidelity_project: Path, tmp_path: Path) -> None:
+    """A model's own name (``Qwen3-8B``, a published layout's ``hidden-Qwen3-8B``) is a valid reference name:
+    the reference never takes part in a paired comparison's ``<a>-vs-<b>`` name; a candidate's ``-`` is refused."""
+    toml = _project(fidelity_project, tmp_path / "p", 'name = "bf16"', 'name = "Qwen3-8B"')
+    assert load_config(toml).reference.name == "Qwen3-8B"
+    toml2 = _project(fidelity_project, tmp_path / "q", 'name = "good"', 'name = "go-od"')
+    with pytest.raises(ConfigError, match=r"candidates\[\d+\]\.name: expected letters, digits, '_', '.', '\+' starting"):
+        load_config(toml2)

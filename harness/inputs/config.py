@@ -248,11 +248,14 @@ def portable_name_problem(name: str) -> str | None:
     return None
 
 
-def check_name(path: Path, where: str, name: str) -> str:
+def check_name(path: Path, where: str, name: str, *, reference: bool = False) -> str:
     """The one rule for candidate and reference names (they become pytest ids, folder names and text in
-    every report): letters, digits, ``_ . +``, starting with a letter or digit, and a portable file name."""
-    if not _NAME_RE.match(name):
-        raise ConfigError(f"{path}: {where}: expected letters, digits, '_', '.', '+' starting with a letter or digit "
+    every report): letters, digits, ``_ . +``, starting with a letter or digit, and a portable file name.
+    The reference may also hold ``-`` (``Qwen3-8B``, the published layout's ``hidden-Qwen3-8B``): it never
+    takes part in the ``<a>-vs-<b>`` names of paired comparisons, where a candidate's ``-`` would be ambiguous."""
+    if not (TAG_RE if reference else _NAME_RE).match(name):
+        allowed = "'_', '.', '+', '-'" if reference else "'_', '.', '+'"
+        raise ConfigError(f"{path}: {where}: expected letters, digits, {allowed} starting with a letter or digit "
                           f"(it becomes a pytest id, a folder name and text in the reports), found {name!r}")
     problem = portable_name_problem(name)
     if problem:
@@ -419,7 +422,8 @@ def load_config(path: str | Path) -> FidelityConfig:
                               f"found {folded[c.name.lower()]!r} and {c.name!r}")
         seen.add(c.name)
         folded[c.name.lower()] = c.name
-    check_name(path, "reference.name" if dataset is None else f"reference name (from the dataset {dataset})", reference.name)
+    check_name(path, "reference.name" if dataset is None else f"reference name (from the dataset {dataset})", reference.name,
+               reference=True)
     if reference.name in seen:
         raise ConfigError(f"{path}: reference.name {reference.name!r} is also a candidate name")
     for c in candidates:  # a tag selects with -k as a name does: one word may not mean two things
