@@ -1,5 +1,6 @@
-"""README "Bring your own checkpoint": the worked example runs as written, and ``[dataset] path`` in a
-configuration (suite, reference and head from a reference dataset) refuses wrong input in one line."""
+"""Your own model: README.md's own-model block and docs/your-model.md's worked example run as written, and
+``[dataset] path`` in a configuration (suite, reference and head from a reference dataset) refuses wrong input
+in one line."""
 
 from __future__ import annotations
 
@@ -18,11 +19,13 @@ from harness.inputs.config import ConfigError, load_config
 ROOT = Path(__file__).resolve().parents[1]
 FIX = ROOT / "fixtures"
 MARKER = "<!-- byo-example:"
+OWN_MARKER = "<!-- own-model:"
+GUIDE = ROOT / "docs" / "your-model.md"
 
 
-def readme_block(marker: str = MARKER) -> str:
-    """The fenced block right after ``marker`` in README.md, verbatim."""
-    text = (ROOT / "README.md").read_text("utf-8")
+def readme_block(marker: str = MARKER, page: Path = GUIDE) -> str:
+    """The fenced block right after ``marker`` in ``page``, verbatim."""
+    text = page.read_text("utf-8")
     at = text.index(marker)
     m = re.compile(r"```bash\n(.*?)\n```\n", re.S).search(text, at)
     assert m is not None and text[at:m.start()].count("\n") == 1, "the marker must sit right above a ```bash block"
@@ -30,8 +33,8 @@ def readme_block(marker: str = MARKER) -> str:
 
 
 def readme_printed() -> str:
-    """The output block the README shows for the example's last command."""
-    text = (ROOT / "README.md").read_text("utf-8")
+    """The output block docs/your-model.md shows for the example's last command."""
+    text = GUIDE.read_text("utf-8")
     at = text.index("The last command prints", text.index(MARKER))
     m = re.compile(r"```\n(.*?)\n```\n", re.S).search(text, at)
     assert m is not None
@@ -82,6 +85,32 @@ def test_readme_example_runs_as_written_in_an_empty_folder(tmp_path: Path) -> No
     assert sorted(doc["shards"]) == ["00", "01"]
     assert _git_status() == before  # nothing written into the clone
     assert [n for n in EXAMPLE_OUTPUTS if (ROOT / n).exists()] == already
+
+
+#: What README.md's own-model block writes into its own folder.
+OWN_OUTPUTS = ("suite", "head.safetensors", "head.json", "my.toml", "reference", "baselines", "fidelity-reports")
+
+
+@pytest.mark.slow  # a 16-context suite, the reference's and the candidate's captures, two pytest runs: ~40 s
+def test_readme_own_model_block_runs_as_written_in_an_empty_folder(tmp_path: Path) -> None:
+    """README.md "Your own model": suite, head, configuration, baselines on purpose, then the gated ladder."""
+    work = tmp_path / "empty"
+    work.mkdir()
+    before = _git_status()
+    env = dict(os.environ, REPO=str(ROOT), PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+    env.pop("PYTEST_ADDOPTS", None)
+    res = subprocess.run(["bash", "-euo", "pipefail", "-c", readme_block(OWN_MARKER, ROOT / "README.md")], cwd=work,
+                         env=env, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, (res.stdout + res.stderr)[-4000:]
+    assert res.stdout.count(f"fidelity: {work / 'my.toml'} (1 candidate x 2 shards;") == 2, res.stdout[-3000:]
+    assert "baseline written: " in res.stdout
+    last = res.stdout[res.stdout.rindex("test session starts"):]
+    assert re.search(r"^\| mine +\| [\d.]+ MiB \| 2 +\| .*\| pass +\|$", last, re.M), last
+    assert re.search(r"^=+ \d+ passed in [\d.]+s", last, re.M) and " failed" not in last, last[-2000:]
+    assert sorted(json.loads((work / "baselines" / "mine.json").read_text())["shards"]) == ["00", "01"]
+    assert (work / "reference" / "capture.json").is_file()
+    assert _git_status() == before  # nothing written into the clone
+    assert not [n for n in OWN_OUTPUTS if (ROOT / n).exists() and n not in ("fidelity-reports",)]
 
 
 # ------------------------------------------------------------------ [dataset] path, without scoring
@@ -204,14 +233,16 @@ def test_readme_selection_examples_select_what_they_say(pytester: pytest.Pyteste
 
 
 def test_readme_commands_leave_no_untracked_outputs() -> None:
-    """Every output a README command writes at the repository root (``--out``, ``--fidelity-report-dir``) is
-    ignored by git, so following the README leaves ``git status`` clean (the example above runs elsewhere)."""
+    """Every output a command of README.md or docs/ writes at the repository root (``--out``,
+    ``--fidelity-report-dir``) is ignored by git, so following the guide leaves ``git status`` clean (the
+    examples above run elsewhere)."""
     blocks: list[str] = []
     inside: list[str] | None = None
     skip_next = skipping = False
-    for line in (ROOT / "README.md").read_text("utf-8").splitlines():
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    for line in "\n".join(p.read_text("utf-8") for p in pages).splitlines():
         if inside is None:
-            if line.startswith(MARKER):
+            if line.startswith((MARKER, OWN_MARKER)):
                 skip_next = True
             elif line.startswith("```"):
                 inside, skipping, skip_next = [], skip_next, False

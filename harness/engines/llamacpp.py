@@ -46,7 +46,7 @@ ENGINE_NAME = "llamacpp"
 #: The extra, and how to build it portably (pip builds llama.cpp from source; a native AMX build crashed).
 INSTALL_HINT = pip_extra("llamacpp") + ' (it builds llama.cpp: set CMAKE_ARGS="-DGGML_NATIVE=OFF" for a portable build)'
 
-#: ``[candidates.options]`` of engine ``llamacpp`` (docs: README, "Engine options").
+#: ``[candidates.options]`` of engine ``llamacpp`` (docs: docs/engines.md, "Engine options").
 OPTIONS: dict[str, OptionSpec] = {
     "n_gpu_layers": OptionSpec("int", "layers offloaded to the GPU (-1: all; 0, the default: none)", -1, 100_000),
     "flash_attn": OptionSpec("bool", "flash attention (default false; changes logits slightly: recorded)"),

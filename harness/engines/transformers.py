@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 ENGINE_NAME = "transformers"
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 
-#: ``[candidates.options]`` of engine ``transformers`` (docs: README, "Engine options").
+#: ``[candidates.options]`` of engine ``transformers`` (docs: docs/engines.md, "Engine options").
 OPTIONS: dict[str, OptionSpec] = {
     "device_map": OptionSpec(
         "str|table",

