@@ -213,8 +213,8 @@ def test_candidate_model_of_the_wrong_kind_is_named_at_load(tmp_path: Path, fake
 
 
 def test_readme_selection_examples_select_what_they_say(pytester: pytest.Pytester) -> None:
-    """README "Running it": the one-candidate line selects exactly one candidate's cases, the one-shard line
-    one case per candidate, and -k by a name is the substring match the README warns about."""
+    """docs/running.md: the one-candidate line selects exactly one candidate's cases, the one-shard line
+    one case per candidate, and -k by a name is the substring match the page warns about."""
     from harness.inputs.config import load_config
 
     def _collected(*args: str) -> list[str]:

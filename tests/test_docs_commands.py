@@ -129,6 +129,9 @@ def _workspace(workspaces: dict[str, Path], page: str, factory: pytest.TempPathF
         shutil.copytree(ROOT / "fidelity_tests", ws / "fidelity_tests", ignore=shutil.ignore_patterns("__pycache__"))
         for f in ROOT.glob("fidelity*.toml"):
             shutil.copyfile(f, ws / f.name)
+        # The capture cache is keyed by the models' content, not their folders: shared with the main job's.
+        (ROOT / ".fidelity-cache").mkdir(exist_ok=True)
+        (ws / ".fidelity-cache").symlink_to(ROOT / ".fidelity-cache", target_is_directory=True)
         workspaces[page] = ws
     return workspaces[page]
 
@@ -145,3 +148,28 @@ def test_docs_block_runs_as_written(block: Block, workspaces: dict[str, Path],
     res = subprocess.run(["bash", "-euo", "pipefail", "-c", script], cwd=ws, env=env, capture_output=True, text=True,
                          timeout=900)
     assert res.returncode == 0, f"{block.id}\n{script}\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}"
+
+
+def test_no_paragraph_exists_twice() -> None:
+    """The README is a front door and docs/ the guide: a paragraph (or table) of some length lives on one page."""
+    seen: dict[str, str] = {}
+    twice = []
+    for page in pages():
+        text = re.sub(r"```.*?```", "", page.read_text("utf-8"), flags=re.S)
+        for para in re.split(r"\n\s*\n", text):
+            norm = re.sub(r"\s+", " ", para).strip()
+            if len(norm) >= 160:
+                where = str(page.relative_to(ROOT))
+                if norm in seen and seen[norm] != where:
+                    twice.append(f"{seen[norm]} and {where}: {norm[:80]}...")
+                seen.setdefault(norm, where)
+    assert not twice, twice
+
+
+def test_readme_is_a_front_door() -> None:
+    lines = (ROOT / "README.md").read_text("utf-8").splitlines()
+    assert len(lines) <= 250, len(lines)
+    index = (ROOT / "docs" / "README.md").read_text("utf-8")
+    for page in sorted((ROOT / "docs").glob("*.md")):
+        if page.name != "README.md":
+            assert f"({page.name})" in index, f"docs/README.md does not link {page.name}"

@@ -6,7 +6,7 @@ was written. Classes: identity at every join, reconciliation before trusting (ag
 verify), sane gates (strict JSON, baselines, pairs), writes that cannot half-happen. The edge cases
 that must *run* (a lossless candidate, a 100-shard suite) are at the end.
 
-``TRUST_CASES`` counts the refusal cases (asserted, so the README's count stays honest).
+``TRUST_CASES`` counts the refusal cases (asserted, so the count docs/refuses.md cites stays honest).
 """
 
 from __future__ import annotations
@@ -743,7 +743,7 @@ def test_published_set_is_readable_by_others(published: dict[str, Path]) -> None
             assert stat.S_IMODE(p.stat().st_mode) == 0o666 & ~old, p
 
 
-#: Refusal cases in this campaign (parametrized cases counted one by one); the README cites it.
+#: Refusal cases in this campaign (parametrized cases counted one by one); docs/refuses.md cites it.
 TRUST_CASES = 62
 
 
@@ -760,7 +760,7 @@ def test_case_count_is_what_the_readme_says() -> None:
              and not hasattr(f, "pytestmark")]
     n = len(plain) + len(RECONCILE) + len(BASELINES) + len(PAIRS) + 1  # + the read-only case (skipped as root)
     assert n == TRUST_CASES, n
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    readme = (Path(__file__).resolve().parents[1] / "docs" / "refuses.md").read_text()
     assert f"**{TRUST_CASES} cases**" in readme
 
 

@@ -1,5 +1,5 @@
 """Engine ``vllm``: the fixture model's hidden states through vLLM's pooling runner, checked against the
-committed transformers reference with an independent float64 numpy KL, against the value the README states.
+committed transformers reference with an independent float64 numpy KL, against the value docs/engines.md states.
 Skips with the install command
 when vLLM is absent."""
 
@@ -61,7 +61,7 @@ def test_vllm_capture_matches_the_reference(tmp_path: Path) -> None:
         top1.append(lp.argmax(1) == lq.argmax(1))
     kld = float(np.concatenate(klds).mean())
     agree = float(np.concatenate(top1).mean())
-    # The README's measured cross-engine value (shard 0, 4,080 positions): mean KLD 5.20e-5, top-1 0.9939. vLLM
+    # The measured cross-engine value (shard 0, 4,080 positions): mean KLD 5.20e-5, top-1 0.9939. vLLM
     # repeats bit for bit on one machine; another machine's bf16 kernels move it: the committed reference
     # against a transformers capture here differs by 6.09e-6 (the floor matrix's diagonal), so the tolerance is
     # twice that (1.2e-5, about 23 %); top-1 within 0.003 (12 of 4,080 positions).
