@@ -132,8 +132,8 @@ def main_job(report_dir: Path) -> dict[str, Any]:
 def quick_tier() -> dict[str, Any]:
     out, wall, rc = _run([sys.executable, "-m", "pytest", "-m", "not slow", "-q"])
     line = summary_line(out)
-    if rc != 0:
-        raise SystemExit(f"the quick tier failed (exit {rc}): {line}")
+    if rc != 0:  # written as it is (the line then says what failed), and said here
+        print(f"the quick tier did not pass (exit {rc}): {line}", file=sys.stderr)
     return {"summary": line, "counts": counts(line), "wall_s": round(wall, 1)}
 
 
@@ -167,17 +167,20 @@ def main(argv: list[str] | None = None) -> int:
                                            f"of wall time, {job['captures']} "
                                            f"(measured on {machine_words(m)}).\n")
     figures: dict[str, Any] = {"machine": m, "main_job": {k: job[k] for k in ("summary", "counts", "wall_s", "captures")}}
+    if "cross_cpu_max_rel" in old:
+        figures["cross_cpu_max_rel"] = old["cross_cpu_max_rel"]
+    if args.no_quick and "quick_tier" in old:
+        figures["quick_tier"] = old["quick_tier"]
+    # Written before the quick tier runs, which checks these very blocks (tests/test_readme_figures.py).
+    README.write_text(text, "utf-8")
+    FIGURES_JSON.write_text(json.dumps(figures, indent=1, sort_keys=True) + "\n")
     if not args.no_quick:
         q = quick_tier()
         text = replace_block(text, "quick-tier", f"`pytest -m \"not slow\"`: {_counts_words(q['counts'])} in "
                                                  f"{q['wall_s']:.0f} s of wall time (measured on {machine_words(m)}).\n")
         figures["quick_tier"] = q
-    elif "quick_tier" in old:
-        figures["quick_tier"] = old["quick_tier"]
-    if "cross_cpu_max_rel" in old:
-        figures["cross_cpu_max_rel"] = old["cross_cpu_max_rel"]
-    README.write_text(text, "utf-8")
-    FIGURES_JSON.write_text(json.dumps(figures, indent=1, sort_keys=True) + "\n")
+        README.write_text(text, "utf-8")
+        FIGURES_JSON.write_text(json.dumps(figures, indent=1, sort_keys=True) + "\n")
     print(f"README.md, {PLOT.relative_to(ROOT)} and {FIGURES_JSON.relative_to(ROOT)} written ({machine_words(m)})")
     return 0
 
