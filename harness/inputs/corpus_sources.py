@@ -27,7 +27,6 @@ recorded with ``licence: null`` and the build warns (the dataset card shows it a
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -212,7 +211,3 @@ def from_long_file(path: Path, out: Path, *, rule: str, name: str | None = None,
     docs = ((f"{path.stem}-{i:0{width}d}.txt", fmt(p) if fmt else p) for i, p in enumerate(pieces))
     return _write(out, docs, f"{label}@sha256:{sha[:16]}", licence, record)
 
-
-def record_json(m: Materialized) -> str:
-    """The ``corpus_source`` record as one line of JSON (for messages)."""
-    return json.dumps(m.record, sort_keys=True)

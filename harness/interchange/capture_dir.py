@@ -35,7 +35,7 @@ from harness.inputs.interchange_layout import (
 from harness.interchange.suite_manifest import published_digest
 from harness.io.hashing import sha256_bytes, sha256_file
 from harness.io.jsonio import read_json
-from harness.io.safetensors_header import corrupt, read_header
+from harness.io.safetensors_header import corrupt
 
 if TYPE_CHECKING:
     import torch
@@ -176,12 +176,3 @@ class PublishedStore(CaptureStore):
             raise VerificationError(path, f"{HIDDEN_TENSOR} values", "all finite", "NaN/Inf")
         self._verified.add(index)
         return t
-
-    def header_width(self) -> int:
-        """Hidden size stated by the first file's safetensors header (checked against the manifest's shape)."""
-        first = self._path(self.indices[0])
-        entry = read_header(first).tensors.get(HIDDEN_TENSOR)
-        shape = list(entry.shape) if entry is not None else None
-        if shape != list(self.shape):
-            raise VerificationError(first, f"{HIDDEN_TENSOR} shape (safetensors header)", list(self.shape), shape)
-        return int(shape[1])

@@ -22,7 +22,6 @@ from harness.errors import VerificationError
 from harness.inputs.head import HeadTensor
 from harness.inputs.interchange_layout import (
     CAPTURE_MANIFEST,
-    CAPTURES_DIR,
     HEX64_RE,
     LADDER_PIN,
     LAYOUT,
@@ -84,13 +83,6 @@ class PublishedDataset:
         if not folders:
             raise VerificationError(folder / CAPTURE_MANIFEST, "capture manifest", "present", "missing")
         return PublishedStore.open_folders(folder, folders, self.suite, name)
-
-    def published_captures(self) -> dict[str, Path]:
-        """The dataset's own candidate capture folders by name (``hidden-<name>`` -> ``<name>``)."""
-        out: dict[str, Path] = {}
-        for mf in sorted((self.root / CAPTURES_DIR).rglob(CAPTURE_MANIFEST)):
-            out[mf.parent.name.removeprefix("hidden-")] = mf.parent
-        return out
 
 
 def open_published(scan: LayoutScan) -> PublishedDataset:

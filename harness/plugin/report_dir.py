@@ -66,15 +66,6 @@ def is_shard_report(rel: str) -> bool:
     return bool(_SHARD.match(rel))
 
 
-def read_stamp(report_dir: Path) -> dict[str, Any] | None:
-    """The folder's stamp, or None when there is none or it cannot be read as a JSON object."""
-    try:
-        doc = json.loads((report_dir / STAMP).read_text("utf-8"))
-    except (ValueError, OSError):
-        return None
-    return doc if isinstance(doc, dict) else None
-
-
 def check_ledger(report_dir: Path) -> dict[str, Any] | None:
     """The folder's stamp, checked (module docstring); None when there is none. A stamp that is a
     symbolic link, not strict JSON, of another schema, or whose ledger names anything this project does
