@@ -11,14 +11,13 @@ docs/refuses.md ("Engine options").
 
 from __future__ import annotations
 
-import json
 import re
-import struct
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
 from harness.errors import FidelityError, MissingPackageError
+from harness.io.safetensors_header import read_header
 
 if TYPE_CHECKING:
     import torch
@@ -36,17 +35,8 @@ def safetensors_headers(root: Path) -> dict[str, tuple[Path, list[int], str]]:
     """``{tensor name: (file, shape, dtype)}`` of every ``*.safetensors`` file in ``root`` (headers only)."""
     out: dict[str, tuple[Path, list[int], str]] = {}
     for f in sorted(root.glob("*.safetensors")):
-        try:
-            with open(f, "rb") as fh:
-                (n,) = struct.unpack("<Q", fh.read(8))
-                if not 0 < n <= 100 * 2**20:
-                    raise ValueError(f"header length {n}")
-                header = json.loads(fh.read(n))
-        except (OSError, ValueError, struct.error) as exc:
-            raise FidelityError(f"{f}: expected a safetensors file (8-byte header length, JSON header), found: {exc}") from None
-        for name, meta in header.items():
-            if name != "__metadata__" and isinstance(meta, dict):
-                out[name] = (f, [int(x) for x in meta.get("shape", [])], str(meta.get("dtype")))
+        for name, t in read_header(f).tensors.items():
+            out[name] = (f, list(t.shape), t.dtype)
     return out
 
 
