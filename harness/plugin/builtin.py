@@ -13,24 +13,26 @@ per parameter): ``test_tails`` (``tails-<candidate>``), ``test_window`` (``windo
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import pytest
 
 from harness.plugin import kind_paired, kind_tails, kind_window
 
 if TYPE_CHECKING:
+    from harness.gate.gate import Gate
     from harness.plugin.kind_paired import PairCase
     from harness.plugin.kind_tails import TailCase
     from harness.plugin.kind_window import WindowCase
     from harness.plugin.kinds import ReportCase
+    from harness.run.session import ScoredShard
 
 #: The skip reason of a case of a first run (no baseline recorded yet for any candidate).
 NO_BASELINE_SKIP = "no baseline for any candidate yet (a first run): scored and reported, not gated"
 
 
 @pytest.mark.fidelity
-def test_fidelity(fidelity_scored: Any, fidelity_gate: Any) -> None:
+def test_fidelity(fidelity_scored: ScoredShard, fidelity_gate: Gate) -> None:
     """The candidate's drift on this shard stays within its committed thresholds."""
     if fidelity_gate.fresh():  # a first run: the ladder and one "no baselines yet" line, not a failure per case
         pytest.skip(NO_BASELINE_SKIP)

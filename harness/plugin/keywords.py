@@ -16,10 +16,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    import pytest
+
     from harness.inputs.config import FidelityConfig
 
 
-def case_candidates(params: dict[str, Any]) -> tuple[str, ...]:
+def case_candidates(params: dict[str, Any]) -> tuple[str, ...]:  # Any: pytest's callspec.params
     """The candidates a case measures, from its parametrization: a candidate x shard case
     (``fidelity_case = (name, shard)``), a tail case (``fidelity_tail_candidate = name``) or a declared
     pair (``fidelity_pair``, both sides). Any other case (a window, a test of one's own): none."""
@@ -33,13 +35,13 @@ def case_candidates(params: dict[str, Any]) -> tuple[str, ...]:
     return ()
 
 
-def tag_keywords(config: FidelityConfig, params: dict[str, Any]) -> set[str]:
+def tag_keywords(config: FidelityConfig, params: dict[str, Any]) -> set[str]:  # Any: pytest's callspec.params
     """The tags of every candidate the case with these parameters measures (names unknown to the file: none)."""
     tags = {c.name: c.tags for c in config.candidates}
     return {t for name in case_candidates(params) for t in tags.get(name, ())}
 
 
-def add_tag_keywords(item: Any, config: FidelityConfig) -> None:
+def add_tag_keywords(item: pytest.Item, config: FidelityConfig) -> None:
     """Add the tags of the candidates ``item`` measures to its extra keywords (what ``-k`` matches)."""
     callspec = getattr(item, "callspec", None)
     if callspec is not None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from harness.gate.baselines import headline_of, identity_sha256, load_baseline_or_none, unused_baselines, write_baseline
 from harness.interchange.suite_manifest import load_any_suite
@@ -22,6 +22,9 @@ from harness.reports.aggregate import (
     write_ladder,
 )
 from harness.reports.shard import ShardReport, report_shard
+
+if TYPE_CHECKING:
+    from harness.inputs.config import FidelityConfig
 
 
 @dataclass
@@ -56,7 +59,7 @@ class LadderCollector:
         if no_baseline:
             self.no_baseline.add((report.candidate, shard))
 
-    def finish(self, *, update_baselines: bool, config: Any, not_scored: dict[str, str] | None = None) -> None:
+    def finish(self, *, update_baselines: bool, config: FidelityConfig, not_scored: dict[str, str] | None = None) -> None:
         """Write the ladder artifacts; on update, the baseline files; find unused baselines.
 
         ``not_scored``: candidate -> why it has no report (``"failed: ..."`` / ``"skipped: ..."``); every one

@@ -26,6 +26,7 @@ from harness.scoring.backends import device_argument
 
 if TYPE_CHECKING:
     from harness.allocation.records import AllocationDoc
+    from harness.gate.gate import Gate
     from harness.inputs.config import PairConfig
     from harness.plugin.kind_paired import PairCase
     from harness.plugin.kind_tails import TailCase
@@ -160,7 +161,7 @@ def fidelity_scored(request: pytest.FixtureRequest, fidelity_case: tuple[str, in
 
 
 @pytest.fixture
-def fidelity_gate(request: pytest.FixtureRequest) -> Any:
+def fidelity_gate(request: pytest.FixtureRequest) -> Gate:
     """Checks a scored case against its committed baseline (or records it for an update)."""
     return active_run(request.config).gate()
 

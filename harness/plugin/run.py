@@ -175,7 +175,7 @@ class FidelityPlan:
                    case_names, unavailable)
 
     # ------------------------------------------------------------ parametrization
-    def _marks(self, name: str) -> list[Any]:
+    def _marks(self, name: str) -> list[pytest.MarkDecorator]:
         """xdist grouping per candidate, plus a skip naming the install command when its engine is missing."""
         marks = [pytest.mark.xdist_group(name)]
         reason = dict(self.unavailable).get(name)
@@ -249,7 +249,7 @@ def _collect_config(config: pytest.Config, path: Path) -> None:
 
 
 #: A candidate x shard case's node id: ``...::test_fidelity[<candidate>-shard<NN>]``.
-def _reason_of(report: Any) -> str:
+def _reason_of(report: pytest.TestReport) -> str:
     """One line saying why a case failed or was skipped (the last ``E`` line of a failure, a skip's reason)."""
     longrepr = report.longrepr
     if isinstance(longrepr, tuple) and len(longrepr) == 3:  # a skip: (path, line, "Skipped: reason")
@@ -664,7 +664,7 @@ class FidelityRun:
             out.append({"candidate": name, "status": status, "reason": reason.strip()})
         return out
 
-    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+    def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
         missing = self.missing_from_ladder()
         if self.collector.reports or missing:
             terminalreporter.section("fidelity ladder")

@@ -11,7 +11,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import pytest
 
 ENV = "GITHUB_STEP_SUMMARY"
 #: The markers of the plugin's cases (harness.plugin.pytest_plugin.MARKERS): a failed case carrying one is listed.
@@ -20,7 +23,7 @@ CASE_MARKERS = ("fidelity", "fidelity_tails", "fidelity_window", "fidelity_paire
 MAX_LINES = 30
 
 
-def failing_case(report: Any, markers: Sequence[str]) -> tuple[str, str] | None:
+def failing_case(report: pytest.TestReport, markers: Sequence[str]) -> tuple[str, str] | None:
     """``(node id, message)`` of a failed fidelity case (one carrying a plugin marker), else None."""
     if not report.failed or not any(m in report.keywords for m in markers):
         return None

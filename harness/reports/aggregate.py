@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -38,19 +38,22 @@ from harness.metrics.diagnostics import diagnostics_from_totals
 from harness.metrics.histogram import LogHistogram
 from harness.metrics.summary import merge_totals
 from harness.reports.shard import check_finite
-from harness.reports.suite_shape import SuiteShape
+from harness.reports.suite_shape import SuiteLike, SuiteShape
 from harness.reports.units import bpw_text, size_text
+
+if TYPE_CHECKING:
+    from harness.reports.shard import ShardReport
 
 SCHEMA = "fidelity.aggregate/1"
 QUANTILES = (0.5, 0.9, 0.99, 0.999, 0.9999)
 _REL_TOL = 1e-9
 
 
-def _name(report: Any) -> str:
+def _name(report: ShardReport) -> str:
     return str(getattr(report, "source", None) or f"{report.candidate} shard {_shard(report):02d}")
 
 
-def _shard(report: Any) -> int:
+def _shard(report: ShardReport) -> int:
     return int(report.comparability["shard"]["index"])
 
 
@@ -66,7 +69,7 @@ def _first_difference(a: dict[str, Any], b: dict[str, Any], prefix: str = "") ->
     return None
 
 
-def check_comparable(reports: Sequence[Any]) -> None:
+def check_comparable(reports: Sequence[ShardReport]) -> None:
     """Refuse reports that may not be combined (see the module docstring)."""
     if not reports:
         raise VerificationError("<aggregate>", "reports", "at least one shard report", "none")
@@ -107,7 +110,7 @@ def _close(a: float, b: float, scale: float) -> bool:
     return math.isclose(a, b, rel_tol=1e-7, abs_tol=1e-9 * max(scale, 1.0))
 
 
-def check_rows_match_summary(report: Any) -> None:
+def check_rows_match_summary(report: ShardReport) -> None:
     """A report's per-context rows, its additive totals and its headline must tell one story:
     the totals are what aggregation adds, so a total that disagrees with the rows is refused."""
     m = report.metrics
@@ -169,7 +172,7 @@ def _check_diagnostic_totals(name: str, rows: list[Any], t: Any, n: int) -> None
                                 repr(float(d["sum_kld_rev"])), "rows disagree with the summary")
 
 
-def check_against_suite(report: Any, suite: Any) -> None:
+def check_against_suite(report: ShardReport, suite: SuiteShape) -> None:
     """The report belongs to ``suite`` (a :class:`~harness.reports.suite_shape.SuiteShape`): suite
     hash, shard index in range, shard hash, exactly the shard's contexts, whole rows per context."""
     name = _name(report)
@@ -203,7 +206,7 @@ def bracket(bounds: tuple[float, float], max_kld: float) -> list[float]:
     return [max(lo, 0.0), min(hi, max_kld)]
 
 
-def _cluster_bootstrap(rows: list[dict[str, Any]], n_boot: int, seed: int) -> dict[str, list[float] | None]:
+def _cluster_bootstrap(rows: Sequence[Mapping[str, Any]], n_boot: int, seed: int) -> dict[str, list[float] | None]:
     """Studentized source-cluster bootstrap intervals (None: fewer clusters than the minimum)."""
     clusters = sorted({str(r["cluster"]) for r in rows})
     pos = {c: i for i, c in enumerate(clusters)}
@@ -231,7 +234,7 @@ def _cluster_bootstrap(rows: list[dict[str, Any]], n_boot: int, seed: int) -> di
 DIAGNOSTIC_ROW_KEYS = ("sum_kld_rev", "top5_shared", "top10_shared")
 
 
-def aggregate(reports: Sequence[Any], *, n_shards: int | None = None, suite: Any = None) -> dict[str, Any]:
+def aggregate(reports: Sequence[ShardReport], *, n_shards: int | None = None, suite: SuiteLike | None = None) -> dict[str, Any]:
     """Combine one candidate's shard reports; ``n_shards`` asks for a complete set. With ``suite``
     (a :class:`~harness.inputs.suite.Suite` or :class:`~harness.reports.suite_shape.SuiteShape`)
     every report is checked against it (:func:`check_against_suite`) and recorded in the result."""
@@ -313,15 +316,15 @@ def _diagnostics(t: Any, n: int, ci: dict[str, list[float] | None]) -> dict[str,
 
 
 # ------------------------------------------------------------------ ladder (one row per candidate)
-def ladder_rows(reports: Sequence[Any], verdicts: dict[tuple[str, int], bool] | None = None, *,
-                suite: Any = None, no_baseline: set[tuple[str, int]] | None = None) -> list[dict[str, Any]]:
+def ladder_rows(reports: Sequence[ShardReport], verdicts: dict[tuple[str, int], bool] | None = None, *,
+                suite: SuiteLike | None = None, no_baseline: set[tuple[str, int]] | None = None) -> list[dict[str, Any]]:
     """One aggregated row per candidate, sorted by mean KLD (best first); ``suite`` as in :func:`aggregate`.
     ``no_baseline``: the failed ``(candidate, shard)`` cases that failed only for want of a baseline file: their
     verdict says "no baseline" (never a bare "FAIL").
     ``resolvable_delta``: the difference in mean KLD this suite resolves (:mod:`harness.planning.design`)."""
     from harness.planning.design import single_run_resolvable_delta
 
-    by_cand: dict[str, list[Any]] = {}
+    by_cand: dict[str, list[ShardReport]] = {}
     for r in reports:
         by_cand.setdefault(r.candidate, []).append(r)
     rows = []

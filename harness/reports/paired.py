@@ -37,6 +37,7 @@ from harness.io.atomic import atomic_write_files, dumps_json
 from harness.io.md_table import md_table
 from harness.metrics import paired
 from harness.metrics.bootstrap import DEFAULT_SEED, draw_cluster_weights, ratio_intervals
+from harness.metrics.records import ContextRow
 from harness.metrics.scores import PositionScores
 from harness.reports.numbers import fmt_g
 
@@ -165,8 +166,8 @@ def _close(x: float, y: float, rel: float) -> bool:
     return math.isclose(x, y, rel_tol=rel, abs_tol=1e-300)
 
 
-def verify_paired(rep: dict[str, Any], path: Any, rows_a: Mapping[int, Sequence[Mapping[str, Any]]],
-                  rows_b: Mapping[int, Sequence[Mapping[str, Any]]], margin: float | None = None,
+def verify_paired(rep: dict[str, Any], path: str | Path, rows_a: Mapping[int, Sequence[ContextRow]],
+                  rows_b: Mapping[int, Sequence[ContextRow]], margin: float | None = None,
                   n_boot: int | None = None) -> None:
     """Refuse a paired report (read back from ``path``) whose headline does not follow from the two candidates'
     shard reports (``rows_a``/``rows_b``: shard index -> per-context rows ``index``, ``cluster``, ``positions``,

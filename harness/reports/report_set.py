@@ -28,7 +28,7 @@ import json
 import shlex
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from harness import PROTOCOL_VERSION
 from harness.errors import FidelityError, VerificationError
@@ -39,6 +39,7 @@ from harness.io.atomic import atomic_write_files, atomic_write_text, dumps_json,
 from harness.io.hashing import sha256_file
 from harness.io.jsonio import read_json
 from harness.io.schema import MapOf, Nullable, Optional, check
+from harness.metrics.records import ContextRow
 from harness.reports.aggregate import (
     aggregate,
     annotate_floor,
@@ -55,11 +56,14 @@ from harness.reports.numbers import fmt_opt
 from harness.reports.paired import verify_paired
 from harness.reports.plot import pareto_front, plot_ccdf, plot_kld_vs_size
 from harness.reports.shard import ShardReport, report_shard
-from harness.reports.suite_shape import SuiteShape
+from harness.reports.suite_shape import SuiteLike, SuiteShape
 from harness.reports.tails import FILE_SCHEMA as TAILS_FILE_SCHEMA
 from harness.reports.tails import REPORT_SCHEMA, verify_tail_report
 from harness.reports.units import bpw_text, size_text
 from harness.reports.windows import verify_window
+
+if TYPE_CHECKING:
+    from harness.inputs.config import FidelityConfig
 
 SCHEMA_RESULTS = "fidelity.results/1"
 CHECKSUMS = "checksums.txt"
@@ -82,9 +86,9 @@ def find_shard_reports(paths: Iterable[str | Path]) -> list[Path]:
     return out
 
 
-def load_reports(paths: Iterable[str | Path]) -> dict[str, list[Any]]:
+def load_reports(paths: Iterable[str | Path]) -> dict[str, list[ShardReport]]:
     """Shard reports grouped per candidate (each report remembers its file as ``source``)."""
-    groups: dict[str, list[Any]] = {}
+    groups: dict[str, list[ShardReport]] = {}
     for f in find_shard_reports(paths):
         r = ShardReport.load(f)
         r.source = str(f)  # type: ignore[attr-defined]  # named in fail-closed errors
@@ -92,14 +96,14 @@ def load_reports(paths: Iterable[str | Path]) -> dict[str, list[Any]]:
     return dict(sorted(groups.items()))
 
 
-def aggregate_groups(groups: dict[str, list[Any]], *, n_shards: int | None = None, suite: Any = None) -> dict[str, dict[str, Any]]:
+def aggregate_groups(groups: dict[str, list[ShardReport]], *, n_shards: int | None = None, suite: SuiteLike | None = None) -> dict[str, dict[str, Any]]:
     """Aggregate each candidate's reports (fail closed); ``suite`` checks every report against the
     suite (hash, shard index and hash, contexts; :func:`harness.reports.aggregate.check_against_suite`)."""
     return {name: aggregate(reports, n_shards=n_shards, suite=suite) for name, reports in groups.items()}
 
 
-def write_aggregates(out_dir: str | Path, groups: dict[str, list[Any]], aggs: dict[str, dict[str, Any]], *,
-                     suite: Any = None, not_measured: Sequence[dict[str, str]] = ()) -> list[Path]:
+def write_aggregates(out_dir: str | Path, groups: dict[str, list[ShardReport]], aggs: dict[str, dict[str, Any]], *,
+                     suite: SuiteLike | None = None, not_measured: Sequence[dict[str, str]] = ()) -> list[Path]:
     """``<out>/<candidate>/aggregate.json`` per candidate plus ``ladder.md``/``ladder.json`` (listing the
     ``not_measured`` candidates), as one unit."""
     out = Path(out_dir)
@@ -131,11 +135,11 @@ def _read_json(path: Path, schema: Any = object) -> Any:
     return doc
 
 
-def _context_rows(groups: dict[str, list[Any]]) -> dict[str, dict[int, list[dict[str, Any]]]]:
+def _context_rows(groups: dict[str, list[ShardReport]]) -> dict[str, dict[int, list[ContextRow]]]:
     return {name: {report_shard(r): list(r.metrics["contexts"]) for r in reps} for name, reps in groups.items()}
 
 
-def _check_tails(reps: list[Any], path: Any, where: str, groups: dict[str, list[Any]]) -> None:
+def _check_tails(reps: list[Any], path: Path, where: str, groups: dict[str, list[ShardReport]]) -> None:
     for i, rep in enumerate(reps):
         reports = groups.get(rep["candidate"])
         if not reports:
@@ -144,7 +148,7 @@ def _check_tails(reps: list[Any], path: Any, where: str, groups: dict[str, list[
         verify_tail_report(rep, path, f"{where}[{i}]", {report_shard(r): r.metrics for r in reports})
 
 
-def _read_tails(path: Path, groups: dict[str, list[Any]]) -> dict[str, Any]:
+def _read_tails(path: Path, groups: dict[str, list[ShardReport]]) -> dict[str, Any]:
     """A run's ``tails.json`` ({} when absent), checked against its schema and re-derived from the shard reports."""
     doc = _read_json(path, TAILS_SCHEMA)
     if doc is None:
@@ -153,7 +157,7 @@ def _read_tails(path: Path, groups: dict[str, list[Any]]) -> dict[str, Any]:
     return dict(doc)
 
 
-def _check_paired(rep: dict[str, Any], path: Any, groups: dict[str, list[Any]], config: Any = None) -> None:
+def _check_paired(rep: dict[str, Any], path: str | Path, groups: dict[str, list[ShardReport]], config: FidelityConfig | None = None) -> None:
     rows = _context_rows({k: v for k, v in groups.items() if k in (rep["a"], rep["b"])})
     for side in ("a", "b"):
         if rep[side] not in rows:
@@ -167,14 +171,14 @@ def _check_paired(rep: dict[str, Any], path: Any, groups: dict[str, list[Any]], 
                   n_boot=None if config is None else config.n_boot)
 
 
-def _read_paired(path: Path, groups: dict[str, list[Any]], config: Any = None) -> Any:
+def _read_paired(path: Path, groups: dict[str, list[ShardReport]], config: FidelityConfig | None = None) -> Any:
     """A run's ``paired/<a>-vs-<b>.json``, checked against its schema and re-derived from the shard reports."""
     doc = _read_json(path, PAIRED_SCHEMA)
     _check_paired(doc, path, groups, config)
     return doc
 
 
-def _read_window(path: Path, groups: dict[str, list[Any]], config: Any = None) -> Any:
+def _read_window(path: Path, groups: dict[str, list[ShardReport]], config: FidelityConfig | None = None) -> Any:
     """A run's ``window.json`` (None when absent), checked against its schema, itself and the shard reports."""
     doc = _read_json(path, WINDOW_SCHEMA)
     if doc is not None:
@@ -182,7 +186,7 @@ def _read_window(path: Path, groups: dict[str, list[Any]], config: Any = None) -
     return doc
 
 
-def _read_adaptive(path: Path, groups: dict[str, list[Any]]) -> Any:
+def _read_adaptive(path: Path, groups: dict[str, list[ShardReport]]) -> Any:
     """A run's ``adaptive.json`` (None when absent), checked against its schema and the shard reports."""
     doc = _read_json(path)
     if doc is not None:
@@ -217,7 +221,7 @@ def page_size(size: int | None) -> str:
     return f"{size_text(size, 3)} ({size} bytes)"
 
 
-def reproduction_info(config: Any, names: Iterable[str]) -> dict[str, Any] | None:
+def reproduction_info(config: FidelityConfig | None, names: Iterable[str]) -> dict[str, Any] | None:
     """What the "How to reproduce" sections need from the configuration (recorded in
     ``results.json``, so ``fidelity verify`` can re-render the pages without the config)."""
     if config is None:
@@ -250,7 +254,7 @@ def _reproduce(name: str, agg: dict[str, Any], repro: dict[str, Any] | None) -> 
     return lines
 
 
-def render_candidate(name: str, agg: dict[str, Any], shards: Sequence[Any], tails: dict[str, Any] | None,
+def render_candidate(name: str, agg: dict[str, Any], shards: Sequence[ShardReport], tails: dict[str, Any] | None,
                      window: dict[str, Any] | None, pairs: Sequence[dict[str, Any]], repro: dict[str, Any] | None) -> str:
     """One page: headline, interval, tails, window control, pairs, identity, how to reproduce."""
     k = agg["kld"]
@@ -402,7 +406,7 @@ def verify_set(root: str | Path) -> list[str]:
     return problems
 
 
-def derive_verdicts(groups: dict[str, list[Any]], baselines: dict[str, Any]) -> dict[tuple[str, int], bool]:
+def derive_verdicts(groups: dict[str, list[ShardReport]], baselines: dict[str, Any]) -> dict[tuple[str, int], bool]:
     """Each report's verdict recomputed from its numbers and its candidate's baseline
     (:class:`~harness.gate.baselines.Baseline`); candidates without a baseline get none."""
     out: dict[tuple[str, int], bool] = {}
@@ -415,7 +419,7 @@ def derive_verdicts(groups: dict[str, list[Any]], baselines: dict[str, Any]) -> 
     return out
 
 
-def _render_set(groups: dict[str, list[Any]], suite: Any, baselines: dict[str, Any], extras: dict[str, Any],
+def _render_set(groups: dict[str, list[ShardReport]], suite: SuiteLike, baselines: dict[str, Any], extras: dict[str, Any],
                 repro: dict[str, Any] | None, n_shards: int | None = None, card: dict[str, Any] | None = None,
                 not_measured: Sequence[dict[str, str]] = ()) -> dict[str, Any]:
     """Every derived file of a published set (but the plot and checksums), from the shard reports,
@@ -473,7 +477,7 @@ def _render_set(groups: dict[str, list[Any]], suite: Any, baselines: dict[str, A
 _NOT_MEASURED_SCHEMA = {"not_measured": [{"candidate": str, "status": str, "reason": str}]}
 
 
-def not_measured(reports_dir: Path, groups: Mapping[str, Any], config: Any = None) -> list[dict[str, str]]:
+def not_measured(reports_dir: Path, groups: Mapping[str, object], config: FidelityConfig | None = None) -> list[dict[str, str]]:
     """Candidates without a shard report in ``reports_dir``: each one the run's ``ladder.json`` lists as not
     measured (with the status and reason the run recorded), and each configured one (``config``) it does not
     list (``not run``: no report in the folder). Sorted by name."""
@@ -492,8 +496,8 @@ def not_measured(reports_dir: Path, groups: Mapping[str, Any], config: Any = Non
     return [out[k] for k in sorted(out)]
 
 
-def publish(reports_dir: str | Path, out_dir: str | Path, *, config: Any = None, n_shards: int | None = None,
-            suite: Any = None, baselines_dir: str | Path | None = None) -> list[Path]:
+def publish(reports_dir: str | Path, out_dir: str | Path, *, config: FidelityConfig | None = None, n_shards: int | None = None,
+            suite: Suite | None = None, baselines_dir: str | Path | None = None) -> list[Path]:
     """Write the publishable set for the report folder ``reports_dir`` into ``out_dir``.
 
     The suite (``suite``, else ``config.suite``) is required: every report is checked against it.
@@ -583,7 +587,7 @@ def rederive_set(root: str | Path) -> list[str]:
         cands = res.get("candidates")
         if not isinstance(cands, dict) or not cands:
             raise VerificationError(rp, "candidates", "an object with at least one candidate", type(cands).__name__)
-        groups: dict[str, list[Any]] = {}
+        groups: dict[str, list[ShardReport]] = {}
         for name, c in cands.items():
             if not isinstance(c, dict) or not isinstance(c.get("shards"), list):
                 raise VerificationError(rp, f"candidates.{name}.shards", "an array of shard reports", type(c).__name__)

@@ -10,10 +10,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Union
 
 from harness.errors import VerificationError
 from harness.io.jsonio import get_int, get_list, get_str
+
+if TYPE_CHECKING:
+    from harness.inputs.suite import Suite
 
 
 @dataclass(frozen=True)
@@ -44,7 +47,7 @@ class SuiteShape:
         return list(range(s.start, s.stop))
 
     @classmethod
-    def of(cls, suite: Any) -> SuiteShape:
+    def of(cls, suite: SuiteLike) -> SuiteShape:
         """From a loaded :class:`~harness.inputs.suite.Suite` (or a ``SuiteShape``, returned as is)."""
         if isinstance(suite, SuiteShape):
             return suite
@@ -73,3 +76,7 @@ class SuiteShape:
         sha = get_str(d, "suite_token_sha256", path, where="suite.")
         return cls(f"suite {sha[:12]} (recorded in {path})", sha,
                    get_int(d, "n_ctx", path, where="suite.", minimum=2), tuple(shards))
+
+
+#: What aggregation accepts as "the suite": a loaded suite, or its shape read from a report.
+SuiteLike = Union["Suite", SuiteShape]

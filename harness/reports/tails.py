@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -149,7 +150,7 @@ def _close(a: float, b: float) -> bool:
     return math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-300)
 
 
-def verify_tail_report(rep: dict[str, Any], path: Any, where: str, metrics: Mapping[int, Mapping[str, Any]]) -> None:
+def verify_tail_report(rep: dict[str, Any], path: str | Path, where: str, metrics: Mapping[int, Mapping[str, Any]]) -> None:
     """Refuse a tail report (``rep``, at ``where`` in ``path``, already matching :data:`REPORT_SCHEMA`) that does
     not follow from its candidate's shard reports (``metrics``: shard index -> the report's ``metrics``).
 
@@ -214,9 +215,9 @@ def verify_tail_report(rep: dict[str, Any], path: Any, where: str, metrics: Mapp
         raise VerificationError(path, f"{where}.problems", check_tails(rep, rep.get("max_p99_baseline")), rep["problems"])
 
 
-def baseline_max_p99(baselines_dir: Any, candidate: str, shards: Sequence[int]) -> float | None:
+def baseline_max_p99(baselines_dir: str | Path, candidate: str, shards: Sequence[int]) -> float | None:
     """The largest ``max_p99`` that applies to any of ``shards`` in the candidate's baseline (None: none)."""
-    b = load_baseline_or_none(baselines_dir, candidate)
+    b = load_baseline_or_none(Path(baselines_dir), candidate)
     if b is None:
         return None
     limits = [b.thresholds(s).get("max_p99") for s in shards]
@@ -251,7 +252,7 @@ def render_tails(reports: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def write_tails(out_dir: Any, reports: Sequence[dict[str, Any]], palette_names: Sequence[str] | None = None) -> list[Any]:
+def write_tails(out_dir: str | Path, reports: Sequence[dict[str, Any]], palette_names: Sequence[str] | None = None) -> list[Path]:
     """Write ``tails.json``, ``tails.md`` and ``tails.png`` (colours: :func:`harness.reports.plot.candidate_colors`
     with ``palette_names``) into ``out_dir``; returns the paths."""
     from pathlib import Path

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -45,6 +46,7 @@ from harness.io.atomic import atomic_write_files, dumps_json
 from harness.io.md_table import md_table
 from harness.metrics.bootstrap import DEFAULT_SEED, draw_cluster_weights, ratio_interval, ratio_replicates
 from harness.metrics.positions import layout
+from harness.metrics.records import ContextRow
 from harness.metrics.scores import PositionScores
 from harness.reports.numbers import fmt_g
 
@@ -230,7 +232,7 @@ def _near(x: Any, y: Any, rel: float = 1e-9) -> bool:
     return bool(x == y)
 
 
-def verify_window(doc: dict[str, Any], path: Any, rows: Mapping[str, Mapping[int, Sequence[Mapping[str, Any]]]],
+def verify_window(doc: dict[str, Any], path: str | Path, rows: Mapping[str, Mapping[int, Sequence[ContextRow]]],
                   n_boot: int | None = None) -> None:
     """Refuse a ``window.json`` (read back from ``path``) that does not follow from itself and the shard reports.
 
@@ -362,7 +364,7 @@ def merge_window_payloads(payloads: Sequence[Mapping[str, Any]]) -> tuple[int, d
     return base, by_window, notes
 
 
-def write_window(out_dir: Any, payloads: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+def write_window(out_dir: str | Path, payloads: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """Write ``window.json`` and ``window.md``; returns the comparison."""
     from pathlib import Path
 
