@@ -88,12 +88,13 @@ def test_readme_example_runs_as_written_in_an_empty_folder(tmp_path: Path) -> No
 
 
 #: What README.md's own-model block writes into its own folder.
-OWN_OUTPUTS = ("suite", "head.safetensors", "head.json", "my.toml", "reference", "baselines", "fidelity-reports")
+OWN_OUTPUTS = ("my-project", "fidelity-reports")
 
 
 @pytest.mark.slow  # a 16-context suite, the reference's and the candidate's captures, two pytest runs: ~40 s
 def test_readme_own_model_block_runs_as_written_in_an_empty_folder(tmp_path: Path) -> None:
-    """README.md "Your own model": suite, head, configuration, baselines on purpose, then the gated ladder."""
+    """README.md "Your own model": `fidelity init` (suite, head, configuration), baselines on purpose, then the
+    gated ladder."""
     work = tmp_path / "empty"
     work.mkdir()
     before = _git_status()
@@ -102,13 +103,14 @@ def test_readme_own_model_block_runs_as_written_in_an_empty_folder(tmp_path: Pat
     res = subprocess.run(["bash", "-euo", "pipefail", "-c", readme_block(OWN_MARKER, ROOT / "README.md")], cwd=work,
                          env=env, capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, (res.stdout + res.stderr)[-4000:]
-    assert res.stdout.count(f"fidelity: {work / 'my.toml'} (1 candidate x 2 shards;") == 2, res.stdout[-3000:]
+    project = work / "my-project"
+    assert res.stdout.count(f"fidelity: {project / 'fidelity.toml'} (1 candidate x 2 shards;") == 2, res.stdout[-3000:]
     assert "baseline written: " in res.stdout
     last = res.stdout[res.stdout.rindex("test session starts"):]
-    assert re.search(r"^\| mine +\| [\d.]+ MiB \| 2 +\| .*\| pass +\|$", last, re.M), last
+    assert re.search(r"^\| mine +\|.* [\d.]+ MiB \| 2 +\| .*\| pass +\|$", last, re.M), last
     assert re.search(r"^=+ \d+ passed in [\d.]+s", last, re.M) and " failed" not in last, last[-2000:]
-    assert sorted(json.loads((work / "baselines" / "mine.json").read_text())["shards"]) == ["00", "01"]
-    assert (work / "reference" / "capture.json").is_file()
+    assert sorted(json.loads((project / "baselines" / "mine.json").read_text())["shards"]) == ["00", "01"]
+    assert (project / "reference" / "capture.json").is_file()
     assert _git_status() == before  # nothing written into the clone
     assert not [n for n in OWN_OUTPUTS if (ROOT / n).exists() and n not in ("fidelity-reports",)]
 

@@ -40,7 +40,7 @@ def safetensors_headers(root: Path) -> dict[str, tuple[Path, list[int], str]]:
     return out
 
 
-def _meta_model(root: Path, trust_remote_code: bool) -> torch.nn.Module:
+def _meta_model(root: Path, trust_remote_code: bool = False) -> torch.nn.Module:
     """The model of ``root/config.json`` built on the meta device (shapes only), or None if that cannot be done."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -149,7 +149,7 @@ def check_attention(root: Path, opts: Mapping[str, object]) -> None:
                                       needed_for=f"{root}: engine 'transformers' option attn_implementation = {impl!r}")
 
 
-def check_before_loading(root: Path, opts: Mapping[str, object], trust_remote_code: bool, quantized: bool) -> None:
+def check_before_loading(root: Path, opts: Mapping[str, object], *, quantized: bool, trust_remote_code: bool = False) -> None:
     """All of the above, for a plain (not quantization_config) checkpoint; options alone for a quantized one."""
     check_attention(root, opts)
     headers = safetensors_headers(root)

@@ -172,7 +172,7 @@ def load_model(
     check_quantization_package(root)
 
     check_compressed_tensors(root)  # the configuration against the stored tensors, before the library believes it
-    check_before_loading(root, opts, trust_remote_code, quantized=_has_quantization_config(root))
+    check_before_loading(root, opts, quantized=_has_quantization_config(root), trust_remote_code=trust_remote_code)
     from transformers import AutoModelForCausalLM
 
     kw: dict[str, Any] = {}

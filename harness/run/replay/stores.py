@@ -161,7 +161,7 @@ def write_replay(inputs: ReplayInputs, out: str | Path, *, name: str, reference_
     refuse_overwriting_inputs([q for p in paths for q in (p, p.with_suffix(".md"))], own_inputs, "replay --out")
     files: dict[Path, str] = {}
     for shard, path in zip(inputs.shards, paths):
-        meta: CandidateMeta = {"size_bytes": None, "tags": []}
+        meta: CandidateMeta = {"size_bytes": None, "tags": [], "bits_per_weight": None}  # a store: no checkpoint
         report = score_shard(inputs.shard_inputs(shard, score_from), reference_name=reference_name, candidate_name=name,
                              candidate_meta=meta, n_boot=n_boot, device=device, custody=custody)
         if method == "published":
