@@ -7,7 +7,9 @@ Everything is built once per session in a temporary folder, with fixed seeds.
 from __future__ import annotations
 
 import random
+import shutil
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -375,3 +377,28 @@ def shutil_copytree(src: Path, dst: Path) -> Path:
 
     shutil.copytree(src, dst, symlinks=True)
     return dst
+
+
+@pytest.fixture
+def offline_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An empty Hugging Face cache folder, with huggingface_hub offline and reading it (as ``HF_HUB_OFFLINE=1`` and
+    ``HF_HUB_CACHE`` set it when the package loads)."""
+    from huggingface_hub import constants
+
+    cache = tmp_path / "hf-cache"
+    cache.mkdir()
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
+    return cache
+
+
+@pytest.fixture
+def project_with_model(fidelity_project: Path) -> Callable[[Path, str], Path]:
+    """``(dst, model) -> fidelity.toml``: a copy of the fidelity project at ``dst`` whose candidate ``good`` is
+    ``model`` (a path or an ``hf://`` id)."""
+    def make(dst: Path, model: str) -> Path:
+        shutil.copytree(fidelity_project, dst, symlinks=True)
+        toml = dst / "fidelity.toml"
+        toml.write_text(toml.read_text().replace('model = "models/good"', f'model = "{model}"'))
+        return toml
+    return make

@@ -6,9 +6,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -36,22 +36,7 @@ def hub_cache(cache: Path, repo_id: str, model: Path, commit: str = COMMIT, bran
     return snap
 
 
-@pytest.fixture
-def offline_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    from huggingface_hub import constants
 
-    cache = tmp_path / "hf-cache"
-    cache.mkdir()
-    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)  # as HF_HUB_OFFLINE=1 sets it when the package loads
-    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
-    return cache
-
-
-def _project(fidelity_project: Path, dst: Path, model: str) -> Path:
-    shutil.copytree(fidelity_project, dst, symlinks=True)
-    toml = dst / "fidelity.toml"
-    toml.write_text(toml.read_text().replace('model = "models/good"', f'model = "{model}"'))
-    return toml
 
 
 def test_spec_parsing() -> None:
@@ -63,12 +48,12 @@ def test_spec_parsing() -> None:
             parse_hub_spec(bad)
 
 
-def test_candidate_by_name_resolves_offline_with_the_commit_in_its_identity(offline_cache: Path, fidelity_project: Path,
+def test_candidate_by_name_resolves_offline_with_the_commit_in_its_identity(project_with_model: Callable[[Path, str], Path], offline_cache: Path, fidelity_project: Path,
                                                                             tmp_path: Path) -> None:
     source = fidelity_project / "models" / "good"
     snap = hub_cache(offline_cache, "acme/tiny-good", source)
     for spec in ("hf://acme/tiny-good@main", f"hf://acme/tiny-good@{COMMIT}", "hf://acme/tiny-good"):
-        toml = _project(fidelity_project, tmp_path / spec.rsplit("@", 1)[-1][:8].replace("/", "_"), spec)
+        toml = project_with_model(tmp_path / spec.rsplit("@", 1)[-1][:8].replace("/", "_"), spec)
         cand = load_config(toml).candidate("good")
         assert cand.model == snap
     ident = model_identity(snap)
@@ -79,9 +64,9 @@ def test_candidate_by_name_resolves_offline_with_the_commit_in_its_identity(offl
     assert "hub" not in local and hub_origin(source) is None
 
 
-def test_a_revision_not_in_the_cache_is_refused_offline(offline_cache: Path, fidelity_project: Path, tmp_path: Path) -> None:
+def test_a_revision_not_in_the_cache_is_refused_offline(project_with_model: Callable[[Path, str], Path], offline_cache: Path, fidelity_project: Path, tmp_path: Path) -> None:
     hub_cache(offline_cache, "acme/tiny-good", fidelity_project / "models" / "good")
-    toml = _project(fidelity_project, tmp_path / "p", "hf://acme/tiny-good@v2")
+    toml = project_with_model(tmp_path / "p", "hf://acme/tiny-good@v2")
     with pytest.raises(ConfigError, match=r"candidates\[0\]\.model: hf://acme/tiny-good@v2: expected a snapshot of "
                                           r"acme/tiny-good at revision 'v2' in the local Hugging Face cache .* because "
                                           r"HF_HUB_OFFLINE is set, found none; download it first: hf download"):
@@ -89,10 +74,10 @@ def test_a_revision_not_in_the_cache_is_refused_offline(offline_cache: Path, fid
 
 
 @pytest.mark.slow  # captures and scores the candidate of the tiny project
-def test_a_candidate_given_as_a_hub_id_runs_offline_from_the_cache(fidelity_project: Path, tmp_path: Path) -> None:
+def test_a_candidate_given_as_a_hub_id_runs_offline_from_the_cache(project_with_model: Callable[[Path, str], Path], fidelity_project: Path, tmp_path: Path) -> None:
     cache = tmp_path / "hf-cache"
     hub_cache(cache, "acme/tiny-good", fidelity_project / "models" / "good")
-    _project(fidelity_project, tmp_path / "p", "hf://acme/tiny-good@main")
+    project_with_model(tmp_path / "p", "hf://acme/tiny-good@main")
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(cache)}
     out = subprocess.run([sys.executable, "-m", "pytest", "fidelity.toml", "-q", "-p", "no:cacheprovider", "-m", "fidelity",
                           "-k", "good", "--fidelity-update-baselines"], cwd=tmp_path / "p", env=env,

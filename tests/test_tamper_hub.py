@@ -3,7 +3,7 @@
 The offline cache is built in huggingface_hub's real on-disk layout: ``blobs/`` named by sha256 for Git-LFS
 files (``*.safetensors``) and by the Git blob hash for every other file, ``refs/main`` holding the commit and
 ``snapshots/<commit>/`` of relative links to the blobs. huggingface_hub's own ``scan_cache_dir`` and
-``snapshot_download`` (offline) read it back before any case runs. Each case then replaces ONE thing and
+``snapshot_download`` (offline_cache) read it back before any case runs. Each case then replaces ONE thing and
 checks the refusal names the file, the digest the blob promises and the one found, with nothing written.
 """
 
@@ -14,6 +14,7 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -46,33 +47,18 @@ def real_hub_cache(cache: Path, repo_id: str, model: Path, commit: str = COMMIT)
     return snap
 
 
-@pytest.fixture
-def offline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    from huggingface_hub import constants
-
-    cache = tmp_path / "hf-cache"
-    cache.mkdir()
-    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
-    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
-    return cache
 
 
-def _project(fidelity_project: Path, dst: Path, model: str) -> Path:
-    shutil.copytree(fidelity_project, dst, symlinks=True)
-    toml = dst / "fidelity.toml"
-    toml.write_text(toml.read_text().replace('model = "models/good"', f'model = "{model}"'))
-    return toml
 
-
-def test_real_layout_resolves_and_the_identity_records_each_blob(offline: Path, fidelity_project: Path, tmp_path: Path) -> None:
+def test_real_layout_resolves_and_the_identity_records_each_blob(project_with_model: Callable[[Path, str], Path], offline_cache: Path, fidelity_project: Path, tmp_path: Path) -> None:
     from huggingface_hub import scan_cache_dir, snapshot_download
 
-    snap = real_hub_cache(offline, "acme/tiny-good", fidelity_project / "models" / "good")
-    info = scan_cache_dir(offline)  # huggingface_hub reads the layout as its own
+    snap = real_hub_cache(offline_cache, "acme/tiny-good", fidelity_project / "models" / "good")
+    info = scan_cache_dir(offline_cache)  # huggingface_hub reads the layout as its own
     (repo,) = info.repos
     assert repo.repo_id == "acme/tiny-good" and {r.commit_hash for r in repo.revisions} == {COMMIT}
     assert Path(snapshot_download("acme/tiny-good", revision="main")) == snap
-    assert load_config(_project(fidelity_project, tmp_path / "p", "hf://acme/tiny-good@main")).candidate("good").model == snap
+    assert load_config(project_with_model(tmp_path / "p", "hf://acme/tiny-good@main")).candidate("good").model == snap
     ident = model_identity(snap)
     blobs = ident["hub"]["blobs"]
     assert blobs["model.safetensors"] == ident["weights"]["model.safetensors"]  # LFS: named by its sha256
@@ -107,9 +93,9 @@ def _relink_outside(snap: Path, name: str, other: Path) -> None:
     (_plain_copy, "model.safetensors", r"model\.safetensors: Hub cache snapshot file: expected a link to a blob in .*blobs, found a plain file"),
     (_relink_outside, "model.safetensors", r"model\.safetensors: Hub cache snapshot file: expected a link to a blob in .*blobs, found a link to "),
 ], ids=["weights-blob-replaced", "config-blob-replaced", "plain-file", "link-outside-blobs"])
-def test_replaced_snapshot_file_refused_before_loading(offline: Path, fidelity_project: Path, tmp_path: Path, edit: object,
+def test_replaced_snapshot_file_refused_before_loading(project_with_model: Callable[[Path, str], Path], offline_cache: Path, fidelity_project: Path, tmp_path: Path, edit: object,
                                                        name: str, pattern: str) -> None:
-    snap = real_hub_cache(offline, "acme/tiny-good", fidelity_project / "models" / "good")
+    snap = real_hub_cache(offline_cache, "acme/tiny-good", fidelity_project / "models" / "good")
     other = fidelity_project / "models" / "bad" / name
     if not other.is_file() or other.read_bytes() == (snap / name).read_bytes():
         other = ROOT / "fixtures" / "candidates" / "int8" / name
@@ -118,7 +104,7 @@ def test_replaced_snapshot_file_refused_before_loading(offline: Path, fidelity_p
         other.write_bytes((snap / name).read_bytes().replace(b"{", b'{"torch_dtype_note": "replaced", ', 1))
     assert callable(edit)
     edit(snap, name, other)
-    toml = _project(fidelity_project, tmp_path / "p", "hf://acme/tiny-good@main")
+    toml = project_with_model(tmp_path / "p", "hf://acme/tiny-good@main")
     with pytest.raises(ConfigError, match=r"candidates\[0\]\.model: .*" + pattern):
         load_config(toml)
     with pytest.raises(FidelityError, match=pattern):
@@ -143,9 +129,9 @@ def test_valid_revisions_pass() -> None:
         assert parse_hub_spec(f"hf://acme/m@{rev}").revision == rev
 
 
-def test_pytest_run_with_a_dotdot_repository_is_one_named_error(fidelity_project: Path, tmp_path: Path) -> None:
+def test_pytest_run_with_a_dotdot_repository_is_one_named_error(project_with_model: Callable[[Path, str], Path], fidelity_project: Path, tmp_path: Path) -> None:
     """``hf://org/..`` ended in an INTERNALERROR: now the configuration is refused in one line, nothing written."""
-    _project(fidelity_project, tmp_path / "p", "hf://acme/..")
+    project_with_model(tmp_path / "p", "hf://acme/..")
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(tmp_path / "cache"), "PYTHONPATH": str(ROOT)}
     out = subprocess.run([sys.executable, "-m", "pytest", "fidelity.toml", "-q", "-p", "no:cacheprovider", "-m", "fidelity"],
                          cwd=tmp_path / "p", env=env, capture_output=True, text=True, check=False, timeout=300)
