@@ -35,7 +35,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import NotRequired, TypedDict
+from typing import Any, NotRequired, TypedDict
 
 import numpy as np
 
@@ -136,6 +136,11 @@ def precision_floor(*, suite_path: str | Path, model_dir: str | Path, store_path
         indices = sorted(contexts)
     tdtype = getattr(torch, dtype)
     model = load_model(model_dir, device="cpu", dtype="bfloat16").to(tdtype)
+    model_config: Any = getattr(model, "config", None)
+    if tdtype == torch.float64 and getattr(model_config, "_experts_implementation", None) not in (None, "eager"):
+        # torch's grouped_mm (transformers' default for mixture-of-experts layers) has no float64 kernel: the
+        # experts' own per-expert loop computes the same sums (the setter reaches every sub-configuration).
+        model_config._experts_implementation = "eager"
     w_hi = head.weight.to(tdtype)
     cpu = torch.device("cpu")
     path = gemm_path(cpu, head.weight)

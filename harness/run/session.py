@@ -357,6 +357,9 @@ class FidelitySession:
             self.reuse.note("captures", cand.name, reused=set(wanted) - missing, computed=missing, where=str(out))
             return store
         except VerificationError as e:  # said in the interface of the run: the cache folder is the harness's own
+            if not Path(str(e.path)).resolve().is_relative_to(Path(out).resolve()):
+                self._failed[cand.name] = e  # the model's own file (a corrupt checkpoint): not the cache's to mend
+                raise
             raise VerificationError(e.path, e.what, e.expected, e.found,
                                     hint=f"the capture cache of candidate {cand.name!r} cannot be used: remove the folder "
                                     f"{out} and run pytest again (the candidate is captured again)") from None
