@@ -26,7 +26,8 @@ from harness.errors import FidelityError
 from harness.inputs.dataset_layout import dataset_inputs
 from harness.inputs.interchange_layout import CAPTURE_MANIFEST, LAYOUT, looks_like, scan_layout
 
-_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+]*$")
+#: A candidate name: letters, digits, ``_ . +`` (no ``-``: pairs are named ``<a>-vs-<b>``).
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+]*$")
 #: A candidate tag: a word ``pytest -k`` can select (letters, digits, ``_ . + -``; not ``and``, ``or``, ``not``).
 TAG_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")
 _K_OPERATORS = {"and", "or", "not"}
@@ -253,7 +254,7 @@ def check_name(path: Path, where: str, name: str, *, reference: bool = False) ->
     every report): letters, digits, ``_ . +``, starting with a letter or digit, and a portable file name.
     The reference may also hold ``-`` (``Qwen3-8B``, the published layout's ``hidden-Qwen3-8B``): it never
     takes part in the ``<a>-vs-<b>`` names of paired comparisons, where a candidate's ``-`` would be ambiguous."""
-    if not (TAG_RE if reference else _NAME_RE).match(name):
+    if not (TAG_RE if reference else NAME_RE).match(name):
         allowed = "'_', '.', '+', '-'" if reference else "'_', '.', '+'"
         raise ConfigError(f"{path}: {where}: expected letters, digits, {allowed} starting with a letter or digit "
                           f"(it becomes a pytest id, a folder name and text in the reports), found {name!r}")

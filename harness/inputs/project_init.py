@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -21,12 +20,10 @@ from pathlib import Path
 from harness.engines.hub import PREFIX, resolve_hub_model
 from harness.errors import FidelityError, UsageError
 from harness.inputs import corpus_sources
+from harness.inputs.config import NAME_RE, portable_name_problem
 from harness.inputs.head import export_head
 from harness.inputs.suite import Suite, build_suite
 from harness.io.atomic import atomic_write_text
-
-#: A candidate's name in the configuration (and its baseline file's name).
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")
 
 
 @dataclass(frozen=True)
@@ -100,9 +97,10 @@ def check_candidates(specs: list[str], reference_dir: Path) -> tuple[Candidate, 
                           "no such file or folder" if not path.exists() else f"a {path.suffix or 'extension-less'} file")
         if path.resolve() == reference_dir.resolve():
             raise _refuse(f"--candidate {spec}", "a model other than the reference", "the reference itself")
-        if not _NAME.match(name):
-            raise _refuse(f"--candidate {spec}", "a name of letters, digits, '.', '_', '+', '-' (give NAME=PATH)",
-                          repr(name))
+        problem = None if NAME_RE.match(name) else "not letters, digits, '.', '_', '+'"
+        if problem or (problem := portable_name_problem(name)):  # the configuration's own rule (load_config)
+            raise _refuse(f"--candidate {spec}", "a name of letters, digits, '.', '_', '+' that is a portable file name "
+                          "(give NAME=PATH)", f"{name!r} ({problem})")
         if any(c.name == name for c in out):
             raise _refuse(f"--candidate {spec}", "unique candidate names (give NAME=PATH)", f"{name!r} twice")
         out.append(Candidate(name, path, engine))
