@@ -1,17 +1,20 @@
 """bf16 where it is native and where it is emulated: the GEMMs and the embedded model's capture, side by side.
 
-Every arm runs in a fresh child process (oneDNN reads its ISA limit once) with one torch thread:
+Every arm runs in a fresh child process (oneDNN reads its ISA limit once) with one torch thread, timed in the
+process's CPU seconds (one thread: the work, not the scheduler of a shared machine):
 
 * ``gemm``: square matmuls (512, 1,024) in bf16 and in fp32, GFLOP/s and their ratio, and oneDNN's own
   word on which bf16 kernel ran (``ONEDNN_VERBOSE``: ``brg_matmul:avx512_core_bf16`` / ``...amx`` or none: torch's
   emulated fallback);
 * ``capture``: the embedded model (fixtures/model, bf16) capturing ``--contexts`` suite contexts on each path of
   :mod:`harness.engines.bf16_path`: ``native`` (bf16 kernels), ``fp32`` with weights widened once and held
-  (``held``), ``fp32`` widening each weight when it is used (``per-layer``); seconds per context and the ratio to
-  the native arm of the same machine kind.
+  (``held``), ``fp32`` widening each weight when it is used (``per-layer``); seconds per context, the ratio to
+  the native arm of the same machine kind, and the ratio to the GEMM the machine has: the capture's matmul FLOPs
+  (counted by ``torch.utils.flop_counter``) at the faster of the two 1,024^2 GEMMs measured in the same run.
 
-Machine kinds: this CPU as it is, and with ``ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2`` (oneDNN and
-ATen held to AVX2: the bf16 GEMM of an AVX2-only CPU, emulated; checked by the verbose line). Rows: float64
+Machine kinds: this CPU as it is, and with ``ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2
+ATEN_CPU_CAPABILITY=avx2`` (oneDNN, MKL and ATen held to AVX2: the GEMMs of an AVX2-only CPU, bf16 emulated;
+checked by the verbose line; torch's fp32 GEMM is MKL's sgemm, which the oneDNN limit does not reach). Rows: float64
 check of every fp32-path capture against the native one of the same kind -- the largest difference in units of
 bf16 spacing at the native value (``ulp``), and the share of elements that differ at all -- next to the
 native capture's own distance from a float64 forward of the same bf16 weights (the bf16 rounding itself).
@@ -38,9 +41,9 @@ for n in (512, 1024):
     a, b = torch.randn(n, n), torch.randn(n, n)
     for name, (x, y) in {"fp32": (a, b), "bf16": (a.bfloat16(), b.bfloat16())}.items():
         x @ y
-        best, t_end = 1e9, time.perf_counter() + 3
-        while time.perf_counter() < t_end or best == 1e9:
-            t = time.perf_counter(); x @ y; best = min(best, time.perf_counter() - t)
+        best, t_end = 1e9, time.process_time() + 3
+        while time.process_time() < t_end or best == 1e9:
+            t = time.process_time(); x @ y; best = min(best, time.process_time() - t)
         out[f"{name}_{n}"] = 2 * n ** 3 / best / 1e9
 probe = subprocess.run([sys.executable, "-c", "import torch; torch.set_num_threads(1); a = torch.ones(64, 64).bfloat16(); a @ a"],
                        env={**os.environ, "ONEDNN_VERBOSE": "1"}, capture_output=True, text=True).stdout
@@ -66,19 +69,23 @@ def run(i):
     with mode.mode:
         return capture_hidden(model, suite.tokens[i])
 run(0)
-t0 = time.perf_counter()
+t0 = time.process_time()
 rows = [run(i) for i in range(n)]
-dt = (time.perf_counter() - t0) / n
+dt = (time.process_time() - t0) / n
 torch.save(torch.stack(rows), out_path)
 if arm == "native":  # the same bf16 weights in float64 (no rounding between operations)
     m64 = model.double()
     from harness.engines.transformers import head_inputs
     ids = torch.as_tensor(suite.tokens[:n].astype("int64"))
     torch.save(head_inputs(m64, ids, stop=False)[:, :-1].contiguous(), out_path + ".f64")
-print(json.dumps({"s_per_context": dt}))
+from torch.utils.flop_counter import FlopCounterMode
+counter = FlopCounterMode(display=False)
+with counter:
+    run(0)
+print(json.dumps({"s_per_context": dt, "flops_per_context": counter.get_total_flops()}))
 """
 
-AVX2 = {"ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"}
+AVX2 = {"ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"}
 
 
 def _child(code: str, args: list[str], env: dict[str, str]) -> dict[str, object]:
@@ -112,7 +119,7 @@ def main() -> None:
     from harness.engines.bf16_path import cpu_bf16_flags
 
     print(f"machine: {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}, bf16 flags {list(cpu_bf16_flags()) or 'none'}; "
-          f"torch {torch.__version__}; 1 thread per arm")
+          f"torch {torch.__version__}; 1 thread per arm, CPU seconds")
     for kind, env in (("this CPU", {}), ("held to AVX2", AVX2)):
         g = _child(GEMM, [], env)
         print(f"\n[{kind}] ATen capability {g['capability']}; bf16 GEMM kernel: {g['bf16_kernel']}")
@@ -122,16 +129,22 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as tmp:
             rows: dict[str, torch.Tensor] = {}
             times: dict[str, float] = {}
+            flops: dict[str, float] = {}
             for arm in ("native", "fp32-held", "fp32-per-layer"):
                 out = str(Path(tmp) / f"{arm}.pt")
-                times[arm] = float(_child(CAPTURE, [str(ROOT), arm, str(args.contexts), out], env)["s_per_context"])  # type: ignore[arg-type]
+                res = _child(CAPTURE, [str(ROOT), arm, str(args.contexts), out], env)
+                times[arm], flops[arm] = float(res["s_per_context"]), float(res["flops_per_context"])  # type: ignore[arg-type]
                 rows[arm] = torch.load(out)
             f64 = torch.load(str(Path(tmp) / "native.pt.f64"))
         u64 = _ulps(rows["native"], f64)
         print(f"  native capture vs float64 forward: max {float(u64.max()):.1f} bf16 ulp, mean {float(u64.mean()):.3f}, "
               f"median {float(u64.median()):.2f}")
+        best = max(float(g["bf16_1024"]), float(g["fp32_1024"]))  # type: ignore[arg-type]
+        which = "bf16" if float(g["bf16_1024"]) > float(g["fp32_1024"]) else "fp32"  # type: ignore[arg-type]
         for arm in times:
-            line = f"  capture {arm:<15} {times[arm]:.4f} s/context, {times[arm] / times['native']:.3f}x native"
+            at_gemm = flops[arm] / (best * 1e9)  # seconds the capture's matmuls take at the machine's GEMM rate
+            line = (f"  capture {arm:<15} {times[arm]:.4f} s/context, {times[arm] / times['native']:.3f}x native, "
+                    f"{times[arm] / at_gemm:.1f}x its {flops[arm] / 1e9:.3f} GFLOP at the machine's GEMM ({which} 1,024^2)")
             if arm != "native":
                 u = _ulps(rows[arm], rows["native"])
                 uf = _ulps(rows[arm], f64)

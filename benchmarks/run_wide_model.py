@@ -1,12 +1,13 @@
-"""A whole run at 27B widths on a CPU: build, capture, store, score, report, and the cost of each stage.
+"""A whole run at 27B widths on a CPU, both ways of keeping a candidate: store-then-score and score-while-capturing.
 
 Built at benchmark time in ``--work`` (never committed): a randomly initialised ``Qwen3ForCausalLM``
 with the seed suite's widths -- hidden 5,120, vocabulary 248,320, ``--layers`` decoder layers
 (default 1; intermediate 17,408, 40 query / 8 key-value heads of 128), untied LM head, bf16 -- as
 the reference; a candidate with the same weights except the decoder layers' linear weights rounded
 to int8 (per-output-row absmax, round to nearest: a W8 RTN quantization); a word-level tokenizer
-with 248,320 ids; a corpus of random words cut into ``--contexts`` contexts of 2,048 tokens
-(one shard); the shared head exported from the reference.
+with 248,320 ids; a corpus of random words cut into ``--contexts`` contexts of ``--n-ctx`` tokens
+(one shard); the shared head exported from the reference. Weights are drawn a block of rows at a
+time into an uninitialised bf16 model, so the build holds one model and no fp32 copy of it.
 
 Then, each stage in its own child process (its peak resident memory is that process's ``ru_maxrss``):
 
@@ -17,12 +18,18 @@ Then, each stage in its own child process (its peak resident memory is that proc
 * ``verify``   -- both stores opened and every context loaded (each file re-hashed and checked),
   and the reference model's identity by content (its weight files hashed) timed on its own;
 * ``score``    -- the shard's positions through the shared head (``shard_positions``: the exact scorer);
-* ``report``   -- statistics (10,000-replicate bootstrap) and the shard report written (JSON + Markdown).
+* ``report``   -- statistics (10,000-replicate bootstrap) and the shard report written (JSON + Markdown);
+* ``stream``   -- score-while-capturing (``keep = "scores"``): the candidate loaded through the same
+  engine, each context's rows scored in memory against the reference store's rows as they come
+  (never written), the statistics, and what the mode keeps: the signed scored positions (``.npz``)
+  and the metrics; the scores are compared with the store-then-score ones.
 
-    python benchmarks/run_wide_model.py --work /tmp/wide --contexts 2 --json wide.json
+    nice -n 5 python benchmarks/run_wide_model.py --work /tmp/wide --contexts 2 --n-ctx 512 --json wide.json
 
-Disk: ~5.8 GB per model folder, 21 MB per stored context; memory: ~7.5 GB at capture
-(the model, 1 GB of bf16 logits its forward computes), ~4 GB at scoring.
+The machine kind is the process's: ``ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2`` in the
+environment runs every stage as on an AVX2-only CPU (``--stages capture,verify,score,stream`` reuses a
+build). Disk: ~5.8 GB per model folder, 20.96 MB per stored 2,048-token context; memory: the model,
+the 2.5 GB head and the scorer's tiles (``stream`` holds all three at once).
 """
 
 from __future__ import annotations
@@ -31,6 +38,7 @@ import argparse
 import json
 import os
 import resource
+import shutil
 import subprocess
 import sys
 import time
@@ -40,7 +48,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-HIDDEN, VOCAB, N_CTX = 5120, 248_320, 2048
+HIDDEN, VOCAB, N_CTX = 5120, 248_320, 2048  # N_CTX: the seed suite's context length
 INTERMEDIATE, HEADS, KV_HEADS, HEAD_DIM = 17_408, 40, 8, 128
 
 
@@ -55,11 +63,34 @@ def _dir_bytes(path: Path) -> int:
 # ----------------------------------------------------------------------------- stages (children)
 
 
-def stage_build(work: Path, layers: int, contexts: int, candidate: bool = True) -> dict[str, Any]:
+def _random_model(cfg: Any, seed: int = 0) -> Any:
+    """An uninitialised bf16 model, its weights drawn ``normal(0, initializer_range)`` a block of rows at a
+    time (norms 1): never an fp32 copy of a 248,320 x 5,120 matrix (``normal_`` on a whole bf16 parameter
+    takes one)."""
+    import torch
+    from transformers import Qwen3ForCausalLM
+
+    torch.set_default_dtype(torch.bfloat16)
+    with torch.device("meta"):
+        model = Qwen3ForCausalLM(cfg)  # type: ignore[no-untyped-call]
+    torch.set_default_dtype(torch.float32)
+    model = model.to_empty(device="cpu").eval()  # type: ignore[no-untyped-call]
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.ndim == 1:
+                p.fill_(1.0)
+                continue
+            for r0 in range(0, p.shape[0], 8192):
+                p[r0 : r0 + 8192].normal_(0.0, cfg.initializer_range, generator=g)
+    return model
+
+
+def stage_build(work: Path, layers: int, contexts: int, n_ctx: int, candidate: bool = True) -> dict[str, Any]:
     import numpy as np
     import torch
     from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import Qwen3Config, Qwen3ForCausalLM
+    from transformers import Qwen3Config
 
     from harness.inputs.head import export_head
     from harness.inputs.suite import build_suite
@@ -72,80 +103,81 @@ def stage_build(work: Path, layers: int, contexts: int, candidate: bool = True) 
     corpus = work / "corpus" / "prose"
     corpus.mkdir(parents=True, exist_ok=True)
     for d in range(contexts):  # one document (one source cluster) per context
-        ids = rng.integers(0, VOCAB, N_CTX + 7)
+        ids = rng.integers(0, VOCAB, n_ctx + 7)
         (corpus / f"doc{d:03d}.txt").write_text(" ".join(f"w{i}" for i in ids), "utf-8")
-    suite = build_suite(work / "corpus", work / "tokenizer.json", n_ctx=N_CTX, n_contexts=contexts, n_shards=1, seed=0,
+    suite = build_suite(work / "corpus", work / "tokenizer.json", n_ctx=n_ctx, n_contexts=contexts, n_shards=1, seed=0,
                         out=work / "suite")
     cfg = Qwen3Config(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=INTERMEDIATE, num_hidden_layers=layers,
                       num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, head_dim=HEAD_DIM,
-                      max_position_embeddings=N_CTX, tie_word_embeddings=False)
-    torch.manual_seed(0)
-    torch.set_default_dtype(torch.bfloat16)  # initialise in bf16: never an fp32 copy of 2.9 G parameters
-    model = Qwen3ForCausalLM(cfg).eval()
-    torch.set_default_dtype(torch.float32)
+                      max_position_embeddings=max(n_ctx, N_CTX), tie_word_embeddings=False)
+    model = _random_model(cfg)
     t_init = time.perf_counter()
     model.save_pretrained(work / "reference", safe_serialization=True, max_shard_size="2GB")
-    with torch.no_grad():
-        if not candidate:
-            del model
-            export_head(work / "reference", work / "lm_head.safetensors")
-            return {"seconds": time.perf_counter() - t0, "init_s": t_init - t0, "contexts": suite.n_contexts,
-                    "model_bytes": _dir_bytes(work / "reference")}  # W8 RTN of every decoder linear weight
-        for name, p in model.named_parameters():
-            if name.startswith("model.layers.") and p.ndim == 2:
-                scale = p.float().abs().amax(1, keepdim=True).clamp_min(1e-12) / 127
-                p.copy_((p.float() / scale).round().clamp(-127, 127).mul(scale).to(p.dtype))
-    model.save_pretrained(work / "candidate", safe_serialization=True, max_shard_size="2GB")
+    if candidate:
+        with torch.no_grad():  # W8 RTN of every decoder linear weight
+            for name, p in model.named_parameters():
+                if name.startswith("model.layers.") and p.ndim == 2:
+                    scale = p.float().abs().amax(1, keepdim=True).clamp_min(1e-12) / 127
+                    p.copy_((p.float() / scale).round().clamp(-127, 127).mul(scale).to(p.dtype))
+        model.save_pretrained(work / "candidate", safe_serialization=True, max_shard_size="2GB")
     del model
     export_head(work / "reference", work / "lm_head.safetensors")
-    return {"seconds": time.perf_counter() - t0, "init_s": t_init - t0, "contexts": suite.n_contexts,
+    return {"seconds": time.perf_counter() - t0, "init_s": t_init - t0, "contexts": suite.n_contexts, "n_ctx": n_ctx,
             "model_bytes": _dir_bytes(work / "reference")}
+
+
+def _timing_patches(engine: str) -> dict[str, list[float]]:
+    """Wrap the engine's identity, load and forward with timers; returns the running totals (seconds)."""
+    from harness.engines import transformers as T
+    from harness.engines import vllm as V
+
+    loaded_cls, engine_cls = (T.TransformersLoaded, T.TransformersEngine) if engine == "transformers" else (V.VllmLoaded, V.VllmEngine)
+    spent: dict[str, list[float]] = {"forward_s": [0.0], "load_s": [0.0], "model_hash_s": [0.0]}
+
+    def timer(cls: Any, attr: str, key: str) -> None:
+        orig = getattr(cls, attr)
+
+        def timed(self: Any, *args: Any) -> Any:
+            t = time.perf_counter()
+            out = orig(self, *args)
+            spent[key][0] += time.perf_counter() - t
+            return out
+
+        setattr(cls, attr, timed)
+
+    timer(loaded_cls, "forward", "forward_s")
+    timer(engine_cls, "load", "load_s")
+    timer(engine_cls, "model_identity", "model_hash_s")  # the model's identity by content: every weight file hashed
+    return spent
+
+
+def _paths() -> dict[str, str]:
+    """The machine kind and the bf16 / GEMM paths this process takes."""
+    import torch
+
+    from harness.engines.bf16_path import bf16_path, cpu_bf16_flags
+    from harness.scoring.torch_path import gemm_path
+
+    probe = torch.empty(0, 8, dtype=torch.bfloat16)
+    return {"bf16_path": bf16_path("cpu"), "scorer_gemm": gemm_path(torch.device("cpu"), probe, probe),
+            "cpu_capability": str(torch.backends.cpu.get_cpu_capability()), "cpu_bf16_flags": ",".join(cpu_bf16_flags()),
+            "ONEDNN_MAX_CPU_ISA": os.environ.get("ONEDNN_MAX_CPU_ISA", ""),
+            "MKL_ENABLE_INSTRUCTIONS": os.environ.get("MKL_ENABLE_INSTRUCTIONS", ""), "threads": str(torch.get_num_threads())}
 
 
 def stage_capture(work: Path, which: str, engine: str = "transformers", device: str = "cpu") -> dict[str, Any]:
     from harness.capture.loop import capture
-    from harness.engines import transformers as T
-    from harness.engines import vllm as V
     from harness.engines.base import EngineOptions
 
-    forward_s = [0.0]
-    load_s = [0.0]
-    loaded_cls, engine_cls = (T.TransformersLoaded, T.TransformersEngine) if engine == "transformers" else (V.VllmLoaded, V.VllmEngine)
-    orig = loaded_cls.forward
-    orig_load = engine_cls.load
-
-    def timed(self: Any, token_ids: Any, kind: str) -> Any:
-        t = time.perf_counter()
-        out = orig(self, token_ids, kind)
-        forward_s[0] += time.perf_counter() - t
-        return out
-
-    def timed_load(self: Any, *args: Any) -> Any:
-        t = time.perf_counter()
-        out = orig_load(self, *args)
-        load_s[0] += time.perf_counter() - t
-        return out
-
-    ident_s = [0.0]
-    orig_ident = engine_cls.model_identity
-
-    def timed_ident(self: Any, *args: Any) -> Any:  # the model's identity by content: every weight file hashed
-        t = time.perf_counter()
-        out = orig_ident(self, *args)
-        ident_s[0] += time.perf_counter() - t
-        return out
-
-    engine_cls.model_identity = timed_ident  # type: ignore[method-assign]
-
-    loaded_cls.forward = timed  # type: ignore[method-assign]
-    engine_cls.load = timed_load  # type: ignore[method-assign]
+    spent = _timing_patches(engine)
     t0 = time.perf_counter()
     out = work / (f"store-{which}" if engine == "transformers" else f"store-{which}-{engine}")
+    shutil.rmtree(out, ignore_errors=True)  # this benchmark's own folder: a resumed store would skip the work
     store = capture(engine, work / which, work / "suite", out, progress=False, options=EngineOptions(device=device))
     total = time.perf_counter() - t0
     n = len(store.indices)
-    return {"seconds": total, "load_s": load_s[0], "forward_s": forward_s[0], "model_hash_s": ident_s[0], "contexts": n,
-            "store_bytes": _dir_bytes(out), "engine": engine, "device": device}
+    return {"seconds": total, **{k: v[0] for k, v in spent.items()}, "contexts": n,
+            "store_bytes": _dir_bytes(out), "engine": engine, "device": device, "paths": _paths()}
 
 
 def stage_verify(work: Path) -> dict[str, Any]:
@@ -166,6 +198,8 @@ def stage_verify(work: Path) -> dict[str, Any]:
 
 
 def stage_score_report(work: Path, device: str = "cpu") -> dict[str, Any]:
+    import numpy as np
+
     from harness.capture.store import CaptureStore
     from harness.inputs.head import load_head
     from harness.inputs.suite import load_suite
@@ -173,8 +207,8 @@ def stage_score_report(work: Path, device: str = "cpu") -> dict[str, Any]:
     from harness.run.shard_inputs import ShardInputs
 
     suite = load_suite(work / "suite")
-    ref = CaptureStore.open(work / "store-reference", suite, verify=False)
-    cand = CaptureStore.open(work / "store-candidate", suite, verify=False)
+    ref = CaptureStore.open(work / "store-reference", suite, verify=True)
+    cand = CaptureStore.open(work / "store-candidate", suite, verify=True)
     t_head = time.perf_counter()
     head = load_head(work / "lm_head.safetensors")
     t0 = time.perf_counter()
@@ -184,12 +218,81 @@ def stage_score_report(work: Path, device: str = "cpu") -> dict[str, Any]:
     report = score_shard(inputs, reference_name="bf16", candidate_name="w8_rtn", positions=pos, device=device)
     paths = report.write(work / "reports")
     t2 = time.perf_counter()
-    return {"head_load_s": t0 - t_head, "score_s": t1 - t0, "report_s": t2 - t1, "positions": int(pos.scores.kld.size),
-            "mean_kld": float(pos.scores.kld.mean()), "top1": float(pos.scores.top1.mean()), "scorer": pos.scorer_run,
-            "report_bytes": sum(p.stat().st_size for p in paths)}
+    np.save(work / "kld-store.npy", pos.scores.kld)
+    return {"head_load_s": t0 - t_head, "read_s": pos.load_s, "score_s": pos.score_s, "report_s": t2 - t1,
+            "positions": int(pos.scores.kld.size), "mean_kld": float(pos.scores.kld.mean()),
+            "top1": float(pos.scores.top1.mean()), "scorer": pos.scorer_run,
+            "report_bytes": sum(p.stat().st_size for p in paths), "paths": _paths()}
 
 
-STAGES = {"build": stage_build, "capture": stage_capture, "verify": stage_verify, "score": stage_score_report}
+def stage_stream(work: Path, device: str = "cpu") -> dict[str, Any]:
+    """Score-while-capturing: the candidate's rows go from the engine to the scorer in memory, context by
+    context; what is written is what the mode keeps (the signed positions and the metrics)."""
+    import dataclasses
+
+    import numpy as np
+    import torch
+
+    from harness.capture.store import CaptureStore
+    from harness.engines.base import EngineOptions
+    from harness.engines.registry import get_engine
+    from harness.inputs.head import load_head
+    from harness.inputs.suite import load_suite
+    from harness.io.atomic import atomic_write_bytes
+    from harness.metrics import ContextLabel, summarize
+    from harness.metrics.scores import PositionScores
+    from harness.run.shard import ShardPositions
+    from harness.run.shared_scores import save_positions
+    from harness.scoring.scorer import score_hidden, scorer_run
+
+    spent = _timing_patches("transformers")
+    suite = load_suite(work / "suite")
+    ref = CaptureStore.open(work / "store-reference", suite, verify=True)
+    t_head = time.perf_counter()
+    head = load_head(work / "lm_head.safetensors")
+    head_load_s = time.perf_counter() - t_head
+    eng = get_engine("transformers")
+    eng.model_identity(work / "candidate")  # what the capture cache and the report key the candidate by
+    loaded = eng.load(work / "candidate", suite.n_ctx, "hidden_states", EngineOptions(device=device))
+    indices = list(suite.shard_indices(0))
+    parts: list[PositionScores] = []
+    read_s = score_s = 0.0
+    ran: dict[str, str] = {}
+    try:
+        for i in indices:
+            cand_rows = loaded.forward(suite.tokens[i], "hidden_states")
+            t0 = time.perf_counter()
+            ref_rows = ref.load(i)  # re-hashed and checked, as every store read is
+            t1 = time.perf_counter()
+            targets = torch.from_numpy(suite.tokens[i, 1:].astype(np.int64))
+            ran = ran or scorer_run(ref_rows, cand_rows, head.weight, device=device).as_dict()
+            parts.append(score_hidden(ref_rows, cand_rows, head.weight, targets, device=device))
+            score_s += time.perf_counter() - t1
+            read_s += t1 - t0
+            del cand_rows, ref_rows
+    finally:
+        loaded.close()
+    t2 = time.perf_counter()
+    scores = PositionScores(**{f.name: np.concatenate([getattr(p, f.name) for p in parts])
+                               for f in dataclasses.fields(PositionScores)})
+    rows_per = suite.n_ctx - 1
+    pos = ShardPositions(scores, np.repeat(np.asarray(indices, dtype=np.int64), rows_per),
+                         np.tile(np.arange(rows_per, dtype=np.int64), len(indices)),
+                         [ContextLabel(index=c.index, source_cluster=c.source_cluster, stratum=c.stratum)
+                          for c in (suite.contexts[i] for i in indices)],
+                         "hidden_states", head.sha256, None, read_s, score_s, ran)
+    metrics = summarize(pos.scores, pos.context_index, pos.row, pos.labels, n_boot=10_000)
+    out = work / "stream"
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir()
+    save_positions(out / "positions.npz", pos, {"candidate": "w8_rtn", "shard": 0}, b"benchmark key")
+    atomic_write_bytes(out / "metrics.json", json.dumps(metrics, default=str, sort_keys=True).encode())
+    t3 = time.perf_counter()
+    np.save(work / "kld-stream.npy", scores.kld)
+    return {"seconds": t3 - t_head, "head_load_s": head_load_s, **{k: v[0] for k, v in spent.items()},
+            "read_s": read_s, "score_s": score_s, "report_s": t3 - t2, "contexts": len(indices),
+            "positions": int(scores.kld.size), "mean_kld": float(scores.kld.mean()), "scorer": ran,
+            "bytes_written": _dir_bytes(out), "positions_bytes": (out / "positions.npz").stat().st_size, "paths": _paths()}
 
 
 def _child(stage: str, work: Path, extra: list[str]) -> dict[str, Any]:
@@ -201,16 +304,61 @@ def _child(stage: str, work: Path, extra: list[str]) -> dict[str, Any]:
     return res
 
 
+def per_context(fig: dict[str, Any]) -> dict[str, Any]:
+    """Seconds per context per stage, for one candidate, in both modes; bytes written per candidate; peaks.
+
+    Store-then-score: the candidate's capture (forward, store write + sha256), both stores read back and
+    re-hashed, the scorer. Score-while-capturing: the forward, the reference store's read, the scorer
+    (no candidate store is written or read)."""
+    import numpy as np
+
+    n, rows = fig["contexts"], fig["n_ctx"] - 1
+    cap, ver, sc, st = fig["capture_candidate"], fig["verify"], fig["score"], fig["stream"]
+    store = {
+        "capture_forward_s": cap["forward_s"] / n,
+        "store_write_hash_s": (cap["seconds"] - cap["forward_s"] - cap["load_s"] - cap["model_hash_s"]) / n,
+        "store_read_s": sc["read_s"] / n,  # both stores of the shard, each file re-hashed
+        "verify_both_stores_s": ver["seconds"] / n,
+        "score_s": sc["score_s"] / n,
+        "report_s": sc["report_s"] / n,
+        "model_load_s": cap["load_s"], "model_hash_s": cap["model_hash_s"],
+        "peak_rss_gib": {"capture": cap["peak_rss_gib"], "score": sc["peak_rss_gib"]},
+        "bytes_written": cap["store_bytes"] + sc["report_bytes"],
+    }
+    stream = {
+        "capture_forward_s": st["forward_s"] / n,
+        "store_write_hash_s": 0.0,
+        "store_read_s": st["read_s"] / n,  # the reference store only
+        "score_s": st["score_s"] / n,
+        "report_s": st["report_s"] / n,
+        "model_load_s": st["load_s"], "model_hash_s": st["model_hash_s"],
+        "peak_rss_gib": {"capture_and_score": st["peak_rss_gib"]},
+        "bytes_written": st["bytes_written"],
+    }
+    a, b = np.load(Path(fig["work"]) / "kld-store.npy"), np.load(Path(fig["work"]) / "kld-stream.npy")
+    seed_rows = N_CTX - 1  # bytes per scored row, projected to the seed suite's 5,120 contexts of 2,048 tokens
+    return {
+        "store_then_score": store, "score_while_capturing": stream,
+        "kld_max_abs_difference": float(np.abs(a - b).max()), "kld_identical": bool(np.array_equal(a, b)),
+        "bytes_per_row": {"store_then_score": store["bytes_written"] / (n * rows),
+                          "score_while_capturing": st["positions_bytes"] / (n * rows)},
+        "seed_suite_bytes_per_candidate": {
+            "store_then_score": cap["store_bytes"] / (n * rows) * seed_rows * 5120,
+            "score_while_capturing": st["positions_bytes"] / (n * rows) * seed_rows * 5120},
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     p.add_argument("--work", type=Path, required=True, help="folder for the models, suite, stores, reports (not committed)")
     p.add_argument("--contexts", type=int, default=2)
+    p.add_argument("--n-ctx", type=int, default=N_CTX, help="tokens per context (the seed suite's: 2,048)")
     p.add_argument("--layers", type=int, default=1)
     p.add_argument("--json", type=Path, default=None)
     p.add_argument("--device", default="cpu", help="capture and scoring device (cpu, cuda)")
     p.add_argument("--engines", default="transformers", help="capture engines, comma-separated (transformers, vllm)")
-    p.add_argument("--stages", default="build,capture,verify,score",
-                   help="stages to run (build once, then any of capture,verify,score; --work keeps what was built)")
+    p.add_argument("--stages", default="build,capture,verify,score,stream",
+                   help="stages to run (build once, then any of capture,verify,score,stream; --work keeps what was built)")
     p.add_argument("--reference-only", action="store_true", help="capture the reference only (no candidate, no score)")
     p.add_argument("--_stage", default=None, help=argparse.SUPPRESS)
     p.add_argument("--engine", default="transformers", help=argparse.SUPPRESS)
@@ -220,56 +368,44 @@ def main(argv: list[str] | None = None) -> int:
         from harness.scoring.threads import apply_default_threads
 
         apply_default_threads()  # as the fidelity command and the pytest plugin do
-        fn = STAGES[a._stage]
         if a._stage == "build":
-            res = fn(a.work, a.layers, a.contexts, not a.reference_only)
+            res = stage_build(a.work, a.layers, a.contexts, a.n_ctx, not a.reference_only)
         elif a._stage == "capture":
-            res = fn(a.work, a.which, a.engine, a.device)
+            res = stage_capture(a.work, a.which, a.engine, a.device)
         elif a._stage == "score":
-            res = fn(a.work, a.device)
+            res = stage_score_report(a.work, a.device)
+        elif a._stage == "stream":
+            res = stage_stream(a.work, a.device)
         else:
-            res = fn(a.work)
+            res = stage_verify(a.work)
         res["peak_rss_gib"] = _peak_gib()
         print(json.dumps(res, default=str))
         return 0
     a.work.mkdir(parents=True, exist_ok=True)
-    fig: dict[str, Any] = {"layers": a.layers, "contexts": a.contexts, "n_ctx": N_CTX, "hidden": HIDDEN, "vocab": VOCAB,
-                           "threads_env": os.environ.get("FIDELITY_THREADS"), "load_start": os.getloadavg()}
     stages = a.stages.split(",")
-    models = ("reference",) if a.reference_only else ("reference", "candidate")
     if "build" in stages:
-        fig["build"] = _child("build", a.work, ["--layers", str(a.layers), "--contexts", str(a.contexts)]
-                              + (["--reference-only"] if a.reference_only else []))
-        print("build", fig["build"], flush=True)
+        built = _child("build", a.work, ["--layers", str(a.layers), "--contexts", str(a.contexts), "--n-ctx", str(a.n_ctx)]
+                       + (["--reference-only"] if a.reference_only else []))
+        (a.work / "build.json").write_text(json.dumps(built) + "\n")
+    built = json.loads((a.work / "build.json").read_text())
+    fig: dict[str, Any] = {"work": str(a.work), "layers": a.layers, "contexts": built["contexts"], "n_ctx": built["n_ctx"],
+                           "hidden": HIDDEN, "vocab": VOCAB, "threads_env": os.environ.get("FIDELITY_THREADS"),
+                           "load_start": os.getloadavg(), "build": built}
+    print("build", built, flush=True)
+    models = ("reference",) if a.reference_only else ("reference", "candidate")
     if "capture" in stages:
         for engine in a.engines.split(","):
             for which in models:
                 key = f"capture_{which}" + ("" if engine == "transformers" else f"_{engine}")
                 fig[key] = _child("capture", a.work, ["--which", which, "--engine", engine, "--device", a.device])
                 print("capture", which, engine, fig[key], flush=True)
-    if "verify" in stages and not a.reference_only:
-        fig["verify"] = _child("verify", a.work, [])
-    if "score" in stages and not a.reference_only:
-        fig["score"] = _child("score", a.work, ["--device", a.device])
+    for stage in ("verify", "score", "stream"):
+        if stage in stages and not a.reference_only:
+            fig[stage] = _child(stage, a.work, ["--device", a.device])
+            print(stage, fig[stage], flush=True)
     fig["load_end"] = os.getloadavg()
-    if a.reference_only or not {"capture", "verify", "score"} <= set(stages) or "transformers" not in a.engines.split(","):
-        print(json.dumps(fig, indent=2, default=str))
-        if a.json:
-            a.json.write_text(json.dumps(fig, indent=2, default=str) + "\n")
-        return 0
-    n = a.contexts
-    per = {
-        "capture_forward_s": sum(fig[f"capture_{w}"]["forward_s"] for w in ("reference", "candidate")) / (2 * n),
-        "store_write_hash_s": sum(fig[f"capture_{w}"]["seconds"] - fig[f"capture_{w}"]["forward_s"]
-                                  - fig[f"capture_{w}"]["load_s"] - fig[f"capture_{w}"].get("model_hash_s", 0.0)
-                                  for w in ("reference", "candidate")) / (2 * n),
-        "model_hash_s_per_model": sum(fig[f"capture_{w}"].get("model_hash_s", 0.0) for w in ("reference", "candidate")) / 2,
-        "model_load_s_per_model": sum(fig[f"capture_{w}"]["load_s"] for w in ("reference", "candidate")) / 2,
-        "verify_s": fig["verify"]["seconds"] / (2 * n),
-        "score_s": fig["score"]["score_s"] / n,
-        "report_s": fig["score"]["report_s"] / n,
-    }
-    fig["per_context_per_model"] = per
+    if {"capture", "verify", "score", "stream"} <= set(stages) and not a.reference_only and "transformers" in a.engines:
+        fig["per_context"] = per_context(fig)
     print(json.dumps(fig, indent=2, default=str))
     if a.json:
         a.json.write_text(json.dumps(fig, indent=2, default=str) + "\n")

@@ -99,6 +99,59 @@ def test_capture_on_the_fp32_path(tiny_model: Path, tmp_path: Path, monkeypatch:
     assert idents["fp32"].get("bf16_path") == "fp32" and "bf16_path" not in idents["native"]
     assert model is not None
     exact = head_inputs(model.double(), torch.as_tensor(tokens), stop=False)[:, :-1]
-    native, fp32 = _ulps(rows["native"], exact), _ulps(rows["fp32"], exact)
-    assert float(fp32.mean()) <= 1.5 * float(native.mean()) + 0.5
-    assert float(fp32.max()) <= 2 * float(native.max()) + 2
+    _assert_as_close_as_native(rows["fp32"], rows["native"], exact)
+
+
+def _assert_as_close_as_native(rows: torch.Tensor, native: torch.Tensor, exact: torch.Tensor) -> None:
+    """``rows`` lie as close to the float64 forward ``exact`` as the native bf16 rows do: the bf16 rounding of
+    each operation, propagated, and nothing else (a different computation would be far outside this)."""
+    got, ref = _ulps(rows, exact), _ulps(native, exact)
+    assert float(got.mean()) <= 1.5 * float(ref.mean()) + 0.5
+    assert float(got.max()) <= 2 * float(ref.max()) + 2
+
+
+#: An AVX2-only CPU's kernels on any x86 CPU: oneDNN, MKL and ATen held to AVX2 (read once, at start).
+AVX2_ONLY = {"ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"}
+
+_CHILD = """
+import json, sys, numpy as np, torch
+from harness.engines.base import EngineOptions
+from harness.engines.bf16_path import bf16_path
+from harness.engines.transformers import ENGINE
+loaded = ENGINE.load(__import__("pathlib").Path(sys.argv[1]), 32, "hidden_states", EngineOptions(device="cpu"))
+tokens = np.load(sys.argv[2])
+torch.save(torch.stack(loaded.forward_batch(list(tokens), "hidden_states")), sys.argv[3])
+print(json.dumps({"path": bf16_path("cpu"), "identity": loaded.identity().get("bf16_path"),
+                  "capability": str(torch.backends.cpu.get_cpu_capability())}))
+"""
+
+
+@pytest.mark.skipif(__import__("platform").machine() not in ("x86_64", "AMD64"), reason="the AVX2 limits are x86's")
+def test_an_avx2_only_cpu_takes_the_fp32_path(tiny_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the CPU's kernels held to AVX2 (no native bf16), ``auto`` takes the fp32 path, says so in the engine
+    identity, and its stored rows are the native bf16 path's to the bf16 rounding (float64 check)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    import numpy as np
+
+    from harness.engines.base import EngineOptions
+    from harness.engines.transformers import ENGINE, head_inputs
+
+    tokens = np.random.default_rng(1).integers(0, 300, size=(2, 32))
+    np.save(tmp_path / "tokens.npy", tokens)
+    env = {**os.environ, **AVX2_ONLY, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    env.pop("FIDELITY_BF16_PATH", None)
+    out = subprocess.run([sys.executable, "-c", _CHILD, str(tiny_model), str(tmp_path / "tokens.npy"), str(tmp_path / "rows.pt")],
+                         env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    child = json.loads(out.stdout.strip().splitlines()[-1])
+    assert child == {"path": "fp32", "identity": "fp32", "capability": "AVX2"}
+    monkeypatch.setenv("FIDELITY_BF16_PATH", "native")  # the bf16 kernels, native or emulated
+    loaded = ENGINE.load(tiny_model, 32, "hidden_states", EngineOptions(device="cpu"))
+    native = torch.stack(loaded.forward_batch(list(tokens), "hidden_states"))
+    assert loaded.model is not None
+    exact = head_inputs(loaded.model.double(), torch.as_tensor(tokens), stop=False)[:, :-1]
+    _assert_as_close_as_native(torch.load(tmp_path / "rows.pt"), native, exact)
