@@ -253,12 +253,14 @@ class PairRow(PairedDiff):
 
 
 class PlotPoint(TypedDict):
-    """A point of ``kld-vs-size.png``."""
+    """A point of ``kld-vs-size.png`` (:class:`harness.reports.plot.SizePoint`; bits per weight not written)."""
 
     candidate: str
     size_gib: float | None
     mean_kld: float
     ci95: list[float] | None
+    bpw: NotRequired[float | None]
+    params: NotRequired[int | None]
 
 
 class AllocationCheck(TypedDict):

@@ -22,7 +22,7 @@ from harness.interchange.manifest_read import SuiteManifest, read_manifest
 from harness.interchange.receipt_figures import candidate_figures, check_inputs, paired_figures
 from harness.io.atomic import atomic_write_files, dumps_json
 from harness.reports.aggregate import ladder_files
-from harness.reports.plot import kld_vs_size_figure
+from harness.reports.plot import SizePoint, kld_vs_size_figure
 from harness.reports.units import GIB
 
 SCHEMA = "fidelity.published-receipts/1"
@@ -92,7 +92,7 @@ def _ladder_row(f: Mapping[str, Any], rc: CumulativeReceipt, size: int | None) -
 
 
 def _plot(rows: Sequence[Mapping[str, Any]]) -> bytes:
-    pts = [{"candidate": r["candidate"], "size_gib": r["size_bytes"] / GIB, "mean_kld": r["mean_kld"], "ci95": r["ci95"]}
+    pts: list[SizePoint] = [{"candidate": r["candidate"], "size_gib": r["size_bytes"] / GIB, "mean_kld": r["mean_kld"], "ci95": r["ci95"]}
            for r in rows if r["size_bytes"]]
     fig, _axes, _labels = kld_vs_size_figure(pts)
     buf = io.BytesIO()

@@ -51,11 +51,12 @@ def bin_edges() -> list[float]:
     return [10.0 ** (LOG10_LOW + i / BINS_PER_DECADE) for i in range(bins + 1)]
 
 
-def identity_block(ident: dict[str, Any]) -> dict[str, Any]:
+def identity_block(ident: object) -> dict[str, Any]:
     """A published ``candidate_identity`` block for this project's identity (by content) of a model."""
-    weights = ident.get("weights")
-    return {"model_path": f"fidelity:{ident.get('name', 'model')}", "model_revision": None, "model_revision_source": "none",
-            "index_sha256": None, "config_sha256": ident.get("config_sha256"),
+    fields = ident if isinstance(ident, dict) else {}
+    weights = fields.get("weights")
+    return {"model_path": f"fidelity:{fields.get('name', 'model')}", "model_revision": None, "model_revision_source": "none",
+            "index_sha256": None, "config_sha256": fields.get("config_sha256"),
             "shard_sha256": dict(sorted(weights.items())) if isinstance(weights, dict) else None,
             "quantization": None, "quantization_config": None, "trust_remote_code": False,
             "kv_cache_dtype_requested": None, "kv_cache_dtype_resolved": "unresolved",

@@ -31,7 +31,7 @@ import types
 import typing
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Union, get_args, get_origin, get_type_hints, is_typeddict
+from typing import Any, Literal, TypeVar, Union, cast, get_args, get_origin, get_type_hints, is_typeddict
 
 from harness.errors import VerificationError
 from harness.io.jsonio import type_name
@@ -199,3 +199,18 @@ def schema_of(record: object) -> Any:
     if origin in (typing.NotRequired, typing.Required):
         return schema_of(args[0])
     raise TypeError(f"no schema for {record!r}")  # a programming error, never a file's
+
+
+_R = TypeVar("_R")
+_SCHEMAS: dict[object, Any] = {}
+
+
+def checked(value: object, record: type[_R], path: str | Path, where: str = "") -> _R:
+    """``value`` (a JSON document as read) as the ``TypedDict`` ``record``, once it matches the record's own
+    schema (:func:`schema_of`, checked by :func:`check`): the one place where a document read from disk becomes
+    a typed record (a mismatch is a :class:`~harness.errors.VerificationError` naming ``path`` and the key)."""
+    schema = _SCHEMAS.get(record)
+    if schema is None:
+        schema = _SCHEMAS[record] = schema_of(record)
+    check(value, schema, path, where)
+    return cast("_R", value)

@@ -37,7 +37,7 @@ from harness.metrics.bootstrap import MEAN_METHOD, MEAN_METHOD_TEXT, MIN_CLUSTER
 from harness.metrics.diagnostics import diagnostics_from_totals
 from harness.metrics.histogram import LogHistogram
 from harness.metrics.summary import merge_totals
-from harness.reports.shard import check_finite
+from harness.reports.shard import check_finite, set_comparability
 from harness.reports.suite_shape import SuiteLike, SuiteShape
 from harness.reports.units import bpw_text, size_text
 
@@ -267,7 +267,7 @@ def aggregate(reports: Sequence[ShardReport], *, n_shards: int | None = None, su
     for d in strata.values():
         d["mean_kld"] = d["sum_kld"] / d["positions"]
         d["top1"] = d["top1_count"] / d["positions"]
-    comp = {k: v for k, v in reports[0].comparability.items() if k != "shard"}
+    comp = set_comparability(reports[0].comparability)
     return {
         "schema": SCHEMA,
         "candidate": reports[0].candidate,

@@ -9,15 +9,56 @@ from __future__ import annotations
 import io
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, NotRequired, TypedDict
 
 from harness.io.atomic import atomic_write_bytes
 from harness.reports.units import GIB, axis_unit
 
+if TYPE_CHECKING:
+    from types import ModuleType
+
+    from matplotlib.axes import Axes
+    from matplotlib.backend_bases import RendererBase
+    from matplotlib.figure import Figure
+    from matplotlib.text import Annotation
+    from matplotlib.transforms import Bbox
+
+#: A colour as matplotlib's colormaps return it (red, green, blue, alpha in [0, 1]).
+Color = tuple[float, float, float, float]
+
 _PNG_META = {"Software": None}  # no matplotlib version stamp: same figure, same bytes
 
 
-def _plt() -> Any:
+class SizePoint(TypedDict):
+    """A point of the KLD-versus-size figure: a candidate's mean KLD, its 95% interval (None: not estimable),
+    its on-disk size in GiB (None: unknown), and where known its whole-checkpoint bits per weight and parameter
+    count."""
+
+    candidate: str
+    size_gib: float | None
+    mean_kld: float
+    ci95: list[float] | None
+    bpw: NotRequired[float | None]
+    params: NotRequired[int | None]
+
+
+class FloorBand(TypedDict):
+    """What the figure draws of a precision floor (``fidelity.precision-floor/1``'s ``kld`` block)."""
+
+    mean: float
+    ci95: list[float] | None
+
+
+class _Placed(TypedDict):
+    """A point as drawn: its candidate, x on the figure's axis, mean KLD and interval."""
+
+    candidate: str
+    x: float
+    mean_kld: float
+    ci95: list[float] | None
+
+
+def _plt() -> ModuleType:
     import matplotlib
 
     matplotlib.use("Agg", force=True)
@@ -26,14 +67,14 @@ def _plt() -> Any:
     return plt
 
 
-def _save(fig: Any, path: Path) -> None:
+def _save(fig: Figure, path: Path) -> None:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=120, metadata=_PNG_META)
     _plt().close(fig)
     atomic_write_bytes(path, buf.getvalue())
 
 
-def candidate_colors(names: Sequence[str], palette_names: Sequence[str] | None = None) -> dict[str, Any]:
+def candidate_colors(names: Sequence[str], palette_names: Sequence[str] | None = None) -> dict[str, Color]:
     """One colour per candidate: its place among the sorted ``palette_names`` (the configuration's candidates)
     and ``names``, on tab10 (tab20 beyond 10). Figures given the same ``palette_names`` colour a candidate alike
     whichever subset each shows (the tail plot of one run, the KLD-versus-size plot of a published set)."""
@@ -98,7 +139,7 @@ def pareto_front(points: Sequence[tuple[float, float, str]]) -> list[tuple[float
     return front
 
 
-def _label_text(p: Mapping[str, Any]) -> str:
+def _label_text(p: _Placed) -> str:
     """``name mean [-a%, +b%]``: the 95% interval's ends relative to the mean, when estimable (printed as an
     interval: it is seldom symmetric)."""
     ci = p["ci95"]
@@ -120,20 +161,19 @@ def _moved(offset: tuple[int, int]) -> bool:
     return abs(offset[1]) > 12 or abs(offset[0]) > 9
 
 
-def place_labels(fig: Any, ax: Any, pts: Sequence[Mapping[str, Any]], scale: float,
-                 colors: Mapping[str, Any]) -> list[Any]:
+def place_labels(fig: Figure, ax: Axes, pts: Sequence[_Placed], scale: float,
+                 colors: Mapping[str, Color]) -> list[Annotation]:
     """One label per point, each at the first offset where it overlaps no other label and no other marker
     and stays inside the axes; a label moved away from its marker gets a leader line in its colour, so
     near-identical points keep their own, readable labels. Returns the annotation artists."""
-    fig.canvas.draw()
-    renderer = fig.canvas.get_renderer()
-    frame = ax.get_window_extent(renderer)
+    fig.canvas.draw()  # text extents below are measured with the figure's renderer (Agg, drawn once)
+    frame = ax.get_window_extent()
     centers = [ax.transData.transform((p["x"] * scale, p["mean_kld"])) for p in pts]
     r = 9.0  # a marker's half-size in pixels, with a margin
-    placed: list[Any] = []
-    texts: list[Any] = []
+    placed: list[Bbox] = []
+    texts: list[Annotation] = []
 
-    def label(p: Mapping[str, Any], offset: tuple[int, int], leader: bool) -> Any:
+    def label(p: _Placed, offset: tuple[int, int], leader: bool) -> Annotation:
         arrow = ({"arrowstyle": "-", "color": colors[p["candidate"]], "linewidth": 0.8, "shrinkA": 0, "shrinkB": 5}
                  if leader else None)
         return ax.annotate(_label_text(p), (p["x"] * scale, p["mean_kld"]), textcoords="offset points",
@@ -141,10 +181,10 @@ def place_labels(fig: Any, ax: Any, pts: Sequence[Mapping[str, Any]], scale: flo
                            arrowprops=arrow)
 
     order = sorted(range(len(pts)), key=lambda i: (pts[i]["x"], -pts[i]["mean_kld"], pts[i]["candidate"]))
-    def text_box(p: Mapping[str, Any], offset: tuple[int, int]) -> Any:
+    def text_box(p: _Placed, offset: tuple[int, int]) -> Bbox:
         """The label's text extent at ``offset``, in pixels (measured on a probe without a leader)."""
         t = label(p, offset, leader=False)
-        box = t.get_window_extent(renderer)
+        box = t.get_window_extent()
         t.remove()
         return box
 
@@ -164,15 +204,15 @@ def place_labels(fig: Any, ax: Any, pts: Sequence[Mapping[str, Any]], scale: flo
     return texts
 
 
-def label_box(annotation: Any, renderer: Any) -> Any:
+def label_box(annotation: Annotation, renderer: RendererBase) -> Bbox:
     """The bounding box of an annotation's text alone (without its leader line)."""
     from matplotlib.text import Text
 
     return Text.get_window_extent(annotation, renderer)
 
 
-def plot_kld_vs_size(points: Sequence[Mapping[str, Any]], path: str | Path,
-                     palette_names: Sequence[str] | None = None, floor: Mapping[str, Any] | None = None) -> Path:
+def plot_kld_vs_size(points: Sequence[SizePoint], path: str | Path,
+                     palette_names: Sequence[str] | None = None, floor: FloorBand | None = None) -> Path:
     """Write :func:`kld_vs_size_figure` as a PNG at ``path``."""
     fig, _axes, _labels = kld_vs_size_figure(points, palette_names, floor)
     path = Path(path)
@@ -180,17 +220,24 @@ def plot_kld_vs_size(points: Sequence[Mapping[str, Any]], path: str | Path,
     return path
 
 
-def _x_axis(pts: Sequence[Mapping[str, Any]]) -> tuple[str, float, str]:
+def _x_axis(pts: Sequence[SizePoint]) -> tuple[str, float, str]:
     """``(point key, scale, label)`` of the x axis: whole-checkpoint bits per weight when every point has it,
     else the on-disk size in GiB or MiB."""
     if pts and all(p.get("bpw") is not None for p in pts):
         return "bpw", 1.0, "bits per weight, whole checkpoint (stored tensor bits / parameters)"
-    divisor, unit = axis_unit(max((p["size_gib"] * GIB for p in pts), default=GIB))
+    divisor, unit = axis_unit(max(((p["size_gib"] or 0.0) * GIB for p in pts), default=GIB))
     return "size_gib", GIB / divisor, f"on-disk size ({unit})"
 
 
-def kld_vs_size_figure(points: Sequence[Mapping[str, Any]], palette_names: Sequence[str] | None = None,
-                       floor: Mapping[str, Any] | None = None) -> tuple[Any, tuple[Any, Any], list[Any]]:
+def _x(p: SizePoint, key: str) -> float:
+    """The point's value on the x axis chosen by :func:`_x_axis` (``bpw`` or ``size_gib``, which every point
+    shown has)."""
+    value = p.get("bpw") if key == "bpw" else p["size_gib"]
+    return 0.0 if value is None else float(value)
+
+
+def kld_vs_size_figure(points: Sequence[SizePoint], palette_names: Sequence[str] | None = None,
+                       floor: FloorBand | None = None) -> tuple[Figure, tuple[Axes, Axes], list[Annotation]]:
     """The figure ``(fig, (main axes, relative-interval axes), point labels)``: mean KLD (log y, 95% interval bars)
     versus bits per weight, points labelled, Pareto frontier drawn; below it, each candidate's 95% interval
     relative to its mean (%), where bars a few % wide are visible.
@@ -203,9 +250,10 @@ def kld_vs_size_figure(points: Sequence[Mapping[str, Any]], palette_names: Seque
     """
     plt = _plt()
     fig, (ax, rel) = plt.subplots(2, 1, figsize=(8, 8), gridspec_kw={"height_ratios": [3.0, 1.35]})
-    pts = [p for p in points if p.get("size_gib") is not None and p["mean_kld"] > 0]
-    key, scale, xlabel = _x_axis(pts)
-    pts = [{**p, "x": p[key] * scale} for p in pts]
+    shown = [p for p in points if p.get("size_gib") is not None and p["mean_kld"] > 0]
+    key, scale, xlabel = _x_axis(shown)
+    pts: list[_Placed] = [{"candidate": p["candidate"], "x": _x(p, key) * scale, "mean_kld": p["mean_kld"],
+                           "ci95": p["ci95"]} for p in shown]
     front = pareto_front([(p["x"], p["mean_kld"], p["candidate"]) for p in pts])
     colors = candidate_colors([p["candidate"] for p in pts], palette_names)  # the same colours as the tail plot
     if len(front) > 1:  # a frontier of one point is no line
@@ -229,10 +277,10 @@ def kld_vs_size_figure(points: Sequence[Mapping[str, Any]], palette_names: Seque
     ax.set_yscale("log")
     ax.ticklabel_format(axis="x", useOffset=False, style="plain")
     ax.set_xlabel(xlabel)
-    params = {p.get("params") for p in pts}
-    if key == "bpw" and len(params) == 1 and params != {None}:
-        n = float(params.pop())  # type: ignore[arg-type]
-        divisor, unit = axis_unit(max(p["bpw"] for p in pts) * n / 8.0)
+    params = {p.get("params") for p in shown}
+    if key == "bpw" and len(params) == 1 and (count := params.pop()) is not None:
+        n = float(count)
+        divisor, unit = axis_unit(max(p["x"] for p in pts) * n / 8.0)
         top = ax.secondary_xaxis("top", functions=(lambda b: b * n / 8.0 / divisor, lambda s: s * divisor * 8.0 / n))
         top.set_xlabel(f"stored tensor bytes ({unit})")
     ax.set_ylabel("mean KLD vs BF16 (nats, log scale)")
@@ -252,7 +300,7 @@ def kld_vs_size_figure(points: Sequence[Mapping[str, Any]], palette_names: Seque
     return fig, (ax, rel), place_labels(fig, ax, pts, 1.0, colors)
 
 
-def _relative_intervals(ax: Any, pts: Sequence[Mapping[str, Any]], colors: Mapping[str, Any]) -> None:
+def _relative_intervals(ax: Axes, pts: Sequence[_Placed], colors: Mapping[str, Color]) -> None:
     """Each candidate's 95% interval as % of its mean (closest candidate on top), to scale."""
     order = sorted(pts, key=lambda p: (p["mean_kld"], p["candidate"]))
     for row, p in enumerate(order):

@@ -22,9 +22,10 @@ import datetime as _dt
 import json
 import math
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, NotRequired, TypedDict, TypeGuard
 
 from harness import PROTOCOL_VERSION, __version__
 from harness.errors import VerificationError
@@ -32,7 +33,7 @@ from harness.io import domain
 from harness.io.atomic import atomic_write_files, dumps_json
 from harness.io.jsonio import read_json
 from harness.io.md_table import md_table
-from harness.io.schema import MapOf, Nullable, Optional, check, schema_of
+from harness.io.schema import MapOf, Nullable, Optional, check, checked, schema_of
 from harness.metrics.records import ShardSummary
 from harness.reports.diagnostics import diagnostics_lines
 from harness.reports.numbers import fmt_interval as _interval
@@ -60,26 +61,89 @@ REQUIRED_METRICS = ("n_positions", "n_contexts", "n_clusters", "score_from", "bo
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
 
 
+#: An identity block of the comparability (reference, candidate, engine, scorer, custody): JSON its producer
+#: writes, compared whole; a reader takes a field out with a type check (:func:`identity_field`).
+Identity = dict[str, object]
+
+
+class ShardRef(TypedDict):
+    """A shard of the suite: its index and the SHA-256 of its token file."""
+
+    index: int
+    sha256: str
+
+
+class SetComparability(TypedDict):
+    """The comparability fields every shard of one aggregate shares (module docstring; all but ``shard``)."""
+
+    protocol_version: int
+    harness_version: str
+    suite_token_sha256: str
+    score_from: int
+    reference: Identity
+    candidate: Identity
+    head_sha256: str | None
+    cand_head_sha256: str | None
+    engine: Identity
+    scorer: Identity
+    #: the published digests of a dataset read in another layout (absent otherwise)
+    custody: NotRequired[Identity]
+
+
+class Comparability(SetComparability):
+    """A shard report's ``comparability`` block: the set's fields and the shard itself."""
+
+    shard: ShardRef
+
+
+class ShardReportJSON(TypedDict):
+    """A shard report as written to ``<candidate>.shard<NNN>.json`` (module docstring)."""
+
+    schema: str
+    candidate: str
+    comparability: Comparability
+    metrics: ShardSummary
+    timing: dict[str, float | str]
+    created: str
+
+
+def identity_field(block: Identity, key: str) -> object:
+    """``block[key]`` of an identity block (None when absent)."""
+    return block.get(key)
+
+
+def set_comparability(comp: Comparability) -> SetComparability:
+    """The fields of ``comp`` that an aggregate's shards share (all but ``shard``)."""
+    out: SetComparability = {
+        "protocol_version": comp["protocol_version"], "harness_version": comp["harness_version"],
+        "suite_token_sha256": comp["suite_token_sha256"], "score_from": comp["score_from"],
+        "reference": comp["reference"], "candidate": comp["candidate"], "head_sha256": comp["head_sha256"],
+        "cand_head_sha256": comp["cand_head_sha256"], "engine": comp["engine"], "scorer": comp["scorer"],
+    }
+    if "custody" in comp:
+        out["custody"] = comp["custody"]
+    return out
+
+
 def make_comparability(
     *,
     suite_token_sha256: str,
     shard_index: int,
     shard_sha256: str,
     score_from: int,
-    reference: dict[str, Any],
-    candidate: dict[str, Any],
+    reference: Identity,
+    candidate: Identity,
     head_sha256: str | None,
-    engine: dict[str, Any],
-    scorer: dict[str, Any],
+    engine: Identity,
+    scorer: Identity,
     cand_head_sha256: str | None = None,
-    custody: dict[str, Any] | None = None,
-) -> dict[str, Any]:
+    custody: Mapping[str, object] | None = None,
+) -> Comparability:
     """The ``comparability`` block, with this harness's protocol and version filled in.
 
     ``custody``: the published digests of a dataset read in another layout (:mod:`harness.interchange`),
     kept as ``custody`` so the report names the exact files it was verified against; absent otherwise."""
-    extra = {} if custody is None else {"custody": custody}
-    return {**extra,
+    comp: Comparability = {
         "protocol_version": PROTOCOL_VERSION,
         "harness_version": __version__,
         "suite_token_sha256": suite_token_sha256,
@@ -92,13 +156,16 @@ def make_comparability(
         "engine": engine,
         "scorer": scorer,
     }
+    if custody is not None:
+        comp["custody"] = dict(custody)
+    return comp
 
 
 def _now() -> str:
     return _dt.datetime.now(_dt.UTC).replace(microsecond=0).isoformat()
 
 
-def _freeze(v: Any) -> Any:
+def _freeze(v: object) -> object:
     if isinstance(v, dict):
         return tuple(sorted((k, _freeze(x)) for k, x in v.items()))
     if isinstance(v, (list, tuple)):
@@ -109,9 +176,9 @@ def _freeze(v: Any) -> Any:
 @dataclass
 class ShardReport:
     candidate: str
-    comparability: dict[str, Any]
+    comparability: Comparability
     metrics: ShardSummary
-    timing: dict[str, Any] = field(default_factory=dict, compare=False)
+    timing: dict[str, float | str] = field(default_factory=dict, compare=False)
     created: str = field(default_factory=_now, compare=False)
     schema: str = SCHEMA
 
@@ -120,19 +187,18 @@ class ShardReport:
             raise ValueError(f"candidate name: expected [A-Za-z0-9._+-] starting alphanumeric, found {self.candidate!r}")
 
     # ---- identity -------------------------------------------------------------------------
-    def comparable_key(self) -> tuple[Any, ...]:
+    def comparable_key(self) -> tuple[object, ...]:
         """Hashable key of the fields that must match to aggregate this report with other shards
         (everything in ``comparability`` except the shard's own index and hash)."""
-        return (self.schema,) + tuple((k, _freeze(self.comparability.get(k))) for k in AGGREGATE_KEYS)
+        comp: dict[str, object] = dict(self.comparability)
+        return (self.schema,) + tuple((k, _freeze(comp.get(k))) for k in AGGREGATE_KEYS)
 
     @property
     def stem(self) -> str:
-        shard = self.comparability.get("shard") or {}
-        idx = shard.get("index")
-        return f"{self.candidate}.shard{int(idx):03d}" if isinstance(idx, int) else self.candidate
+        return f"{self.candidate}.shard{self.comparability['shard']['index']:03d}"
 
     # ---- JSON -----------------------------------------------------------------------------
-    def to_json_dict(self) -> dict[str, Any]:
+    def to_json_dict(self) -> ShardReportJSON:
         return {
             "schema": self.schema,
             "candidate": self.candidate,
@@ -143,7 +209,7 @@ class ShardReport:
         }
 
     @classmethod
-    def from_json_dict(cls, d: Any, path: str | Path = "<memory>") -> ShardReport:
+    def from_json_dict(cls, d: object, path: str | Path = "<memory>") -> ShardReport:
         if not isinstance(d, dict):
             raise VerificationError(path, "report", "a JSON object", type(d).__name__)
         check_finite(d, path)
@@ -167,13 +233,14 @@ class ShardReport:
         if m["score_from"] != comp["score_from"]:
             raise VerificationError(path, "metrics.score_from", comp["score_from"], m["score_from"], "window mismatch")
         _check_types(d, path)
+        doc = checked(d, _StoredReport, path)
         try:
             return cls(
-                candidate=d["candidate"],
-                comparability=comp,
-                metrics=cast("ShardSummary", m),  # checked recursively above (SUMMARY_SCHEMA)
-                timing=d.get("timing", {}),
-                created=d.get("created", ""),
+                candidate=doc["candidate"],
+                comparability=doc["comparability"],
+                metrics=doc["metrics"],
+                timing=doc.get("timing", {}),
+                created=doc.get("created", ""),
             )
         except ValueError as e:
             raise VerificationError(path, "candidate", "a valid name", d["candidate"], str(e)) from None
@@ -194,9 +261,9 @@ class ShardReport:
         return cls.from_json_dict(d, path)
 
 
-def check_finite(obj: Any, path: str | Path, where: str = "$") -> None:
+def check_finite(obj: object, path: str | Path, where: str = "$") -> None:
     """Refuse NaN/Inf anywhere in a report (``1e999`` parses to inf without ``parse_constant``)."""
-    stack = [(obj, where)]
+    stack: list[tuple[object, str]] = [(obj, where)]
     while stack:
         v, w = stack.pop()
         if isinstance(v, float) and not math.isfinite(v):
@@ -207,7 +274,7 @@ def check_finite(obj: Any, path: str | Path, where: str = "$") -> None:
             stack.extend((x, f"{w}[{i}]") for i, x in enumerate(v))
 
 
-def _is_int(v: Any) -> bool:
+def _is_int(v: object) -> TypeGuard[int]:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
@@ -240,7 +307,18 @@ METRICS_SCHEMA = {
 SUMMARY_SCHEMA = schema_of(ShardSummary)
 
 
-def _check_types(d: dict[str, Any], path: str | Path) -> None:
+class _StoredReport(TypedDict):
+    """A shard report as read: :class:`ShardReportJSON` whose ``timing`` and ``created`` may be absent."""
+
+    schema: str
+    candidate: str
+    comparability: Comparability
+    metrics: ShardSummary
+    timing: NotRequired[dict[str, float | str]]
+    created: NotRequired[str]
+
+
+def _check_types(d: dict[str, Any], path: str | Path) -> None:  # Any: a JSON document before its schema check
     """Types of the fields that consumers (aggregate, ladder, gate) read, so they never crash on a bad file."""
     comp, m = d["comparability"], d["metrics"]
     if not isinstance(d["candidate"], str):
@@ -266,7 +344,7 @@ def _check_types(d: dict[str, Any], path: str | Path) -> None:
     _check_domains(m, path)
 
 
-def _check_domains(m: dict[str, Any], path: str | Path) -> None:
+def _check_domains(m: dict[str, Any], path: str | Path) -> None:  # Any: a JSON document before its schema check
     """Every number for its meaning (:mod:`harness.io.domain`), and the headline re-derived from the rows:
     per-context positions >= 1, divergences >= 0, top-1 counts within their positions; ``kld.mean`` and
     ``top1.agreement`` follow from ``totals`` (the rows are reconciled with ``totals`` by the aggregator)."""
