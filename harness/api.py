@@ -11,10 +11,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from harness.capture.loop import capture as _capture
 from harness.engines.base import EngineOptions
+from harness.reports.aggregate import LadderRow
 from harness.reports.shard import ShardReport
 from harness.run.ladder_run import run_ladder as _run
 from harness.run.replay.stores import verify_inputs
@@ -43,10 +43,10 @@ class LadderEntry:
     #: "pass", "FAIL (k/n)", "no baseline", or "—" (not gated).
     verdict: str
     #: The whole row as written to ``ladder.json`` (p99 bounds, diagnostics, the aggregate).
-    row: dict[str, Any]
+    row: LadderRow
 
     @classmethod
-    def from_row(cls, row: dict[str, Any]) -> LadderEntry:
+    def from_row(cls, row: LadderRow) -> LadderEntry:
         ci = row["ci95"]
         return cls(candidate=row["candidate"], mean_kld=float(row["mean_kld"]),
                    ci95=None if ci is None else (float(ci[0]), float(ci[1])), top1=float(row["top1"]),

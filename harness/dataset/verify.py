@@ -101,6 +101,6 @@ def verify_dataset(root: Path) -> dict[str, Any]:
             for what, want, found in checks:
                 if want != found:
                     raise VerificationError(p, what, want, found)
-            r.source = str(p)  # type: ignore[attr-defined]
+            r.source = str(p)
             check_rows_match_summary(r)
     return dict(doc)

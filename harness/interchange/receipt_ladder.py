@@ -21,7 +21,7 @@ from harness.interchange.ladder_receipts import CumulativeReceipt, read_cumulati
 from harness.interchange.manifest_read import SuiteManifest, read_manifest
 from harness.interchange.receipt_figures import candidate_figures, check_inputs, paired_figures
 from harness.io.atomic import atomic_write_files, dumps_json
-from harness.reports.aggregate import ladder_files
+from harness.reports.aggregate import LadderLine, ladder_files
 from harness.reports.plot import SizePoint, kld_vs_size_figure
 from harness.reports.units import GIB
 
@@ -78,7 +78,16 @@ def paired_lines(rows: Sequence[Mapping[str, Any]], method: str) -> list[str]:
     return out
 
 
-def _ladder_row(f: Mapping[str, Any], rc: CumulativeReceipt, size: int | None) -> dict[str, Any]:
+class ReceiptRow(LadderLine):
+    """A ladder row of a published receipt: the table's fields, the receipt's own interval and the receipt file."""
+
+    max_kld: float | None
+    published_ci95: list[float] | None
+    receipt: str
+    receipt_sha256: str
+
+
+def _ladder_row(f: Mapping[str, Any], rc: CumulativeReceipt, size: int | None) -> ReceiptRow:
     """A row for the harness's ladder writer: the interval is this project's; the p99 column the receipt's summed-tail
     bracket when it has one, else its exact maximum (an upper bound of any quantile)."""
     tail = rc.doc.get("tail")
@@ -91,7 +100,7 @@ def _ladder_row(f: Mapping[str, Any], rc: CumulativeReceipt, size: int | None) -
             "top1": f["top1_agreement"], "verdict": "—", "receipt": f["receipt"], "receipt_sha256": f["receipt_sha256"]}
 
 
-def _plot(rows: Sequence[Mapping[str, Any]]) -> bytes:
+def _plot(rows: Sequence[ReceiptRow]) -> bytes:
     pts: list[SizePoint] = [{"candidate": r["candidate"], "size_gib": r["size_bytes"] / GIB, "mean_kld": r["mean_kld"], "ci95": r["ci95"]}
            for r in rows if r["size_bytes"]]
     fig, _axes, _labels = kld_vs_size_figure(pts)

@@ -7,13 +7,24 @@ parallel run writes exactly what a serial one does.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from harness.gate.baselines import headline_of, identity_sha256, load_baseline_or_none, unused_baselines, write_baseline
+from harness.gate.baselines import (
+    Headline,
+    headline_of,
+    identity_sha256,
+    load_baseline_or_none,
+    unused_baselines,
+    write_baseline,
+)
 from harness.interchange.suite_manifest import load_any_suite
 from harness.reports.aggregate import (
+    FloorRecord,
+    LadderRow,
+    NotMeasured,
     annotate_floor,
     format_ladder,
     ladder_notes,
@@ -21,7 +32,7 @@ from harness.reports.aggregate import (
     matching_floor,
     write_ladder,
 )
-from harness.reports.shard import ShardReport, report_shard
+from harness.reports.shard import ShardReport, ShardReportJSON, report_shard
 
 if TYPE_CHECKING:
     from harness.inputs.config import FidelityConfig
@@ -32,13 +43,13 @@ class LadderCollector:
     """Collects shard reports (JSON dicts), writes each as it arrives, summarises at the end."""
 
     report_dir: Path
-    reports: list[dict[str, Any]] = field(default_factory=list)
+    reports: list[ShardReportJSON] = field(default_factory=list)
     verdicts: dict[tuple[str, int], bool] = field(default_factory=dict)
     #: ``(candidate, shard)`` cases that failed only because the candidate has no baseline file.
     no_baseline: set[tuple[str, int]] = field(default_factory=set)
     written_baselines: list[Path] = field(default_factory=list)
     unused_baselines: list[Path] = field(default_factory=list)
-    ladder_rows: list[dict[str, Any]] = field(default_factory=list)
+    ladder_rows: list[LadderRow] = field(default_factory=list)
     #: The shard report files written (the report folder's ledger lists them).
     written: list[Path] = field(default_factory=list)
     #: Candidates of this run that are one model by content (reported, never silently gated twice).
@@ -47,14 +58,14 @@ class LadderCollector:
     without_identity: list[Path] = field(default_factory=list)
     #: The reference's precision floor shown beside the ladder (``precision_floor.json`` of this suite and
     #: reference), or None.
-    floor: dict[str, Any] | None = None
+    floor: FloorRecord | None = None
 
-    def add(self, payload: dict[str, Any], *, passed: bool, no_baseline: bool = False) -> None:
+    def add(self, payload: object, *, passed: bool, no_baseline: bool = False) -> None:
         """Record one case's report and write ``<report-dir>/<candidate>/shard-<NN>.json`` and ``.md``."""
         report = ShardReport.from_json_dict(payload, path="<pytest worker payload>")
         shard = report_shard(report)
         self.written += report.write(self.report_dir / report.candidate / f"shard-{shard:02d}.json")
-        self.reports.append(payload)
+        self.reports.append(report.to_json_dict())
         self.verdicts[(report.candidate, shard)] = passed
         if no_baseline:
             self.no_baseline.add((report.candidate, shard))
@@ -72,18 +83,19 @@ class LadderCollector:
                                        no_baseline=self.no_baseline)
         scored = {r.candidate for r in reports}
         why = not_scored or {}
-        missing = [{"candidate": c.name, "status": why[c.name].split(":", 1)[0], "reason": why[c.name].split(":", 1)[1].strip()}
+        missing: list[NotMeasured] = [{"candidate": c.name, "status": why[c.name].split(":", 1)[0], "reason": why[c.name].split(":", 1)[1].strip()}
                    for c in config.candidates if c.name not in scored and c.name in why]
-        self.floor = matching_floor(self.report_dir / "precision_floor.json", self.ladder_rows)
+        self.floor = matching_floor(self.report_dir / "precision_floor.json",
+                                    self.ladder_rows[0]["aggregate"]["comparability"] if self.ladder_rows else None)
         annotate_floor(self.ladder_rows, self.floor)
         write_ladder(self.report_dir, self.ladder_rows, self.floor, missing)
-        identities = {r.candidate: r.comparability.get("candidate", {}).get("identity") for r in reports}
+        identities = {r.candidate: r.comparability["candidate"].get("identity") for r in reports}
         # one model through two engines is two measurements; one model twice through one engine is reported
-        engines = {r.candidate: r.comparability.get("engine", {}).get("candidate") for r in reports}
+        engines = {r.candidate: r.comparability["engine"].get("candidate") for r in reports}
         self.same_identity = same_identity_groups({n: {"model": i, "engine": engines.get(n)}
                                                    for n, i in identities.items() if isinstance(i, dict)})
         if update_baselines:
-            by_cand: dict[str, dict[int, Any]] = {}
+            by_cand: dict[str, dict[int, Headline]] = {}
             for r in reports:
                 by_cand.setdefault(r.candidate, {})[report_shard(r)] = headline_of(r.metrics)
             for name, measured in sorted(by_cand.items()):
@@ -112,11 +124,13 @@ class LadderCollector:
         return lines
 
 
-def same_identity_groups(identities: dict[str, dict[str, Any]]) -> list[list[str]]:
+def same_identity_groups(identities: Mapping[str, Mapping[str, object]]) -> list[list[str]]:
     """Candidates (names, sorted) that share one identity (``{"model": content identity, "engine": ...}``):
     groups of two or more."""
     by: dict[str, list[str]] = {}
     for name, ident in sorted(identities.items()):
-        key = identity_sha256({"model": {k: v for k, v in ident["model"].items() if k != "name"}, "engine": ident.get("engine")})
+        model = ident["model"]
+        fields = {k: v for k, v in model.items() if k != "name"} if isinstance(model, Mapping) else model
+        key = identity_sha256({"model": fields, "engine": ident.get("engine")})
         by.setdefault(key, []).append(name)
     return sorted(g for g in by.values() if len(g) > 1)

@@ -22,9 +22,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 from harness.errors import pip_extra
+from harness.reports.aggregate import LadderLine
+from harness.reports.shard import ShardReportJSON
 
 EXPERIMENT = "fidelity"
 INSTALL = pip_extra("mlflow")
@@ -43,7 +44,7 @@ def metric_name(candidate: str, key: str) -> str:
     return f"{candidate.replace('+', '-plus-')}/{key}"
 
 
-def shard_metrics(reports: Sequence[Mapping[str, Any]]) -> list[tuple[str, float, int]]:
+def shard_metrics(reports: Sequence[ShardReportJSON]) -> list[tuple[str, float, int]]:
     """``(key, value, step)`` of every shard report's headline (step: the shard number)."""
     out = []
     for rep in reports:
@@ -51,11 +52,11 @@ def shard_metrics(reports: Sequence[Mapping[str, Any]]) -> list[tuple[str, float
         ci = m["kld"]["ci95"]
         values = {"mean_kld": m["kld"]["mean"], "p99": m["kld"]["p99"], "top1": m["top1"]["agreement"],
                   "ci_low": ci[0] if ci else None, "ci_high": ci[1] if ci else None}
-        out += [(metric_name(name, k), float(values[k]), shard) for k in SHARD_KEYS if values[k] is not None]
+        out += [(metric_name(name, k), float(v), shard) for k in SHARD_KEYS if (v := values[k]) is not None]
     return sorted(out, key=lambda t: (t[0], t[2]))
 
 
-def ladder_metrics(rows: Sequence[Mapping[str, Any]]) -> list[tuple[str, float]]:
+def ladder_metrics(rows: Sequence[LadderLine]) -> list[tuple[str, float]]:
     """``(key, value)`` of every ladder row (the run's aggregate per candidate)."""
     out = []
     for r in rows:
@@ -65,13 +66,13 @@ def ladder_metrics(rows: Sequence[Mapping[str, Any]]) -> list[tuple[str, float]]
             out += [(metric_name(name, "ladder_ci_low"), float(r["ci95"][0])),
                     (metric_name(name, "ladder_ci_high"), float(r["ci95"][1]))]
         out.append((metric_name(name, "ladder_top1"), float(r["top1"])))
-        if r.get("size_bytes"):
-            out.append((metric_name(name, "size_bytes"), float(r["size_bytes"])))
+        if size := r["size_bytes"]:
+            out.append((metric_name(name, "size_bytes"), float(size)))
     return out
 
 
-def log_run(uri: str, *, run_name: str, tags: Mapping[str, str], reports: Sequence[Mapping[str, Any]],
-            rows: Sequence[Mapping[str, Any]], files: Sequence[Path]) -> str:
+def log_run(uri: str, *, run_name: str, tags: Mapping[str, str], reports: Sequence[ShardReportJSON],
+            rows: Sequence[LadderLine], files: Sequence[Path]) -> str:
     """Log one MLflow run (see the module docstring); returns its run id. ``files``: the report folder's files
     this run wrote (the ladder files and the plots among them are logged as artifacts)."""
     import time

@@ -25,20 +25,22 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, NotRequired, TypedDict
 
 import numpy as np
 
 from harness.errors import VerificationError
 from harness.io.atomic import atomic_write_files, dumps_json
 from harness.io.jsonio import read_json
-from harness.io.schema import check
+from harness.io.schema import checked
 from harness.metrics.bootstrap import MEAN_METHOD, MEAN_METHOD_TEXT, MIN_CLUSTERS, draw_cluster_weights, ratio_intervals
 from harness.metrics.diagnostics import diagnostics_from_totals
 from harness.metrics.histogram import LogHistogram
+from harness.metrics.records import ContextRow, Diagnostics, HistogramJSON, MeanCI, StratumRow, TopOne, Totals
 from harness.metrics.summary import merge_totals
-from harness.reports.shard import check_finite, set_comparability
-from harness.reports.suite_shape import SuiteLike, SuiteShape
+from harness.reports.plot import FloorBand
+from harness.reports.shard import SetComparability, ShardRef, check_finite, set_comparability
+from harness.reports.suite_shape import SuiteJSON, SuiteLike, SuiteShape
 from harness.reports.units import bpw_text, size_text
 
 if TYPE_CHECKING:
@@ -49,15 +51,172 @@ QUANTILES = (0.5, 0.9, 0.99, 0.999, 0.9999)
 _REL_TOL = 1e-9
 
 
+class AggregateKld(TypedDict):
+    """The aggregate's KLD: exact mean, its 95% interval (None: not estimable), the exact max, and the
+    bin-bounded quantiles ``[lo, hi]`` by name (``p50`` ... ``p99.99``)."""
+
+    mean: float
+    ci95: list[float] | None
+    max: float
+    quantile_bounds: dict[str, list[float]]
+
+
+class MeanOnly(TypedDict):
+    """A position-weighted mean without an interval (JSD)."""
+
+    mean: float
+
+
+class AggregatePpl(TypedDict):
+    """Perplexities of both models over all positions, and the mean log ratio."""
+
+    ref: float
+    cand: float
+    mean_ln_ratio: float
+
+
+class AggregateDeltaP(TypedDict):
+    """Δp = q(y) − p(y) over all positions: mean and root mean square."""
+
+    mean: float
+    rms: float
+
+
+class AggregateBootstrap(TypedDict):
+    """How the aggregate's intervals were drawn (over the per-context rows of every shard)."""
+
+    method: str
+    method_text: str
+    min_clusters: int
+    n_boot: int
+    seed: int
+
+
+class Aggregate(TypedDict):
+    """One candidate's shard reports combined (``fidelity.aggregate/1``; module docstring)."""
+
+    schema: str
+    candidate: str
+    comparability: SetComparability
+    shards: list[ShardRef]
+    #: a complete set was asked for (every shard of the suite present)
+    complete: bool
+    n_positions: int
+    n_contexts: int
+    n_clusters: int
+    score_from: int
+    kld: AggregateKld
+    top1: TopOne
+    ear: MeanCI
+    jsd_bits: MeanOnly
+    ppl: AggregatePpl
+    delta_p: AggregateDeltaP
+    exceedance: dict[str, int]
+    histogram: HistogramJSON
+    per_stratum: dict[str, StratumRow]
+    #: absent when a report of the set predates the diagnostics
+    diagnostics: NotRequired[Diagnostics]
+    bootstrap: AggregateBootstrap
+    #: the suite every report was checked against (absent when none was given)
+    suite: NotRequired[SuiteJSON]
+
+
+class LadderLine(TypedDict):
+    """What a ladder table shows of one candidate (:func:`format_ladder`): rows of :func:`ladder_rows`, or of
+    published receipts."""
+
+    candidate: str
+    #: on-disk bytes (None when unknown)
+    size_bytes: int | None
+    shards: list[int]
+    n_positions: int
+    mean_kld: float
+    ci95: list[float] | None
+    #: the p99 bracket ``[lo, hi]``
+    p99_bounds: list[float]
+    top1: float
+    #: "pass", "FAIL (k/n)", "no baseline" or "—" (no verdict)
+    verdict: str
+    #: the candidate's bits per weight as its reports record them (:func:`harness.reports.units.bpw_text`)
+    bits_per_weight: NotRequired[object]
+    #: set by :func:`annotate_floor`: mean KLD / the precision floor's mean (None: a floor of 0)
+    floor_ratio: NotRequired[float | None]
+    #: set by :func:`annotate_floor`: :data:`INDISTINGUISHABLE` or "above the floor"
+    vs_floor: NotRequired[str]
+
+
+class LadderRow(LadderLine):
+    """One candidate of a measured ladder (:func:`ladder_rows`): the table's fields, the diagnostics beside the
+    headline (absent for reports that predate them), the resolvable difference and the whole aggregate."""
+
+    max_kld: float
+    resolvable_delta: float | None
+    aggregate: Aggregate
+    kld_rev_mean: NotRequired[float]
+    kld_rev_ci95: NotRequired[list[float] | None]
+    top5_overlap: NotRequired[float]
+    top10_overlap: NotRequired[float]
+    same_top: NotRequired[float]
+    q_ref_top_mean: NotRequired[float]
+
+
+class NotMeasured(TypedDict):
+    """A configured candidate without a shard report: its name, ``failed`` / ``skipped`` / ``not run``, and why."""
+
+    candidate: str
+    status: str
+    reason: str
+
+
+class FloorSuite(TypedDict):
+    """The suite and shards a precision floor measured."""
+
+    suite_token_sha256: str
+    shards: list[int]
+
+
+class FloorReference(TypedDict):
+    """The reference a precision floor measured (its identity by content)."""
+
+    identity: object
+
+
+class FloorCompute(TypedDict):
+    """The higher-precision compute of a precision floor."""
+
+    dtype: str
+
+
+class FloorSample(TypedDict):
+    """How a precision floor's contexts were chosen, in words."""
+
+    text: str
+
+
+class FloorRecord(TypedDict):
+    """What a ladder reads of a precision floor (``fidelity.precision-floor/1``, written by
+    :mod:`harness.run.precision_floor`; its other fields travel along untouched)."""
+
+    schema: str
+    definition: str
+    suite: FloorSuite
+    reference: FloorReference
+    kld: FloorBand
+    compute: FloorCompute
+    n_positions: int
+    score_from: NotRequired[int]
+    sample: NotRequired[FloorSample]
+
+
 def _name(report: ShardReport) -> str:
-    return str(getattr(report, "source", None) or f"{report.candidate} shard {_shard(report):02d}")
+    return report.source or f"{report.candidate} shard {_shard(report):02d}"
 
 
 def _shard(report: ShardReport) -> int:
     return int(report.comparability["shard"]["index"])
 
 
-def _first_difference(a: dict[str, Any], b: dict[str, Any], prefix: str = "") -> tuple[str, Any, Any] | None:
+def _first_difference(a: Mapping[str, object], b: Mapping[str, object], prefix: str = "") -> tuple[str, object, object] | None:
     for key in sorted(set(a) | set(b)):
         va, vb = a.get(key), b.get(key)
         if isinstance(va, dict) and isinstance(vb, dict):
@@ -77,13 +236,13 @@ def check_comparable(reports: Sequence[ShardReport]) -> None:
     for r in reports:
         check_finite(r.to_json_dict(), _name(r))
     first = reports[0]
-    base = {k: v for k, v in first.comparability.items() if k != "shard"}
+    base = set_comparability(first.comparability)
     for r in reports[1:]:
         if r.schema != first.schema:
             raise VerificationError(_name(r), "schema", first.schema, r.schema, f"differs from {_name(first)}")
         if r.candidate != first.candidate:
             raise VerificationError(_name(r), "candidate", first.candidate, r.candidate, "one candidate per aggregate")
-        other = {k: v for k, v in r.comparability.items() if k != "shard"}
+        other = set_comparability(r.comparability)
         diff = _first_difference(base, other)
         if diff:
             key, va, vb = diff
@@ -149,7 +308,7 @@ def check_rows_match_summary(report: ShardReport) -> None:
     _check_diagnostic_totals(name, rows, t, n)
 
 
-def _check_diagnostic_totals(name: str, rows: list[Any], t: Any, n: int) -> None:
+def _check_diagnostic_totals(name: str, rows: Sequence[ContextRow], t: Totals, n: int) -> None:
     """The diagnostics' totals against the per-context rows and the position count (when the report has them)."""
     d = t.get("diagnostics")
     if d is None:
@@ -162,11 +321,11 @@ def _check_diagnostic_totals(name: str, rows: list[Any], t: Any, n: int) -> None
         raise VerificationError(name, "metrics.contexts", f"per-context {', '.join(DIAGNOSTIC_ROW_KEYS)}", "missing",
                                 "the totals have diagnostics, the rows do not")
     for key in ("top5_shared", "top10_shared"):
-        got_i = sum(int(r[key]) for r in rows)
+        got_i = sum(int(_row_value(r, key)) for r in rows)
         if got_i != int(d[key]):
             raise VerificationError(name, f"metrics.totals.diagnostics.{key}", got_i, d[key], "rows disagree with the summary")
-    from_rows = math.fsum(float(r["sum_kld_rev"]) for r in rows)
-    scale = math.fsum(abs(float(r["sum_kld_rev"])) for r in rows)
+    from_rows = math.fsum(_row_value(r, "sum_kld_rev") for r in rows)
+    scale = math.fsum(abs(_row_value(r, "sum_kld_rev")) for r in rows)
     if not _close(float(d["sum_kld_rev"]), from_rows, scale):
         raise VerificationError(name, "metrics.totals.diagnostics.sum_kld_rev", f"{from_rows!r} (the sum of the per-context rows)",
                                 repr(float(d["sum_kld_rev"])), "rows disagree with the summary")
@@ -206,7 +365,7 @@ def bracket(bounds: tuple[float, float], max_kld: float) -> list[float]:
     return [max(lo, 0.0), min(hi, max_kld)]
 
 
-def _cluster_bootstrap(rows: Sequence[Mapping[str, Any]], n_boot: int, seed: int) -> dict[str, list[float] | None]:
+def _cluster_bootstrap(rows: Sequence[ContextRow], n_boot: int, seed: int) -> dict[str, list[float] | None]:
     """Studentized source-cluster bootstrap intervals (None: fewer clusters than the minimum)."""
     clusters = sorted({str(r["cluster"]) for r in rows})
     pos = {c: i for i, c in enumerate(clusters)}
@@ -214,7 +373,8 @@ def _cluster_bootstrap(rows: Sequence[Mapping[str, Any]], n_boot: int, seed: int
     C = len(clusters)
 
     def per_cluster(key: str) -> np.ndarray:
-        return np.bincount(idx, weights=np.array([float(r[key]) for r in rows]), minlength=C)
+        values: list[float] = [float(_row_value(r, key)) for r in rows]
+        return np.bincount(idx, weights=np.array(values), minlength=C)
 
     W = draw_cluster_weights(C, n_boot, seed)
     counts = per_cluster("positions")
@@ -234,7 +394,15 @@ def _cluster_bootstrap(rows: Sequence[Mapping[str, Any]], n_boot: int, seed: int
 DIAGNOSTIC_ROW_KEYS = ("sum_kld_rev", "top5_shared", "top10_shared")
 
 
-def aggregate(reports: Sequence[ShardReport], *, n_shards: int | None = None, suite: SuiteLike | None = None) -> dict[str, Any]:
+def _row_value(row: ContextRow, key: str) -> float:
+    """A numeric field of a per-context row by name (the bootstrap's sums; a missing diagnostic is 0)."""
+    value = dict(row).get(key, 0)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"per-context row field {key!r} is not a number")  # the schema check makes this unreachable
+    return float(value)
+
+
+def aggregate(reports: Sequence[ShardReport], *, n_shards: int | None = None, suite: SuiteLike | None = None) -> Aggregate:
     """Combine one candidate's shard reports; ``n_shards`` asks for a complete set. With ``suite``
     (a :class:`~harness.inputs.suite.Suite` or :class:`~harness.reports.suite_shape.SuiteShape`)
     every report is checked against it (:func:`check_against_suite`) and recorded in the result."""
@@ -257,9 +425,10 @@ def aggregate(reports: Sequence[ShardReport], *, n_shards: int | None = None, su
     boot = reports[0].metrics["bootstrap"]
     ci = _cluster_bootstrap(rows, int(boot["n_boot"]), int(boot["seed"]))
     hist = LogHistogram.from_json(t["histogram"])
-    strata: dict[str, dict[str, Any]] = {}
+    strata: dict[str, StratumRow] = {}
     for row in rows:
-        d = strata.setdefault(row["stratum"], {"contexts": 0, "positions": 0, "sum_kld": 0.0, "top1_count": 0})
+        d = strata.setdefault(row["stratum"], {"contexts": 0, "positions": 0, "sum_kld": 0.0, "top1_count": 0,
+                                               "mean_kld": 0.0, "top1": 0.0})
         d["contexts"] += 1
         d["positions"] += int(row["positions"])
         d["sum_kld"] += float(row["sum_kld"])
@@ -268,7 +437,7 @@ def aggregate(reports: Sequence[ShardReport], *, n_shards: int | None = None, su
         d["mean_kld"] = d["sum_kld"] / d["positions"]
         d["top1"] = d["top1_count"] / d["positions"]
     comp = set_comparability(reports[0].comparability)
-    return {
+    agg: Aggregate = {
         "schema": SCHEMA,
         "candidate": reports[0].candidate,
         "comparability": comp,
@@ -296,28 +465,32 @@ def aggregate(reports: Sequence[ShardReport], *, n_shards: int | None = None, su
         "exceedance": t["exceedance"],
         "histogram": t["histogram"],
         "per_stratum": dict(sorted(strata.items())),
-        **_diagnostics(t, n, ci),
         "bootstrap": {"method": MEAN_METHOD, "method_text": MEAN_METHOD_TEXT + ", over per-context rows",
                       "min_clusters": MIN_CLUSTERS, "n_boot": int(boot["n_boot"]), "seed": int(boot["seed"])},
-        **({} if shape is None else {"suite": shape.to_json()}),
     }
+    diagnostics = _diagnostics(t, n, ci)
+    if diagnostics is not None:
+        agg["diagnostics"] = diagnostics
+    if shape is not None:
+        agg["suite"] = shape.to_json()
+    return agg
 
 
-def _diagnostics(t: Any, n: int, ci: dict[str, list[float] | None]) -> dict[str, Any]:
-    """``{"diagnostics": ...}`` from merged totals, with the intervals of the per-context rows; ``{}``
-    when a report of the set predates the diagnostics (no partial block)."""
+def _diagnostics(t: Totals, n: int, ci: dict[str, list[float] | None]) -> Diagnostics | None:
+    """The diagnostics from merged totals, with the intervals of the per-context rows; None when a report of
+    the set predates the diagnostics (no partial block)."""
     if "diagnostics" not in t or "kld_rev" not in ci:
-        return {}
+        return None
     d = diagnostics_from_totals(t["diagnostics"], n, int(t["top1_count"]))
     d["kld_rev"]["ci95"] = ci["kld_rev"]
     d["top5_overlap"]["ci95"] = ci["top5_overlap"]
     d["top10_overlap"]["ci95"] = ci["top10_overlap"]
-    return {"diagnostics": d}
+    return d
 
 
 # ------------------------------------------------------------------ ladder (one row per candidate)
 def ladder_rows(reports: Sequence[ShardReport], verdicts: dict[tuple[str, int], bool] | None = None, *,
-                suite: SuiteLike | None = None, no_baseline: set[tuple[str, int]] | None = None) -> list[dict[str, Any]]:
+                suite: SuiteLike | None = None, no_baseline: set[tuple[str, int]] | None = None) -> list[LadderRow]:
     """One aggregated row per candidate, sorted by mean KLD (best first); ``suite`` as in :func:`aggregate`.
     ``no_baseline``: the failed ``(candidate, shard)`` cases that failed only for want of a baseline file: their
     verdict says "no baseline" (never a bare "FAIL").
@@ -327,7 +500,7 @@ def ladder_rows(reports: Sequence[ShardReport], verdicts: dict[tuple[str, int], 
     by_cand: dict[str, list[ShardReport]] = {}
     for r in reports:
         by_cand.setdefault(r.candidate, []).append(r)
-    rows = []
+    rows: list[LadderRow] = []
     for name, group in by_cand.items():
         agg = aggregate(group, suite=suite)
         shards = [s["index"] for s in agg["shards"]]
@@ -337,11 +510,12 @@ def ladder_rows(reports: Sequence[ShardReport], verdicts: dict[tuple[str, int], 
         if lacking and verdict != "pass":
             gated = passed.count(False) - lacking
             verdict = "no baseline" + (f"; FAIL ({gated}/{len(passed)})" if gated else "")
-        rows.append(
-            {
+        cand = agg["comparability"]["candidate"]
+        size = cand.get("size_bytes")
+        row: LadderRow = {
                 "candidate": name,
-                "size_bytes": agg["comparability"]["candidate"].get("size_bytes"),
-                "bits_per_weight": agg["comparability"]["candidate"].get("bits_per_weight"),
+                "size_bytes": size if isinstance(size, int) and not isinstance(size, bool) else None,
+                "bits_per_weight": cand.get("bits_per_weight"),
                 "shards": shards,
                 "n_positions": agg["n_positions"],
                 "mean_kld": agg["kld"]["mean"],
@@ -349,25 +523,25 @@ def ladder_rows(reports: Sequence[ShardReport], verdicts: dict[tuple[str, int], 
                 "p99_bounds": agg["kld"]["quantile_bounds"]["p99"],
                 "max_kld": agg["kld"]["max"],
                 "top1": agg["top1"]["agreement"],
-                **_ladder_diagnostics(agg),
                 "verdict": verdict,
-                "resolvable_delta": single_run_resolvable_delta([row for r in group for row in r.metrics["contexts"]]),
+                "resolvable_delta": single_run_resolvable_delta([c for r in group for c in r.metrics["contexts"]]),
                 "aggregate": agg,
-            }
-        )
+        }
+        _ladder_diagnostics(row, agg)
+        rows.append(row)
     return sorted(rows, key=lambda r: (r["mean_kld"], r["candidate"]))
 
 
-def _ladder_diagnostics(agg: dict[str, Any]) -> dict[str, Any]:
+def _ladder_diagnostics(row: LadderRow, agg: Aggregate) -> None:
     """The diagnostics a ladder row carries beside the headline (absent for reports that predate them):
     mean reverse KL, top-5/top-10 overlap, llama-perplexity's "same top", the candidate's mean probability
     of the reference's top token; the tables stay in ``aggregate.diagnostics``."""
     d = agg.get("diagnostics")
     if d is None:
-        return {}
-    return {"kld_rev_mean": d["kld_rev"]["mean"], "kld_rev_ci95": d["kld_rev"]["ci95"],
-            "top5_overlap": d["top5_overlap"]["mean"], "top10_overlap": d["top10_overlap"]["mean"],
-            "same_top": d["same_top"]["fraction"], "q_ref_top_mean": d["q_ref_top_mean"]}
+        return
+    row.update({"kld_rev_mean": d["kld_rev"]["mean"], "kld_rev_ci95": d["kld_rev"]["ci95"],
+                "top5_overlap": d["top5_overlap"]["mean"], "top10_overlap": d["top10_overlap"]["mean"],
+                "same_top": d["same_top"]["fraction"], "q_ref_top_mean": d["q_ref_top_mean"]})
 
 
 def _fmt(x: float) -> str:
@@ -386,26 +560,25 @@ INCLUDES = ("Each mean KLD: KL(P_reference || P_candidate) per scored position, 
 INDISTINGUISHABLE = "indistinguishable from bf16 execution"
 
 
-def matching_floor(path: Path, rows: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
+def matching_floor(path: Path, comparability: SetComparability | None) -> FloorRecord | None:
     """The precision floor at ``path`` (``fidelity.precision-floor/1``) when it measures the ladder ``rows``' suite
-    and reference, else None (a floor of another suite or reference is never shown)."""
-    if not path.is_file() or not rows:
+    and reference, else None (a floor of another suite or reference is never shown). ``comparability``: the
+    ladder's (any of its reports'), None for an empty ladder."""
+    if not path.is_file() or comparability is None:
         return None
-    floor: dict[str, Any] = read_json(path)
-    comp = rows[0]["aggregate"]["comparability"]
-    if floor.get("schema") != "fidelity.precision-floor/1":
+    doc = read_json(path)
+    if doc.get("schema") != "fidelity.precision-floor/1":
         return None
     # a report folder travels: a floor that lies is a named refusal, never a KeyError at the end of a run
-    check(floor, {"suite": {"suite_token_sha256": str}, "reference": {"identity": object},
-                  "kld": {"mean": float, "ci95": object}, "compute": {"dtype": str}, "n_positions": int}, path)
-    if floor["suite"]["suite_token_sha256"] != comp.get("suite_token_sha256"):
+    floor = checked(doc, FloorRecord, path)
+    if floor["suite"]["suite_token_sha256"] != comparability["suite_token_sha256"]:
         return None
-    if floor["reference"]["identity"] != comp.get("reference", {}).get("identity"):
+    if floor["reference"]["identity"] != comparability["reference"].get("identity"):
         return None
     return floor
 
 
-def annotate_floor(rows: Sequence[dict[str, Any]], floor: Mapping[str, Any] | None) -> None:
+def annotate_floor(rows: Sequence[LadderLine], floor: FloorRecord | None) -> None:
     """Give each ladder row ``floor_ratio`` (its mean KLD / the floor's mean) and ``vs_floor``
     (:data:`INDISTINGUISHABLE` when its 95% interval overlaps the floor's, else ``"above the floor"``);
     ``floor``: a ``fidelity.precision-floor/1`` result of the same suite and reference, or None (rows untouched)."""
@@ -419,23 +592,24 @@ def annotate_floor(rows: Sequence[dict[str, Any]], floor: Mapping[str, Any] | No
         r["vs_floor"] = INDISTINGUISHABLE if lo <= f_hi and f_lo <= hi else "above the floor"
 
 
-def floor_line(floor: Mapping[str, Any]) -> str:
+def floor_line(floor: FloorRecord) -> str:
     """One line: the precision floor with its interval, what it compares, over which positions."""
     k = floor["kld"]
     ci = f"[{_fmt(k['ci95'][0])}, {_fmt(k['ci95'][1])}]" if k["ci95"] else "[not estimable]"
-    where = floor["sample"]["text"] if floor.get("sample") else "every context of the run's shards"
+    sample = floor.get("sample")
+    where = sample["text"] if sample else "every context of the run's shards"
     return (f"Precision floor of the reference: {_fmt(k['mean'])} {ci} nats, KL(bf16 reference capture || "
             f"{floor['compute']['dtype']} forward of the same weights) over {floor['n_positions']} positions ({where}, "
             f"score_from={floor.get('score_from', 0)}). A mean KLD near it cannot be told from the reference's own "
             "rounding; it is not subtracted (rounding noise changes with the weights).")
 
 
-def ladder_notes(floor: Mapping[str, Any] | None) -> list[str]:
+def ladder_notes(floor: FloorRecord | None) -> list[str]:
     """The lines under every ladder table: what its numbers include, and the precision floor (when measured)."""
     return [INCLUDES, *([floor_line(floor)] if floor is not None else [])]
 
 
-def format_ladder(rows: Sequence[dict[str, Any]]) -> list[str]:
+def format_ladder(rows: Sequence[LadderLine]) -> list[str]:
     """The ladder as aligned text lines (terminal) — also valid Markdown table rows. Rows annotated by
     :func:`annotate_floor` get a ``× floor`` column (the ratio, and the mark when indistinguishable)."""
     floored = any("floor_ratio" in r for r in rows)
@@ -468,7 +642,7 @@ def format_ladder(rows: Sequence[dict[str, Any]]) -> list[str]:
     return [fmt(head), "|" + "|".join("-" * (w + 2) for w in widths) + "|"] + [fmt(b) for b in body]
 
 
-def not_measured_lines(not_measured: Sequence[Mapping[str, str]]) -> list[str]:
+def not_measured_lines(not_measured: Sequence[NotMeasured]) -> list[str]:
     """Markdown lines naming each configured candidate without a report, its status and the reason (none
     when every candidate was measured)."""
     if not not_measured:
@@ -477,15 +651,15 @@ def not_measured_lines(not_measured: Sequence[Mapping[str, str]]) -> list[str]:
             *(f"- `{m['candidate']}`: {m['status']}: {m['reason']}" for m in not_measured)]
 
 
-def ladder_files(out_dir: Path, rows: Sequence[dict[str, Any]], floor: dict[str, Any] | None = None,
-                 not_measured: Sequence[dict[str, str]] = ()) -> dict[Path, str]:
+def ladder_files(out_dir: Path, rows: Sequence[LadderLine], floor: FloorRecord | None = None,
+                 not_measured: Sequence[NotMeasured] = ()) -> dict[Path, str]:
     """``ladder.md`` and ``ladder.json`` (the aggregates) as ``{path: text}``; ``floor``, a precision-floor
     result of the same suite (``fidelity.precision-floor/1``), is shown beside the table and stored as
     ``precision_floor`` (``mean``, ``ci95``, ``dtype``, ``shards``, ``n_positions``, ``definition``).
     ``not_measured``: configured candidates without a report (``candidate``, ``status`` — ``failed``,
     ``skipped`` or ``not run`` — and ``reason``), listed under the table and in ``not_measured``."""
     out_dir = Path(out_dir)
-    doc: dict[str, Any] = {"schema": "fidelity.ladder/1", "rows": [dict(r) for r in rows],
+    doc: dict[str, object] = {"schema": "fidelity.ladder/1", "rows": [dict(r) for r in rows],
                            "not_measured": [dict(m) for m in not_measured]}
     md = "# Fidelity ladder\n\n" + "\n".join(format_ladder(rows)) + "\n"
     if not_measured:
@@ -501,7 +675,7 @@ def ladder_files(out_dir: Path, rows: Sequence[dict[str, Any]], floor: dict[str,
     return {out_dir / "ladder.md": md, out_dir / "ladder.json": dumps_json(doc)}
 
 
-def write_ladder(out_dir: Path, rows: Sequence[dict[str, Any]], floor: dict[str, Any] | None = None,
-                 not_measured: Sequence[dict[str, str]] = ()) -> None:
+def write_ladder(out_dir: Path, rows: Sequence[LadderLine], floor: FloorRecord | None = None,
+                 not_measured: Sequence[NotMeasured] = ()) -> None:
     """Write ``ladder.md`` and ``ladder.json`` as one unit (both or neither)."""
     atomic_write_files(ladder_files(out_dir, rows, floor, not_measured))

@@ -42,6 +42,15 @@ class SizePoint(TypedDict):
     params: NotRequired[int | None]
 
 
+class PublishedPoint(SizePoint):
+    """A point of a published set's ``kld-vs-size.json``: a :class:`SizePoint` with the on-disk bytes, the bits
+    per weight of the quantized linears, and whether it is on the Pareto frontier."""
+
+    size_bytes: int | None
+    linear_bpw: float | None
+    pareto: bool
+
+
 class FloorBand(TypedDict):
     """What the figure draws of a precision floor (``fidelity.precision-floor/1``'s ``kld`` block)."""
 

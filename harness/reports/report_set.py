@@ -41,6 +41,8 @@ from harness.io.jsonio import read_json
 from harness.io.schema import MapOf, Nullable, Optional, check
 from harness.metrics.records import ContextRow
 from harness.reports.aggregate import (
+    Aggregate,
+    NotMeasured,
     aggregate,
     annotate_floor,
     format_ladder,
@@ -54,7 +56,7 @@ from harness.reports.card import card_info, render_card, split_card
 from harness.reports.diagnostics import diagnostics_lines
 from harness.reports.numbers import fmt_opt
 from harness.reports.paired import verify_paired
-from harness.reports.plot import pareto_front, plot_ccdf, plot_kld_vs_size
+from harness.reports.plot import PublishedPoint, pareto_front, plot_ccdf, plot_kld_vs_size
 from harness.reports.shard import ShardReport, report_shard
 from harness.reports.suite_shape import SuiteLike, SuiteShape
 from harness.reports.tails import FILE_SCHEMA as TAILS_FILE_SCHEMA
@@ -91,19 +93,19 @@ def load_reports(paths: Iterable[str | Path]) -> dict[str, list[ShardReport]]:
     groups: dict[str, list[ShardReport]] = {}
     for f in find_shard_reports(paths):
         r = ShardReport.load(f)
-        r.source = str(f)  # type: ignore[attr-defined]  # named in fail-closed errors
+        r.source = str(f)  # named in fail-closed errors
         groups.setdefault(r.candidate, []).append(r)
     return dict(sorted(groups.items()))
 
 
-def aggregate_groups(groups: dict[str, list[ShardReport]], *, n_shards: int | None = None, suite: SuiteLike | None = None) -> dict[str, dict[str, Any]]:
+def aggregate_groups(groups: dict[str, list[ShardReport]], *, n_shards: int | None = None, suite: SuiteLike | None = None) -> dict[str, Aggregate]:
     """Aggregate each candidate's reports (fail closed); ``suite`` checks every report against the
     suite (hash, shard index and hash, contexts; :func:`harness.reports.aggregate.check_against_suite`)."""
     return {name: aggregate(reports, n_shards=n_shards, suite=suite) for name, reports in groups.items()}
 
 
-def write_aggregates(out_dir: str | Path, groups: dict[str, list[ShardReport]], aggs: dict[str, dict[str, Any]], *,
-                     suite: SuiteLike | None = None, not_measured: Sequence[dict[str, str]] = ()) -> list[Path]:
+def write_aggregates(out_dir: str | Path, groups: dict[str, list[ShardReport]], aggs: Mapping[str, Aggregate], *,
+                     suite: SuiteLike | None = None, not_measured: Sequence[NotMeasured] = ()) -> list[Path]:
     """``<out>/<candidate>/aggregate.json`` per candidate plus ``ladder.md``/``ladder.json`` (listing the
     ``not_measured`` candidates), as one unit."""
     out = Path(out_dir)
@@ -195,22 +197,36 @@ def _read_adaptive(path: Path, groups: dict[str, list[ShardReport]]) -> Any:
 
 
 # ------------------------------------------------------------------ the publishable set
-def size_points(aggs: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+def size_points(aggs: Mapping[str, Aggregate]) -> list[PublishedPoint]:
     """Points of the KLD-versus-size plot, with the Pareto flag (fewer bits per weight -- on-disk size where a
     candidate's bits per weight are unknown -- and closer than all others); ``bpw``, ``linear_bpw`` and ``params``
     from the candidate's :mod:`bits per weight <harness.allocation.bits_per_weight>` (None when unknown)."""
-    pts = []
+    pts: list[PublishedPoint] = []
     for name, a in aggs.items():
-        size = a["comparability"]["candidate"].get("size_bytes")
-        b = a["comparability"]["candidate"].get("bits_per_weight") or {}
+        cand = a["comparability"]["candidate"]
+        size = _int_or_none(cand.get("size_bytes"))
+        b = cand.get("bits_per_weight") or {}
+        bpw: Mapping[str, object] = b if isinstance(b, Mapping) else {}
         pts.append({"candidate": name, "size_bytes": size, "size_gib": None if not size else size / GIB,
-                    "bpw": b.get("total_bpw"), "linear_bpw": b.get("linear_bpw"), "params": b.get("total_params"),
-                    "mean_kld": a["kld"]["mean"], "ci95": a["kld"]["ci95"]})
-    key = "bpw" if pts and all(p["bpw"] is not None for p in pts) else "size_gib"
-    front = {n for _, _, n in pareto_front([(p[key], p["mean_kld"], p["candidate"]) for p in pts if p[key]])}
+                    "bpw": _float_or_none(bpw.get("total_bpw")), "linear_bpw": _float_or_none(bpw.get("linear_bpw")),
+                    "params": _int_or_none(bpw.get("total_params")),
+                    "mean_kld": a["kld"]["mean"], "ci95": a["kld"]["ci95"], "pareto": False})
+    by_bpw = bool(pts) and all(p["bpw"] is not None for p in pts)
+    xs = [(p.get("bpw") if by_bpw else p["size_gib"], p) for p in pts]
+    front = {n for _, _, n in pareto_front([(x, p["mean_kld"], p["candidate"]) for x, p in xs if x])}
     for p in pts:
         p["pareto"] = p["candidate"] in front
     return sorted(pts, key=lambda p: (p["size_gib"] is None, p["size_gib"] or 0.0, p["candidate"]))
+
+
+def _int_or_none(value: object) -> int | None:
+    """A recorded count (bytes, parameters), None when absent or not an integer."""
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _float_or_none(value: object) -> float | None:
+    """A recorded number (bits per weight), None when absent or not a number."""
+    return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
 def page_size(size: int | None) -> str:
@@ -237,7 +253,7 @@ def reproduction_info(config: FidelityConfig | None, names: Iterable[str]) -> di
             "head": str(config.reference.head), "stores": stores}
 
 
-def _reproduce(name: str, agg: dict[str, Any], repro: dict[str, Any] | None) -> list[str]:
+def _reproduce(name: str, agg: Aggregate, repro: dict[str, Any] | None) -> list[str]:
     shards = ",".join(str(s["index"]) for s in agg["shards"])
     window = agg["score_from"]
     # pytest pointed at the configuration file collects its cases; --fidelity-candidates selects by exact name
@@ -254,13 +270,13 @@ def _reproduce(name: str, agg: dict[str, Any], repro: dict[str, Any] | None) -> 
     return lines
 
 
-def render_candidate(name: str, agg: dict[str, Any], shards: Sequence[ShardReport], tails: dict[str, Any] | None,
+def render_candidate(name: str, agg: Aggregate, shards: Sequence[ShardReport], tails: dict[str, Any] | None,
                      window: dict[str, Any] | None, pairs: Sequence[dict[str, Any]], repro: dict[str, Any] | None) -> str:
     """One page: headline, interval, tails, window control, pairs, identity, how to reproduce."""
     k = agg["kld"]
     lo, hi = k["ci95"] or (None, None)
     comp = agg["comparability"]
-    size = comp["candidate"].get("size_bytes")
+    size = _int_or_none(comp["candidate"].get("size_bytes"))
     shard_list = ", ".join(f"{s['index']:02d}" for s in agg["shards"])
     lines = [f"# {name}", "",
              f"**Mean KLD {fmt_opt(k['mean'])} nats** (95% interval "
@@ -421,7 +437,7 @@ def derive_verdicts(groups: dict[str, list[ShardReport]], baselines: dict[str, A
 
 def _render_set(groups: dict[str, list[ShardReport]], suite: SuiteLike, baselines: dict[str, Any], extras: dict[str, Any],
                 repro: dict[str, Any] | None, n_shards: int | None = None, card: dict[str, Any] | None = None,
-                not_measured: Sequence[dict[str, str]] = ()) -> dict[str, Any]:
+                not_measured: Sequence[NotMeasured] = ()) -> dict[str, Any]:
     """Every derived file of a published set (but the plot and checksums), from the shard reports,
     the suite and the baselines alone: ``publish`` writes these and ``verify`` re-derives them.
     ``not_measured``: configured candidates without a shard report (``candidate``, ``status``, ``reason``),
@@ -477,11 +493,11 @@ def _render_set(groups: dict[str, list[ShardReport]], suite: SuiteLike, baseline
 _NOT_MEASURED_SCHEMA = {"not_measured": [{"candidate": str, "status": str, "reason": str}]}
 
 
-def not_measured(reports_dir: Path, groups: Mapping[str, object], config: FidelityConfig | None = None) -> list[dict[str, str]]:
+def not_measured(reports_dir: Path, groups: Mapping[str, object], config: FidelityConfig | None = None) -> list[NotMeasured]:
     """Candidates without a shard report in ``reports_dir``: each one the run's ``ladder.json`` lists as not
     measured (with the status and reason the run recorded), and each configured one (``config``) it does not
     list (``not run``: no report in the folder). Sorted by name."""
-    out: dict[str, dict[str, str]] = {}
+    out: dict[str, NotMeasured] = {}
     lp = reports_dir / "ladder.json"
     if lp.is_file():
         doc = _read_json(lp)
@@ -529,7 +545,7 @@ def publish(reports_dir: str | Path, out_dir: str | Path, *, config: FidelityCon
         "paired": [_read_paired(p, groups, config) for p in sorted((reports_dir / "paired").glob("*.json"))]
         if (reports_dir / "paired").is_dir() else [],
         "floor": matching_floor(reports_dir / "precision_floor.json",
-                                [{"aggregate": {"comparability": r.comparability}} for g in groups.values() for r in g]),
+                                next((r.comparability for g in groups.values() for r in g), None)),
     }
 
     derived = _render_set(groups, suite, baselines, extras, reproduction_info(config, groups), n_shards=n_shards,
@@ -594,7 +610,7 @@ def rederive_set(root: str | Path) -> list[str]:
             reps = []
             for i, d in enumerate(c["shards"]):
                 r = ShardReport.from_json_dict(d, f"{rp}: candidates.{name}.shards[{i}]")
-                r.source = f"{rp}: candidates.{name}.shards[{i}]"  # type: ignore[attr-defined]
+                r.source = f"{rp}: candidates.{name}.shards[{i}]"
                 reps.append(r)
             groups[name] = reps
         recorded = res.get("baselines") or {}

@@ -181,6 +181,8 @@ class ShardReport:
     timing: dict[str, float | str] = field(default_factory=dict, compare=False)
     created: str = field(default_factory=_now, compare=False)
     schema: str = SCHEMA
+    #: where the report was read from (named in fail-closed errors); never written
+    source: str | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if not _NAME_RE.match(self.candidate):

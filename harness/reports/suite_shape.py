@@ -10,13 +10,30 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Union
+from typing import TYPE_CHECKING, TypedDict, Union
 
 from harness.errors import VerificationError
 from harness.io.jsonio import get_int, get_list, get_str
 
 if TYPE_CHECKING:
     from harness.inputs.suite import Suite
+
+
+class ShardShapeJSON(TypedDict):
+    """A recorded shard: index, ``sha256`` of its token rows, contexts ``[start, stop)``."""
+
+    index: int
+    sha256: str
+    start: int
+    stop: int
+
+
+class SuiteJSON(TypedDict):
+    """The recorded ``"suite"`` block (:meth:`SuiteShape.to_json`)."""
+
+    suite_token_sha256: str
+    n_ctx: int
+    shards: list[ShardShapeJSON]
 
 
 @dataclass(frozen=True)
@@ -54,13 +71,13 @@ class SuiteShape:
         return cls(str(suite.root), str(suite.suite_token_sha256), int(suite.n_ctx),
                    tuple(ShardShape(int(s.index), str(s.sha256), int(s.start), int(s.stop)) for s in suite.shards))
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> SuiteJSON:
         # no path: two runs of one suite from different folders give byte-identical aggregates
         return {"suite_token_sha256": self.suite_token_sha256, "n_ctx": self.n_ctx,
                 "shards": [{"index": s.index, "sha256": s.sha256, "start": s.start, "stop": s.stop} for s in self.shards]}
 
     @classmethod
-    def from_json(cls, d: Any, path: str | Path) -> SuiteShape:
+    def from_json(cls, d: object, path: str | Path) -> SuiteShape:
         """Parse a recorded ``"suite"`` block; a malformed one is refused naming ``path``."""
         if not isinstance(d, dict):
             raise VerificationError(path, "suite", "an object (path, suite_token_sha256, n_ctx, shards)", type(d).__name__)

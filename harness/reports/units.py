@@ -5,7 +5,6 @@ weight (:mod:`harness.allocation.bits_per_weight`) as ``linear / all``."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
 GIB = 2**30
 MIB = 2**20
@@ -23,10 +22,13 @@ def axis_unit(max_bytes: float) -> tuple[float, str]:
     return (GIB, "GiB") if max_bytes >= GIB else (MIB, "MiB")
 
 
-def bpw_text(b: Mapping[str, Any] | None) -> str:
+def bpw_text(b: object) -> str:
     """Bits per weight as ``"4.50 / 9.11"`` (quantized linear weights / whole checkpoint), ``"— / 16.00"`` when
-    nothing is quantized, ``"—"`` when unknown."""
-    if not b:
+    nothing is quantized, ``"—"`` when unknown. ``b``: a candidate's recorded ``bits_per_weight``
+    (:class:`harness.allocation.bits_per_weight.BitsPerWeight`, read back from a report: checked here)."""
+    if not b or not isinstance(b, Mapping):
         return "—"
-    lin = "—" if b.get("linear_bpw") is None else f"{b['linear_bpw']:.2f}"
-    return f"{lin} / {b['total_bpw']:.2f}"
+    lin, total = b.get("linear_bpw"), b.get("total_bpw")
+    if not isinstance(total, (int, float)):
+        return "—"
+    return f"{'—' if not isinstance(lin, (int, float)) else f'{lin:.2f}'} / {total:.2f}"

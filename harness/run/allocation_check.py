@@ -31,7 +31,7 @@ from harness.errors import FidelityError, VerificationError
 from harness.inputs.config import CandidateConfig, FidelityConfig
 from harness.inputs.suite import parse_shard_spec
 from harness.interchange.suite_manifest import load_any_suite
-from harness.reports.aggregate import ladder_rows, write_ladder
+from harness.reports.aggregate import LadderRow, ladder_rows, write_ladder
 from harness.reports.paired import paired_report
 
 if TYPE_CHECKING:
@@ -49,6 +49,13 @@ def _mean_kld(positions: Sequence[ShardPositions]) -> float:
 def _candidate(name: str, engine: str, model: Path) -> CandidateConfig:
     return CandidateConfig(name, engine, model.resolve(), None, None, None, ("allocation",))
 
+
+
+def _on_disk(row: LadderRow) -> int:
+    """A built candidate's on-disk bytes (its reports always record them)."""
+    if row["size_bytes"] is None:
+        raise FidelityError(f"{row['candidate']}: its shard reports record no on-disk size (candidate.size_bytes)")
+    return row["size_bytes"]
 
 def check_allocation(config: FidelityConfig, result: AllocationResult, family: Family, out: Path, *,
                      uniforms: Sequence[str] = (), shards: str | None = None, device: str = "cpu",
@@ -96,6 +103,7 @@ def check_allocation(config: FidelityConfig, result: AllocationResult, family: F
     rows = ladder_rows(reports, suite=suite)
     write_ladder(out / "reports", rows)
     by_name = {r["candidate"]: r for r in rows}
+    sizes = {name: _on_disk(r) for name, r in by_name.items()}
     search_shards = [s for s in result["suite"]["shards"] if s in chosen]
     base_kinds = set(result["base"]["layout"].values())
     base_name = "base" if "base" in built else (f"uniform-{next(iter(base_kinds))}" if len(base_kinds) == 1 else None)
@@ -107,7 +115,7 @@ def check_allocation(config: FidelityConfig, result: AllocationResult, family: F
         row: CheckProposal = {
             "candidate": name, "budget_spec": p["budget_spec"], "budget_bytes": p["budget_bytes"],
             "predicted_bytes": predicted_bytes[name], "built_bytes": family.built_bytes(built[name]),
-            "on_disk_bytes": by_name[name]["size_bytes"],
+            "on_disk_bytes": sizes[name],
             "predicted_kld": p["predicted_kld"], "in_process_kld": p["in_process_kld"], "interaction": p["interaction"],
             "measured_kld": {"value": by_name[name]["mean_kld"], "ci95": by_name[name]["ci95"], "shards": chosen},
         }
@@ -123,9 +131,9 @@ def check_allocation(config: FidelityConfig, result: AllocationResult, family: F
             rep = paired_report(name, comp, [session.positions(cand, s) for s in chosen],
                                 [session.positions(cc, s) for s in chosen], margin=margin, n_boot=cfg.n_boot)
             comparator: Comparator = {
-                "candidate": comp, "on_disk_bytes": by_name[comp]["size_bytes"],
+                "candidate": comp, "on_disk_bytes": sizes[comp],
                 "measured_kld": {"value": by_name[comp]["mean_kld"], "ci95": by_name[comp]["ci95"]},
-                "size_ratio": by_name[name]["size_bytes"] / by_name[comp]["size_bytes"],
+                "size_ratio": sizes[name] / sizes[comp],
                 "paired": {"diff": rep["kld_mean"]["diff"], "ci95": rep["kld_mean"]["ci95"],
                            "verdict": rep["verdict_named"], "margin": margin}}
             held_out = [s for s in chosen if s not in result["suite"]["shards"]]
@@ -139,7 +147,7 @@ def check_allocation(config: FidelityConfig, result: AllocationResult, family: F
     wins: list[PairRow] = []
     for q in proposals:
         for u in (n for n in built if n.startswith("uniform-") or n == "base"):
-            if by_name[u]["size_bytes"] < q["on_disk_bytes"]:
+            if sizes[u] < q["on_disk_bytes"]:
                 continue  # a smaller candidate: no like-for-like comparison
             cu = cfg.candidate(u)
             cp = cfg.candidate(q["candidate"])
@@ -147,9 +155,9 @@ def check_allocation(config: FidelityConfig, result: AllocationResult, family: F
                                 [session.positions(cu, s) for s in chosen], margin=margin, n_boot=cfg.n_boot)
             wins.append({"proposed": q["candidate"], "versus": u, "diff": rep["kld_mean"]["diff"],
                          "ci95": rep["kld_mean"]["ci95"], "verdict": rep["verdict_named"],
-                         "proposed_bytes": q["on_disk_bytes"], "versus_bytes": by_name[u]["size_bytes"]})
+                         "proposed_bytes": q["on_disk_bytes"], "versus_bytes": sizes[u]})
     return {"schema": SCHEMA, "family": family.name, "engine": engine, "shards": chosen, "config": str(config.path),
-            "candidates": {n: {"model": str(m), "on_disk_bytes": by_name[n]["size_bytes"],
+            "candidates": {n: {"model": str(m), "on_disk_bytes": sizes[n],
                                "mean_kld": by_name[n]["mean_kld"], "ci95": by_name[n]["ci95"]} for n, m in built.items()},
             "proposals": proposals, "pairs": wins,
             "plot_points": [{"candidate": r["candidate"], "size_gib": r["size_bytes"] / 2**30 if r["size_bytes"] else None,

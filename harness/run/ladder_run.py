@@ -14,7 +14,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from harness.engines.registry import get_engine
 from harness.errors import FidelityError
@@ -24,7 +23,7 @@ from harness.inputs.config import FidelityConfig, load_config
 from harness.inputs.suite import parse_shard_spec
 from harness.interchange.suite_manifest import load_any_suite
 from harness.io.jsonio import read_json
-from harness.reports.aggregate import ladder_rows, write_ladder
+from harness.reports.aggregate import LadderRow, NotMeasured, ladder_rows, write_ladder
 from harness.reports.shard import ShardReport
 from harness.run.cluster.ray_executor import RayExecutor, parse_executor, scored_shard
 
@@ -42,7 +41,7 @@ class LadderOutcome:
     #: Files written (shard reports, then the ladder), in order.
     written: list[Path] = field(default_factory=list)
     #: The ladder's rows (:func:`harness.reports.aggregate.ladder_rows`).
-    rows: list[dict[str, Any]] = field(default_factory=list)
+    rows: list[LadderRow] = field(default_factory=list)
     #: ``"<candidate> shard NN: <reason>"`` for every case that failed (capture, scoring or gate).
     failures: list[str] = field(default_factory=list)
     #: ``"<candidate>: <reason>"`` for candidates not run (their engine is not installed).
@@ -139,7 +138,7 @@ def run_ladder(config_path: Path, *, report_dir: Path, executor: str = "serial",
         if no_baseline:
             out.notes.append(no_baselines_yet(config.baselines, (str(config_path),)))
         scored_names = {r.candidate for r in reports}
-        missing = [{"candidate": name, "status": "failed", "reason": why} for name, why in first_failure.items()
+        missing: list[NotMeasured] = [{"candidate": name, "status": "failed", "reason": why} for name, why in first_failure.items()
                    if name not in scored_names]
         missing += [{"candidate": line.split(":", 1)[0], "status": "skipped", "reason": line.split(":", 1)[1].strip()}
                     for line in skipped]
