@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from harness.inputs.suite import Suite
 
 
-def _check_finite_output(model: Path, engine: str, kind: str, index: int, out: torch.Tensor) -> None:
+def check_finite_output(model: Path, engine: str, kind: str, index: int, out: torch.Tensor) -> None:
     """Refuse a forward pass with NaN/Inf values, naming the model (its own output, before any file is written)."""
     import torch
 
@@ -92,7 +92,7 @@ def capture(
         probe: dict[int, Any] = {}
         if indices and not (Path(out) / MANIFEST).exists():
             probe[indices[0]] = loaded.forward(suite.tokens[indices[0]], kind)
-            _check_finite_output(model, eng.name, kind, indices[0], probe[indices[0]])
+            check_finite_output(model, eng.name, kind, indices[0], probe[indices[0]])
         writer = StoreWriter(out, suite, kind, width, STORE_DTYPES[kind], ident, loaded.identity(), engine_identity.runtime_identity(), loaded.device,
                              cache_key=cache_key)
         with writer:
@@ -110,7 +110,7 @@ def capture(
                     if len(rows) != len(group):
                         raise FidelityError(f"engine {eng.name!r} returned {len(rows)} contexts for a batch of {len(group)}")
                     for i, out_i in zip(group, rows, strict=True):
-                        _check_finite_output(model, eng.name, kind, i, out_i)
+                        check_finite_output(model, eng.name, kind, i, out_i)
                         writer.write(i, out_i)
                     bar.update(len(group))
     finally:

@@ -51,6 +51,10 @@ class CandidateConfig:
     #: Engine options (``[candidates.options]``), validated against the engine's option table; passed to its
     #: ``load`` and recorded in the capture's engine identity. Empty: the engine's defaults.
     options: dict[str, Any] = field(default_factory=dict, hash=False)
+    #: What a live candidate's run keeps: ``"store"`` (the default: its hidden states are written to a capture
+    #: store in the cache, then scored) or ``"scores"`` (scored while captured, tile by tile in memory: only the
+    #: per-position scores are kept; :mod:`harness.run.live_scores`).
+    keep: str = "store"
 
 
 @dataclass(frozen=True)
@@ -136,7 +140,9 @@ _DATASET_KEYS = {"path", "head"}
 _SUITE_KEYS = {"path"}
 _REF_KEYS = {"name", "model", "store", "head"}
 _SETTINGS_KEYS = {"cache_dir", "baselines", "n_boot"}
-_CAND_KEYS = {"name", "engine", "model", "store", "head", "size_bytes", "tags", "options"}
+_CAND_KEYS = {"name", "engine", "model", "store", "head", "size_bytes", "tags", "options", "keep"}
+#: ``keep`` values: what a live candidate's run keeps (:attr:`CandidateConfig.keep`).
+KEEP = ("store", "scores")
 _PAIR_KEYS = {"a", "b", "margin", "expect"}
 
 
@@ -318,7 +324,24 @@ def _candidate(path: Path, raw: Any, i: int) -> CandidateConfig:
         size_bytes=r.integer("size_bytes", None, minimum=1),
         tags=tuple(tags),
         options=options,
+        keep=_keep(path, r, i, name, engine, store),
     )
+
+
+def _keep(path: Path, r: _Reader, i: int, name: str, engine: str, store: Path | None) -> str:
+    """``candidates[i].keep``: ``store`` or ``scores``; ``scores`` only for a live model whose engine captures
+    hidden states (the scorer forms its logits through the shared head as the capture runs)."""
+    keep = r.string("keep", required=False) or "store"
+    where = f"{path}: candidates[{i}].keep of {name!r}"
+    if keep not in KEEP:
+        raise ConfigError(f"{where}: expected one of {', '.join(repr(k) for k in KEEP)}, found {keep!r}")
+    if keep == "scores" and store is not None:
+        raise ConfigError(f"{where}: expected 'store' for a stored capture (it is read, not captured), found 'scores'")
+    kinds = getattr(get_engine(engine), "kinds", ("hidden_states",))
+    if keep == "scores" and kinds[0] != "hidden_states":
+        raise ConfigError(f"{where}: expected an engine that captures hidden states for 'scores', found engine "
+                          f"{engine!r}, which captures {kinds[0]}")
+    return keep
 
 
 def _card(path: Path, raw: Any) -> CardConfig:

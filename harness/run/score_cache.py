@@ -9,7 +9,8 @@ suite and shard sha256, the window, the scorer settings with the scoring environ
 sha256) plus :data:`PROTOCOL`, the runtime's versions, the torch numeric settings and the CPU capability torch
 dispatches for. Anything else changed is another key: scored, never read. On a hit both stores' context files
 of the shard are still content-verified (sha256, as a scoring run does), so a store edited behind its manifest
-is refused exactly as without the cache. docs/performance.md ("Reruns").
+is refused exactly as without the cache. A candidate scored while captured (``keep = "scores"``) has no store:
+:func:`live_binding` names its capture instead. docs/performance.md ("Reruns").
 """
 
 from __future__ import annotations
@@ -17,11 +18,18 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from harness.capture.store import CaptureStore
 from harness.engines.identity import runtime_identity
 from harness.engines.numeric_env import numeric_settings
+from harness.errors import VerificationError
+from harness.inputs.head import HeadTensor
+from harness.inputs.suite import Suite
 from harness.io.jsonio import JSONObject
+from harness.run.live_scores import HEADER, LiveScored
 from harness.run.result_cache import ResultCache, cache_entries
-from harness.run.shared_scores import binding, load_positions, save_positions
+from harness.run.shard import SCORER_SETTINGS
+from harness.run.shared_scores import binding, load_positions, load_positions_with, save_positions, store_content_sha256
+from harness.scoring.backends import scoring_env
 
 if TYPE_CHECKING:
     from harness.run.shard import ShardPositions
@@ -41,13 +49,36 @@ def cpu_capability() -> str:
     return str(torch.backends.cpu.get_cpu_capability())
 
 
+def _environment() -> JSONObject:
+    """What every key holds besides the inputs: the protocol and what decides the scorer's numbers on this machine."""
+    return {"protocol": PROTOCOL, "runtime": dict(runtime_identity()),
+            "numeric_settings": numeric_settings("transformers"), "cpu_capability": cpu_capability()}
+
+
 def score_binding(inputs: ShardInputs, candidate: str, device: str) -> JSONObject:
     """Everything the positions of ``candidate`` x ``inputs.shard`` are computed from (module docstring)."""
     bound = binding(session=None, candidate=candidate, suite=inputs.suite, shard=inputs.shard,
                     reference=inputs.reference, cand_store=inputs.candidate, head=inputs.head,
                     cand_head=inputs.cand_head, window=inputs.score_from, device=device)
-    return {**bound, "protocol": PROTOCOL, "runtime": dict(runtime_identity()),
-            "numeric_settings": numeric_settings("transformers"), "cpu_capability": cpu_capability()}
+    return {**bound, **_environment()}
+
+
+def live_binding(*, candidate: str, capture: JSONObject, suite: Suite, shard: int, reference: CaptureStore,
+                 head: HeadTensor | None, cand_head: HeadTensor | None, window: int, device: str) -> JSONObject:
+    """Everything the positions of a candidate scored while captured (``keep = "scores"``) are computed from.
+
+    There is no candidate store whose content could be hashed; its place is taken by what decides the capture:
+    ``capture``, the key of the capture cache folder the candidate would have had (its model's identity by
+    content, engine, device, engine options, runtime and engine packages, numeric settings), with the suite's and
+    the shard's sha256 (the tokens it runs on). The rest is :func:`score_binding`'s (reference content, window,
+    scorer, heads, protocol and this machine's numeric path), plus ``keep``."""
+    indices = list(suite.shard_indices(shard))
+    scorer: JSONObject = {**SCORER_SETTINGS, "device": device, "env": dict(scoring_env())}
+    return {"keep": "scores", "candidate": candidate, "candidate_capture": capture,
+            "reference_identity": reference.identity, "reference_store_sha256": store_content_sha256(reference, indices),
+            "suite_token_sha256": suite.suite_token_sha256, "shard": shard, "shard_sha256": suite.shard(shard).sha256,
+            "window": window, "scorer": scorer, "head_sha256": getattr(head, "sha256", None),
+            "cand_head_sha256": getattr(cand_head, "sha256", None), **_environment()}
 
 
 def score_cache(cache_dir: Path, key: bytes) -> ResultCache[ShardPositions]:
@@ -58,6 +89,23 @@ def score_cache(cache_dir: Path, key: bytes) -> ResultCache[ShardPositions]:
 
     def read(path: Path, bound: JSONObject) -> ShardPositions:
         return load_positions(path, bound, key, domain=_DOMAIN)
+
+    return ResultCache(folder=Path(cache_dir) / FOLDER, key=key, read=read, write=write)
+
+
+def live_score_cache(cache_dir: Path, key: bytes) -> ResultCache[LiveScored]:
+    """The entries of candidates scored while captured, beside the others in ``<cache_dir>/scores/``: each also
+    carries, bound and signed with it, its capture's header (:data:`harness.run.live_scores.HEADER`)."""
+
+    def write(path: Path, got: LiveScored, bound: JSONObject) -> None:
+        save_positions(path, got.positions, {**bound, HEADER: got.header}, key, domain=_DOMAIN)
+
+    def read(path: Path, bound: JSONObject) -> LiveScored:
+        pos, facts = load_positions_with(path, bound, key, domain=_DOMAIN, extra=(HEADER,))
+        header = facts[HEADER]
+        if not isinstance(header, dict):
+            raise VerificationError(path, HEADER, "an object", type(header).__name__)
+        return LiveScored(pos, header)
 
     return ResultCache(folder=Path(cache_dir) / FOLDER, key=key, read=read, write=write)
 

@@ -25,7 +25,7 @@ from harness.capture.loop import capture
 from harness.capture.store import CaptureStore
 from harness.dataset.verify import verify_dataset
 from harness.engines import identity as engine_identity
-from harness.engines.base import EngineOptions
+from harness.engines.base import EngineOptions, LoadedModel
 from harness.engines.bf16_path import bf16_path
 from harness.engines.identity import identity_key
 from harness.engines.numeric_env import numeric_settings
@@ -39,11 +39,12 @@ from harness.inputs.suite import Suite
 from harness.interchange.dataset import PublishedDataset, open_published
 from harness.io.jsonio import JSONObject, get_int, read_json
 from harness.reports.shard import ShardReport
+from harness.run.live_scores import LiveScored, capture_scored, check_live_joins, remove_work
 from harness.run.result_cache import ResultCache
 from harness.run.reuse import ReuseLog
-from harness.run.score_cache import score_binding, score_cache, verify_contents
+from harness.run.score_cache import live_binding, live_score_cache, score_binding, score_cache, verify_contents
 from harness.run.shard import CandidateMeta, ShardPositions, score_shard, shard_positions
-from harness.run.shard_inputs import ShardInputs, verified
+from harness.run.shard_inputs import LiveShardInputs, LiveSide, ShardInputs, verified
 from harness.run.shared_scores import Handover, binding, scored_once
 from harness.run.verify import check_reference_identity
 
@@ -156,6 +157,11 @@ class FidelitySession:
     #: What the caches served this run instead of computing it (a rerun says so: :mod:`harness.run.reuse`)
     reuse: ReuseLog = field(default_factory=ReuseLog)
     _score_cache: ResultCache[ShardPositions] | None = None
+    _live_cache: ResultCache[LiveScored] | None = None
+    #: ``keep = "scores"`` candidates: each one's loaded model (while shards planned here remain) and each
+    #: candidate x shard's capture header (what its store would have recorded)
+    _loaded: dict[str, LoadedModel] = field(default_factory=dict)
+    _live_headers: dict[tuple[str, int], JSONObject] = field(default_factory=dict)
 
     # ------------------------------------------------------------------ inputs
     @property
@@ -277,6 +283,12 @@ class FidelitySession:
         environment sharing the cache gets a store of its own, never a mixed one. So do the settings that are not
         versions but change the engine's numbers (:mod:`harness.engines.numeric_env`: kernel, ISA and precision
         environment variables)."""
+        key = identity_key(self.capture_key(cand))
+        return self.config.cache_dir / "captures" / f"{cand.name}-{key[:16]}"
+
+    def capture_key(self, cand: CandidateConfig) -> JSONObject:
+        """What decides a live candidate's capture (:meth:`live_store_path`'s key; a ``keep = "scores"`` candidate's
+        scores are keyed by it in place of a store's content)."""
         keyed: dict[str, Any] = {"model": self.candidate_identity(cand), "engine": cand.engine, "device": self.device,
                                  "runtime": {**engine_identity.runtime_identity(), **_engine_packages()},
                                  "settings": numeric_settings(cand.engine)}
@@ -284,8 +296,7 @@ class FidelitySession:
             keyed["bf16_path"] = "fp32"
         if cand.options:  # captures taken with other engine options never share a cache folder
             keyed["options"] = cand.options
-        key = identity_key(keyed)
-        return self.config.cache_dir / "captures" / f"{cand.name}-{key[:16]}"
+        return keyed
 
     def signing_key(self) -> bytes:
         """The capture cache key, read (or created) once per run."""
@@ -395,6 +406,8 @@ class FidelitySession:
 
     def _score_positions(self, cand: CandidateConfig, shard: int) -> ShardPositions:
         key = (cand.name, shard)
+        if key not in self._positions and cand.keep == "scores" and cand.model is not None:
+            self._positions[key] = self._live_positions(cand, shard)
         if key not in self._positions:
             inputs = self.shard_inputs(cand, shard)
 
@@ -418,6 +431,69 @@ class FidelitySession:
                             where=str(cache.folder))
             self._positions[key] = pos
         return self._positions[key]
+
+    def _live_positions(self, cand: CandidateConfig, shard: int) -> ShardPositions:
+        """``keep = "scores"``: the candidate x shard scored while it is captured (:mod:`harness.run.live_scores`),
+        or read from the scores cache; its hidden states are never written. Concurrent processes (xdist workers,
+        cluster tasks) computing one shard take the entry's lock: the second reads what the first kept."""
+        assert cand.model is not None
+        head = check_live_joins(self.suite, shard, self.reference, self.head, self.candidate_head(cand), self.score_from)
+        cache, stem = self.live_cache, f"{cand.name}-shard{shard:02d}"
+        bound = live_binding(candidate=cand.name, capture=self.capture_key(cand), suite=self.suite, shard=shard,
+                             reference=self.reference, head=head, cand_head=self.candidate_head(cand),
+                             window=self.score_from, device=self.device)
+        work = cache.path(stem, bound)
+        work = work.with_name(f".{work.stem}.parts")
+
+        def compute() -> LiveScored:
+            return capture_scored(lambda: self._live_model(cand), model=cand.model or Path(), engine=cand.engine,
+                                  suite=self.suite, shard=shard, reference=self.reference, head=head,
+                                  cand_head=self.candidate_head(cand), device=self.device, work=work,
+                                  key=self.signing_key(), bound=bound, progress=self.progress)
+
+        n_reused = len(cache.reused)
+        got = cache.get(stem, bound, compute)
+        remove_work(work)
+        reused = len(cache.reused) > n_reused
+        if reused:  # read, not scored: the reference files it was scored from must still hold what the key names
+            for i in self.shard_indices(shard):
+                self.reference.load(i)
+        self.reuse.note("scores", cand.name, reused=[shard] if reused else [], computed=[] if reused else [shard],
+                        where=str(cache.folder))
+        self._live_headers[(cand.name, shard)] = got.header
+        self._release_live(cand, shard)
+        return got.positions
+
+    def _live_model(self, cand: CandidateConfig) -> LoadedModel:
+        """A ``keep = "scores"`` candidate's model, loaded once for the shards this process scores."""
+        if cand.name not in self._loaded:
+            assert cand.model is not None
+            eng = get_engine(cand.engine, str(self.config.path))
+            require(eng)
+            opts = EngineOptions(device=self.device, engine_options=cand.options)
+            self._loaded[cand.name] = eng.load(cand.model, self.suite.n_ctx, "hidden_states", opts)
+        return self._loaded[cand.name]
+
+    def _release_live(self, cand: CandidateConfig, shard: int) -> None:
+        """Close the candidate's model once every shard planned for it here is scored (or after an unplanned one)."""
+        left = self._planned.get(cand.name, set()) - {s for (n, s) in self._live_headers if n == cand.name} - {shard}
+        if not left and cand.name in self._loaded:
+            self._loaded.pop(cand.name).close()
+
+    def live_inputs(self, cand: CandidateConfig, shard: int) -> LiveShardInputs:
+        """The inputs of a ``keep = "scores"`` candidate x shard, after its positions (which give its header)."""
+        self.positions(cand, shard)
+        header = self._live_headers[(cand.name, shard)]
+        side = LiveSide(identity=self.candidate_identity(cand), manifest=header, root=self.live_cache.folder)
+        return LiveShardInputs(suite=self.suite, shard=shard, reference=self.reference, candidate=side, head=self.head,
+                               cand_head=self.candidate_head(cand), score_from=self.score_from)
+
+    @property
+    def live_cache(self) -> ResultCache[LiveScored]:
+        """Scores of candidates scored while captured (:func:`harness.run.score_cache.live_score_cache`)."""
+        if self._live_cache is None:
+            self._live_cache = live_score_cache(self.config.cache_dir, self.signing_key())
+        return self._live_cache
 
     @property
     def score_cache(self) -> ResultCache[ShardPositions]:
@@ -452,8 +528,9 @@ class FidelitySession:
         if cand.name not in self._bpw:
             self._bpw[cand.name] = candidate_bits_per_weight(cand)
         meta: CandidateMeta = {"size_bytes": size, "tags": list(cand.tags), "bits_per_weight": self._bpw[cand.name]}
+        live = cand.keep == "scores" and cand.model is not None
         report = score_shard(
-            self.shard_inputs(cand, shard),
+            self.live_inputs(cand, shard) if live else self.shard_inputs(cand, shard),
             positions=self.positions(cand, shard),
             reference_name=self.config.reference.name,
             candidate_name=cand.name,

@@ -22,7 +22,7 @@ from harness.metrics import ContextLabel, summarize
 from harness.metrics.scores import PositionScores
 from harness.planning.design import single_run_resolvable_delta
 from harness.reports.shard import ShardReport, make_comparability
-from harness.run.shard_inputs import ShardInputs
+from harness.run.shard_inputs import LiveShardInputs, ShardInputs
 from harness.run.verify import check_scores_finite
 from harness.scoring import streaming
 
@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 
 
 def score_shard(
-    inputs: ShardInputs,
+    inputs: ShardInputs | LiveShardInputs,
     *,
     reference_name: str = "reference",
     candidate_name: str,
@@ -56,7 +56,12 @@ def score_shard(
     """
     suite, shard, reference, candidate = inputs.suite, inputs.shard, inputs.reference, inputs.candidate
     score_from = inputs.score_from
-    pos = positions if positions is not None else shard_positions(inputs, device=device)
+    if positions is None:
+        if not isinstance(inputs, ShardInputs):
+            raise FidelityError(f"{inputs.candidate.root}: a candidate scored while captured is summarized from its "
+                                "scored positions: expected them, found none")
+        positions = shard_positions(inputs, device=device)
+    pos = positions
     mode, head_sha, cand_head_sha = pos.mode, pos.head_sha256, pos.cand_head_sha256
     t2 = time.perf_counter()
     metrics = summarize(pos.scores, pos.context_index, pos.row, pos.labels, score_from=score_from, n_boot=n_boot)
@@ -131,7 +136,7 @@ def shard_positions(inputs: ShardInputs, *, device: str = "cpu") -> ShardPositio
     indices = list(suite.shard_indices(shard))
     rows_per = suite.n_ctx - 1
     targets = torch.from_numpy(suite.tokens[indices, 1:].astype(np.int64).reshape(-1))
-    if reference.kind != "logits" and not mixed and 2 * len(indices) * rows_per * reference.width * 2 > streaming.STREAM_MIN_BYTES:
+    if reference.kind != "logits" and not mixed and streaming.streams(len(indices), rows_per, reference.width):
         # large shard: prefetch the next contexts while the current ones are scored (bounded memory)
         head = _shared_head(inputs)
         probe = torch.empty(0, reference.width, dtype=getattr(torch, reference.dtype))

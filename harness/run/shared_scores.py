@@ -56,7 +56,7 @@ if TYPE_CHECKING:
     from harness.inputs.suite import Suite
     from harness.run.shard import ShardPositions
 
-__all__ = ["Handover", "binding", "load_positions", "remove_session_files", "save_positions", "scored_once",
+__all__ = ["Handover", "binding", "load_positions", "load_positions_with", "remove_session_files", "save_positions", "scored_once",
            "shared_dir", "store_content_sha256"]
 
 #: PositionScores fields, in the order written (each an array of one entry per position)
@@ -185,13 +185,21 @@ def _read_signed(path: Path, key: bytes, domain: bytes = b"") -> tuple[_Meta, di
 def load_positions(path: Path, bound: JSONObject, key: bytes, *, domain: bytes = b"") -> ShardPositions:
     """Read what :func:`save_positions` wrote, believing it only when it is signed with ``key`` and was
     computed from exactly ``bound``; anything else is a VerificationError naming the file."""
+    return load_positions_with(path, bound, key, domain=domain)[0]
+
+
+def load_positions_with(path: Path, bound: JSONObject, key: bytes, *, domain: bytes = b"",
+                        extra: tuple[str, ...] = ()) -> tuple[ShardPositions, JSONObject]:
+    """:func:`load_positions` of a file whose binding is ``bound`` plus the keys ``extra`` (facts learnt while
+    computing, e.g. the engine identity of a capture scored as it ran), returned with those keys' values."""
     from harness.run.shard import ShardPositions
 
     meta, arrays = _read_signed(path, key, domain)
-    if meta.get("binding") != bound:
-        got = meta.get("binding")
-        found: dict[str, Any] = got if isinstance(got, dict) else {}
-        diff = sorted(k for k in {*bound, *found} if bound.get(k) != found.get(k))
+    got = meta.get("binding")
+    found: dict[str, Any] = dict(got) if isinstance(got, dict) else {}
+    facts: JSONObject = {k: found.pop(k) for k in extra if k in found}
+    if found != bound or set(facts) != set(extra):
+        diff = sorted(k for k in {*bound, *found, *extra} if k not in facts and bound.get(k) != found.get(k))
         raise VerificationError(path, f"shared positions computed from ({', '.join(diff)})",
                                 {k: bound.get(k) for k in diff}, {k: found.get(k) for k in diff})
     lengths = {k: len(v) for k, v in arrays.items()}
@@ -203,7 +211,7 @@ def load_positions(path: Path, bound: JSONObject, key: bytes, *, domain: bytes =
         labels=[ContextLabel(int(i), c, str(s)) for i, c, s in meta["labels"]],
         mode=str(meta["mode"]), head_sha256=meta["head_sha256"], cand_head_sha256=meta["cand_head_sha256"],
         load_s=float(meta["load_s"]), score_s=float(meta["score_s"]), scorer_run=dict(meta["scorer_run"]),
-    )
+    ), facts
 
 
 def scored_once(handover: Handover, name: str, shard: int, bound: JSONObject,

@@ -26,6 +26,7 @@ from harness.scoring.torch_path import (
     score_hidden_tiled,
     score_logits,
     score_two_pass,
+    shard_tiles,
 )
 
 __all__ = [
@@ -40,6 +41,7 @@ __all__ = [
     "score_logits",
     "score_two_pass",
     "scorer_run",
+    "shard_tiles",
 ]
 
 
@@ -82,6 +84,7 @@ def score_hidden(
     device: str | torch.device | None = None,
     threads: int | None = None,
     backend: str | None = None,
+    compiled: bool | None = None,
 ) -> PositionScores:
     """Score hidden states ``[N, H]`` through the LM head ``[V, H]`` (candidate through ``cand_head`` if given).
 
@@ -89,7 +92,8 @@ def score_hidden(
     KL/top-1/NLL, a second for JSD/EAR), or ``None``/``"auto"``: triton on CUDA when triton
     imports, torch elsewhere. The environment variable ``FIDELITY_SCORER_BACKEND``
     (torch|triton|auto) overrides ``None``. The two paths agree per position to
-    |delta KL| <= 1e-6 + 1e-4 KL (GEMM summation order only).
+    |delta KL| <= 1e-6 + 1e-4 KL (GEMM summation order only). ``compiled``: the torch path's metric pass
+    (:func:`harness.scoring.torch_path.tile_plan`; None: its choice for these rows).
     """
     n, _vocab, dev, t_all = check_hidden_inputs(ref_hidden, cand_hidden, head, targets, cand_head, device)
     if n and choose_backend(backend, dev) == "triton":
@@ -97,5 +101,6 @@ def score_hidden(
 
         return fused_score(ref_hidden, cand_hidden, head, t_all, cand_head, device=dev)
     return score_hidden_tiled(
-        ref_hidden, cand_hidden, head, t_all, cand_head, tile_rows=tile_rows, chunk_rows=chunk_rows, device=dev, threads=threads
+        ref_hidden, cand_hidden, head, t_all, cand_head, tile_rows=tile_rows, chunk_rows=chunk_rows, device=dev, threads=threads,
+        compiled=compiled,
     )

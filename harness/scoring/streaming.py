@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 
     from harness.metrics.scores import PositionScores
 
-__all__ = ["Prefetcher", "RowSource", "chunk_indices", "score_hidden_streaming", "STREAM_MIN_BYTES", "CHUNK_BYTES"]
+__all__ = ["Prefetcher", "RowSource", "chunk_indices", "score_groups", "streams", "score_hidden_streaming", "STREAM_MIN_BYTES", "CHUNK_BYTES"]
 
 #: Shards whose two captures together exceed this are streamed by ``shard_positions``.
 STREAM_MIN_BYTES = 256 * 1024 * 1024
@@ -120,6 +120,20 @@ class Prefetcher(Generic[Item, Value]):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def streams(n_contexts: int, rows_per_context: int, width: int) -> bool:
+    """Whether :func:`harness.run.shard.shard_positions` streams a shard of ``n_contexts`` bf16 hidden-state
+    contexts (both captures together above :data:`STREAM_MIN_BYTES`) instead of scoring it in one call."""
+    return 2 * n_contexts * rows_per_context * width * 2 > STREAM_MIN_BYTES
+
+
+def score_groups(indices: Sequence[int], rows_per_context: int, width: int, head_itemsize: int) -> list[list[int]]:
+    """The groups of contexts a hidden-state shard is scored in, one :func:`harness.scoring.scorer.score_hidden`
+    call each: the whole shard, or :func:`chunk_indices`' chunks when it :func:`streams`."""
+    if streams(len(indices), rows_per_context, width):
+        return chunk_indices(indices, rows_per_context, width * head_itemsize)
+    return [list(indices)]
 
 
 def chunk_indices(indices: Sequence[int], rows_per_context: int, row_bytes: int, chunk_bytes: int = CHUNK_BYTES) -> list[list[int]]:

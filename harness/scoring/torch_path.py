@@ -16,7 +16,7 @@ import math
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -24,6 +24,7 @@ import torch
 from harness.metrics.scores import PositionScores
 from harness.scoring import cblas_bf16, metric_kernel
 from harness.scoring.gemm import BF16_OPERAND_PATHS, choose_gemm, gemm_mode
+from harness.scoring.streaming import score_groups
 
 __all__ = [
     "PositionScores",
@@ -36,6 +37,10 @@ __all__ = [
     "gemm_path",
     "logits_tiles",
     "balanced_tile_rows",
+    "tile_plan",
+    "TilePlan",
+    "shard_tiles",
+    "ShardTile",
     "MEMORY_BUDGET_BYTES",
 ]
 
@@ -378,10 +383,12 @@ def score_hidden_tiled(
     chunk_rows: int | None = None,
     device: str | torch.device | None = None,
     threads: int | None = None,
+    compiled: bool | None = None,
 ) -> PositionScores:
     """The tiled torch path of :func:`harness.scoring.scorer.score_hidden` (same arguments, no backend choice).
 
-    Each hidden state is multiplied by the head exactly once; see the module docstring.
+    Each hidden state is multiplied by the head exactly once; see the module docstring. ``compiled``: whether the
+    metric pass runs compiled (None: :func:`tile_plan`'s choice for these rows).
     """
     n, vocab, dev, t_all = check_hidden_inputs(ref_hidden, cand_hidden, head, targets, cand_head, device)
     out = PositionScores.empty(n)
@@ -389,13 +396,63 @@ def score_hidden_tiled(
         return out
     path = gemm_path(dev, ref_hidden, cand_hidden, head, cand_head)
     with _threads(threads), torch.inference_mode(), gemm_mode(path):
-        tile = balanced_tile_rows(n, int(tile_rows or default_tile_rows(vocab, 4)), exact=tile_rows is not None)
-        compiled = metric_kernel.use_compiled(n, vocab, dev)
-        chunk = min(int(chunk_rows or _default_chunk_rows(vocab, dev, tile, compiled)), tile)
+        plan = tile_plan(n, vocab, dev, tile_rows=tile_rows, chunk_rows=chunk_rows, compiled=compiled)
+        tile, chunk, compiled = plan.tile, plan.chunk, plan.compiled
         t_dev = t_all.to(dev)
         with _MetricRunner(chunk, vocab, dev, compiled) as runner:
             for r0, la, lb in logits_tiles(ref_hidden, cand_hidden, head, cand_head, tile, dev, path):
                 runner.run(la, lb, t_dev[r0 : r0 + la.shape[0]], out, r0)
+    return out
+
+
+class TilePlan(NamedTuple):
+    """How :func:`score_hidden_tiled` cuts ``n`` rows: ``tile`` rows per GEMM tile (the last may be shorter),
+    ``chunk`` rows per metric chunk, and whether the metric pass runs ``compiled``. A tile's scores depend only
+    on its rows and this plan, so scoring the tiles one call each with ``tile_rows`` = the tile's length,
+    ``chunk_rows`` = ``chunk`` and ``compiled`` gives the same numbers as one call over all rows."""
+
+    tile: int
+    chunk: int
+    compiled: bool
+
+    def bounds(self, n: int) -> list[tuple[int, int]]:
+        """``(first row, end row)`` of each tile of ``n`` rows."""
+        return [(r0, min(n, r0 + self.tile)) for r0 in range(0, n, self.tile)]
+
+
+def tile_plan(n: int, vocab: int, dev: torch.device, *, tile_rows: int | None = None, chunk_rows: int | None = None,
+              compiled: bool | None = None) -> TilePlan:
+    """The tiling :func:`score_hidden_tiled` uses for ``n`` rows over a ``vocab``-row head on ``dev``."""
+    tile = balanced_tile_rows(n, int(tile_rows or default_tile_rows(vocab, 4)), exact=tile_rows is not None)
+    comp = metric_kernel.use_compiled(n, vocab, dev) if compiled is None else compiled
+    chunk = min(int(chunk_rows or _default_chunk_rows(vocab, dev, tile, comp)), tile)
+    return TilePlan(tile, chunk, comp)
+
+
+class ShardTile(NamedTuple):
+    """Rows ``[r0, r1)`` of a shard (rows in context order) that one :func:`score_hidden_tiled` call scores as one
+    tile, with the metric plan of its group (``chunk``, ``compiled``: :class:`TilePlan`)."""
+
+    r0: int
+    r1: int
+    chunk: int
+    compiled: bool
+
+
+def shard_tiles(n_contexts: int, rows: int, width: int, head: torch.Tensor, device: str,
+                tile_rows: int | None = None) -> list[ShardTile]:
+    """The tiles a hidden-state shard of ``n_contexts`` contexts is scored in by
+    :func:`harness.run.shard.shard_positions`: its groups (:func:`harness.scoring.streaming.score_groups`: the
+    whole shard, or streamed chunks), each cut by :func:`tile_plan` (``tile_rows``: a fixed tile, as
+    :func:`score_hidden_tiled` takes it). Scoring each alone with its plan gives the numbers of the whole."""
+    dev = torch.device(device)
+    out: list[ShardTile] = []
+    start = 0
+    for group in score_groups(list(range(n_contexts)), rows, width, head.element_size()):
+        n = len(group) * rows
+        plan = tile_plan(n, int(head.shape[0]), dev, tile_rows=tile_rows)
+        out += [ShardTile(start + a, start + b, plan.chunk, plan.compiled) for a, b in plan.bounds(n)]
+        start += n
     return out
 
 

@@ -3,9 +3,10 @@
 This is the body a Ray worker runs (:mod:`harness.run.cluster.ray_executor` submits it); it imports no Ray, so
 it is plain Python that any process can call. The task **returns** what it measured and writes no
 report: the driver verifies the result and writes every report itself, exactly as a serial run does.
-The only files a task writes are capture stores in the configuration's ``cache_dir`` (a live
+The only files a task writes are in the configuration's ``cache_dir``: capture stores (a live
 candidate's shard, through the resumable :class:`~harness.capture.store.StoreWriter`, while holding
-the store's task lock: :func:`_live_store`), so a task killed at any instant and run again (Ray's retry)
+the store's task lock: :func:`_live_store`), or for a candidate with ``keep = "scores"`` its scored tiles and
+entry (:mod:`harness.run.live_scores`, under the entry's lock), so a task killed at any instant and run again (Ray's retry)
 resumes the capture and scores from scratch: nothing half-written is ever read, and nothing is counted twice.
 
 Every path of the configuration (suite, head, stores, models, ``cache_dir``) must be reachable from
@@ -176,7 +177,7 @@ def run_case(spec: TaskSpec, name: str, shard: int, ready: Mapping[str, object] 
         session = _session(spec)
         _check_candidate(session.config, name)
         cand = session.config.candidate(name)
-        if cand.model is not None:
+        if cand.model is not None and cand.keep == "store":  # keep = "scores": scored while captured, no store
             session.hold_store(name, _live_store(session, cand, shard))
         scored = session.score(cand, shard)
         positions = session.positions(cand, shard)
