@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dir", type=Path, default=None, help="where to write the stores (default: a temp dir)")
     a = ap.parse_args(argv)
 
-    import harness.scoring.streaming as streaming
+    import harness.scoring.groups as groups
     from harness.capture.store import CaptureStore
     from harness.run.shard import shard_positions
     from harness.run.shard_inputs import ShardInputs
@@ -121,8 +121,8 @@ def main(argv: list[str] | None = None) -> int:
         del r_all, c_all
 
         # 2. streaming, cold then warm
-        streaming.STREAM_MIN_BYTES = 0
-        streaming.CHUNK_BYTES = int(a.chunk_mib * 2**20)
+        groups.STREAM_MIN_BYTES = 0
+        groups.CHUNK_BYTES = int(a.chunk_mib * 2**20)
         cold = drop_caches()
         t0 = time.perf_counter()
         sp = shard_positions(inputs)
@@ -135,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
         wait_warm = sp.load_s
 
         # 3. whole-shard load, then score (the path before streaming)
-        streaming.STREAM_MIN_BYTES = 1 << 62
+        groups.STREAM_MIN_BYTES = 1 << 62
         cold3 = drop_caches()
         t0 = time.perf_counter()
         sp3 = shard_positions(inputs)

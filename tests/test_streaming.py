@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-import harness.scoring.streaming as streaming
+import harness.scoring.groups as groups
 from harness.capture.store import CaptureStore, StoreWriter
 from harness.engines.identity import runtime_identity
 from harness.inputs.suite import Suite
@@ -116,8 +116,8 @@ def test_shard_positions_streams_large_shards(tiny_suite: Path, tmp_path: Path, 
     head = SimpleNamespace(weight=torch.randn(vocab, HIDDEN, generator=torch.Generator().manual_seed(7)).bfloat16(), sha256="h")
     inputs = ShardInputs(suite=suite, shard=0, reference=stores[0], candidate=stores[1], head=head)
     plain = shard_positions(inputs)
-    monkeypatch.setattr(streaming, "STREAM_MIN_BYTES", 0)
-    monkeypatch.setattr(streaming, "CHUNK_BYTES", 1)  # one context per chunk
+    monkeypatch.setattr(groups, "STREAM_MIN_BYTES", 0)
+    monkeypatch.setattr(groups, "CHUNK_BYTES", 1)  # one context per chunk
     streamed = shard_positions(inputs)
     rows = {side: {c: stores[k].load(c) for c in set(plain.context_index.tolist())} for k, side in enumerate("rc")}
     at = list(zip(plain.context_index.tolist(), plain.row.tolist()))

@@ -23,17 +23,16 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
 
+from harness.scoring import groups
+from harness.scoring.groups import CHUNK_BYTES, STREAM_MIN_BYTES, chunk_indices, score_groups, streams
+
 if TYPE_CHECKING:
     import torch
 
     from harness.metrics.scores import PositionScores
 
+#: The size rules live in :mod:`harness.scoring.groups` (re-exported here; change them there).
 __all__ = ["Prefetcher", "RowSource", "chunk_indices", "score_groups", "streams", "score_hidden_streaming", "STREAM_MIN_BYTES", "CHUNK_BYTES"]
-
-#: Shards whose two captures together exceed this are streamed by ``shard_positions``.
-STREAM_MIN_BYTES = 256 * 1024 * 1024
-#: Target bytes per chunk and store (bf16 hidden states): ~12 contexts of 511 rows at hidden 5120.
-CHUNK_BYTES = 64 * 1024 * 1024
 
 #: An item the prefetcher loads (a chunk of context indices) and the value it loads for it.
 Item = TypeVar("Item")
@@ -122,27 +121,6 @@ class Prefetcher(Generic[Item, Value]):
         self.close()
 
 
-def streams(n_contexts: int, rows_per_context: int, width: int) -> bool:
-    """Whether :func:`harness.run.shard.shard_positions` streams a shard of ``n_contexts`` bf16 hidden-state
-    contexts (both captures together above :data:`STREAM_MIN_BYTES`) instead of scoring it in one call."""
-    return 2 * n_contexts * rows_per_context * width * 2 > STREAM_MIN_BYTES
-
-
-def score_groups(indices: Sequence[int], rows_per_context: int, width: int, head_itemsize: int) -> list[list[int]]:
-    """The groups of contexts a hidden-state shard is scored in, one :func:`harness.scoring.scorer.score_hidden`
-    call each: the whole shard, or :func:`chunk_indices`' chunks when it :func:`streams`."""
-    if streams(len(indices), rows_per_context, width):
-        return chunk_indices(indices, rows_per_context, width * head_itemsize)
-    return [list(indices)]
-
-
-def chunk_indices(indices: Sequence[int], rows_per_context: int, row_bytes: int, chunk_bytes: int = CHUNK_BYTES) -> list[list[int]]:
-    """Split context ``indices`` into consecutive chunks of about ``chunk_bytes`` per store (>= 1 context)."""
-    per = max(1, chunk_bytes // max(1, rows_per_context * row_bytes))
-    idx = list(indices)
-    return [idx[i : i + per] for i in range(0, len(idx), per)]
-
-
 def score_hidden_streaming(
     reference: RowSource,
     candidate: RowSource,
@@ -172,7 +150,7 @@ def score_hidden_streaming(
     rows = reference.shape[0]
     width = reference.shape[1]
     itemsize = torch.empty(0, dtype=head.dtype).element_size()
-    chunks = chunk_indices(indices, rows, width * itemsize, chunk_bytes or CHUNK_BYTES)
+    chunks = chunk_indices(indices, rows, width * itemsize, chunk_bytes or groups.CHUNK_BYTES)
     out = PositionScores.empty(len(indices) * rows)
     score_s = 0.0
     pos = 0

@@ -24,7 +24,7 @@ import torch
 from harness.metrics.scores import PositionScores
 from harness.scoring import cblas_bf16, metric_kernel
 from harness.scoring.gemm import BF16_OPERAND_PATHS, choose_gemm, gemm_mode
-from harness.scoring.streaming import score_groups
+from harness.scoring.groups import score_groups
 
 __all__ = [
     "PositionScores",
