@@ -132,15 +132,17 @@ def _timing_patches(engine: str) -> dict[str, list[float]]:
     from harness.engines import vllm as V
 
     loaded_cls, engine_cls = (T.TransformersLoaded, T.TransformersEngine) if engine == "transformers" else (V.VllmLoaded, V.VllmEngine)
-    spent: dict[str, list[float]] = {"forward_s": [0.0], "load_s": [0.0], "model_hash_s": [0.0]}
+    spent: dict[str, list[float]] = {k: [0.0] for k in ("forward_s", "load_s", "model_hash_s", "forward_cpu_s",
+                                                          "load_cpu_s", "model_hash_cpu_s")}
 
     def timer(cls: Any, attr: str, key: str) -> None:
         orig = getattr(cls, attr)
 
         def timed(self: Any, *args: Any) -> Any:
-            t = time.perf_counter()
+            t, c = time.perf_counter(), time.process_time()
             out = orig(self, *args)
             spent[key][0] += time.perf_counter() - t
+            spent[key.replace("_s", "_cpu_s")][0] += time.process_time() - c
             return out
 
         setattr(cls, attr, timed)
@@ -170,13 +172,13 @@ def stage_capture(work: Path, which: str, engine: str = "transformers", device: 
     from harness.engines.base import EngineOptions
 
     spent = _timing_patches(engine)
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     out = work / (f"store-{which}" if engine == "transformers" else f"store-{which}-{engine}")
     shutil.rmtree(out, ignore_errors=True)  # this benchmark's own folder: a resumed store would skip the work
     store = capture(engine, work / which, work / "suite", out, progress=False, options=EngineOptions(device=device))
-    total = time.perf_counter() - t0
+    total, total_cpu = time.perf_counter() - t0, time.process_time() - c0
     n = len(store.indices)
-    return {"seconds": total, **{k: v[0] for k, v in spent.items()}, "contexts": n,
+    return {"seconds": total, "cpu_s": total_cpu, **{k: v[0] for k, v in spent.items()}, "contexts": n,
             "store_bytes": _dir_bytes(out), "engine": engine, "device": device, "paths": _paths()}
 
 
@@ -185,16 +187,16 @@ def stage_verify(work: Path) -> dict[str, Any]:
     from harness.inputs.suite import load_suite
 
     suite = load_suite(work / "suite")
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     for which in ("reference", "candidate"):
         store = CaptureStore.open(work / f"store-{which}", suite, verify=True)
         for i in store.indices:  # content checks happen on load: every file re-hashed and checked
             store.load(i)
-    t1 = time.perf_counter()
+    t1, c1 = time.perf_counter(), time.process_time()
     from harness.engines.identity import model_identity
 
     model_identity(work / "reference")  # the model's identity by content: every weight file hashed
-    return {"seconds": t1 - t0, "model_hash_s": time.perf_counter() - t1}
+    return {"seconds": t1 - t0, "cpu_s": c1 - c0, "model_hash_s": time.perf_counter() - t1}
 
 
 def stage_score_report(work: Path, device: str = "cpu") -> dict[str, Any]:
@@ -211,27 +213,72 @@ def stage_score_report(work: Path, device: str = "cpu") -> dict[str, Any]:
     cand = CaptureStore.open(work / "store-candidate", suite, verify=True)
     t_head = time.perf_counter()
     head = load_head(work / "lm_head.safetensors")
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     inputs = ShardInputs(suite=suite, shard=0, reference=ref, candidate=cand, head=head)
     pos = shard_positions(inputs, device=device)
-    t1 = time.perf_counter()
+    t1, c1 = time.perf_counter(), time.process_time()
     report = score_shard(inputs, reference_name="bf16", candidate_name="w8_rtn", positions=pos, device=device)
     paths = report.write(work / "reports")
     t2 = time.perf_counter()
     np.save(work / "kld-store.npy", pos.scores.kld)
     return {"head_load_s": t0 - t_head, "read_s": pos.load_s, "score_s": pos.score_s, "report_s": t2 - t1,
+            "read_and_score_cpu_s": c1 - c0, "report_cpu_s": time.process_time() - c1,
             "positions": int(pos.scores.kld.size), "mean_kld": float(pos.scores.kld.mean()),
             "top1": float(pos.scores.top1.mean()), "scorer": pos.scorer_run,
             "report_bytes": sum(p.stat().st_size for p in paths), "paths": _paths()}
 
 
-def stage_stream(work: Path, device: str = "cpu") -> dict[str, Any]:
-    """Score-while-capturing: the candidate's rows go from the engine to the scorer in memory, context by
-    context; what is written is what the mode keeps (the signed positions and the metrics)."""
+def _live_scores(loaded: Any, work: Path, suite: Any, ref: Any, head: Any, device: str, out: Path) -> tuple[Any, str]:
+    """The candidate's shard scored while it is captured: through ``harness.run.live_scores.capture_scored``
+    (``keep = "scores"``) where this harness has it, else the same in this benchmark -- each context's rows from
+    the engine scored in memory against the reference store's rows. Returns (positions, which ran)."""
+    try:
+        from harness.run.live_scores import capture_scored  # type: ignore[import-not-found, unused-ignore]
+    except ImportError:
+        capture_scored = None
+    if capture_scored is not None:
+        got = capture_scored(lambda: loaded, model=work / "candidate", engine="transformers", suite=suite, shard=0,
+                             reference=ref, head=head, cand_head=None, device=device, work=out / "parts",
+                             key=b"benchmark key", bound={"benchmark": "run_wide_model", "shard": 0})
+        return got.positions, "harness.run.live_scores.capture_scored"
     import dataclasses
 
     import numpy as np
     import torch
+
+    from harness.metrics import ContextLabel
+    from harness.metrics.scores import PositionScores
+    from harness.run.shard import ShardPositions
+    from harness.run.shared_scores import save_positions
+    from harness.scoring.scorer import score_hidden, scorer_run
+
+    indices = list(suite.shard_indices(0))
+    parts: list[PositionScores] = []
+    ran: dict[str, str] = {}
+    for i in indices:
+        cand_rows = loaded.forward(suite.tokens[i], "hidden_states")
+        ref_rows = ref.load(i)  # re-hashed and checked, as every store read is
+        targets = torch.from_numpy(suite.tokens[i, 1:].astype(np.int64))
+        ran = ran or scorer_run(ref_rows, cand_rows, head.weight, device=device).as_dict()
+        parts.append(score_hidden(ref_rows, cand_rows, head.weight, targets, device=device))
+        del cand_rows, ref_rows
+    scores = PositionScores(**{f.name: np.concatenate([getattr(p, f.name) for p in parts])
+                               for f in dataclasses.fields(PositionScores)})
+    rows_per = suite.n_ctx - 1
+    pos = ShardPositions(scores, np.repeat(np.asarray(indices, dtype=np.int64), rows_per),
+                         np.tile(np.arange(rows_per, dtype=np.int64), len(indices)),
+                         [ContextLabel(index=c.index, source_cluster=c.source_cluster, stratum=c.stratum)
+                          for c in (suite.contexts[i] for i in indices)],
+                         "hidden_states", head.sha256, None, 0.0, 0.0, ran)
+    save_positions(out / "positions.npz", pos, {"benchmark": "run_wide_model", "shard": 0}, b"benchmark key")
+    return pos, "this benchmark (per context)"
+
+
+def stage_stream(work: Path, device: str = "cpu") -> dict[str, Any]:
+    """Score-while-capturing: the candidate's rows go from the engine to the scorer in memory; what is written is
+    what the mode keeps (the signed scored positions, the metrics). The reference store's reads are timed apart;
+    scoring is the rest of the loop."""
+    import numpy as np
 
     from harness.capture.store import CaptureStore
     from harness.engines.base import EngineOptions
@@ -239,13 +286,20 @@ def stage_stream(work: Path, device: str = "cpu") -> dict[str, Any]:
     from harness.inputs.head import load_head
     from harness.inputs.suite import load_suite
     from harness.io.atomic import atomic_write_bytes
-    from harness.metrics import ContextLabel, summarize
-    from harness.metrics.scores import PositionScores
-    from harness.run.shard import ShardPositions
-    from harness.run.shared_scores import save_positions
-    from harness.scoring.scorer import score_hidden, scorer_run
+    from harness.metrics import summarize
 
     spent = _timing_patches("transformers")
+    reads = {"read_s": [0.0], "read_cpu_s": [0.0]}
+    orig_load = CaptureStore.load
+
+    def timed_load(self: CaptureStore, index: int) -> Any:
+        t, c = time.perf_counter(), time.process_time()
+        got = orig_load(self, index)
+        reads["read_s"][0] += time.perf_counter() - t
+        reads["read_cpu_s"][0] += time.process_time() - c
+        return got
+
+    CaptureStore.load = timed_load  # type: ignore[method-assign]
     suite = load_suite(work / "suite")
     ref = CaptureStore.open(work / "store-reference", suite, verify=True)
     t_head = time.perf_counter()
@@ -254,45 +308,29 @@ def stage_stream(work: Path, device: str = "cpu") -> dict[str, Any]:
     eng = get_engine("transformers")
     eng.model_identity(work / "candidate")  # what the capture cache and the report key the candidate by
     loaded = eng.load(work / "candidate", suite.n_ctx, "hidden_states", EngineOptions(device=device))
-    indices = list(suite.shard_indices(0))
-    parts: list[PositionScores] = []
-    read_s = score_s = 0.0
-    ran: dict[str, str] = {}
-    try:
-        for i in indices:
-            cand_rows = loaded.forward(suite.tokens[i], "hidden_states")
-            t0 = time.perf_counter()
-            ref_rows = ref.load(i)  # re-hashed and checked, as every store read is
-            t1 = time.perf_counter()
-            targets = torch.from_numpy(suite.tokens[i, 1:].astype(np.int64))
-            ran = ran or scorer_run(ref_rows, cand_rows, head.weight, device=device).as_dict()
-            parts.append(score_hidden(ref_rows, cand_rows, head.weight, targets, device=device))
-            score_s += time.perf_counter() - t1
-            read_s += t1 - t0
-            del cand_rows, ref_rows
-    finally:
-        loaded.close()
-    t2 = time.perf_counter()
-    scores = PositionScores(**{f.name: np.concatenate([getattr(p, f.name) for p in parts])
-                               for f in dataclasses.fields(PositionScores)})
-    rows_per = suite.n_ctx - 1
-    pos = ShardPositions(scores, np.repeat(np.asarray(indices, dtype=np.int64), rows_per),
-                         np.tile(np.arange(rows_per, dtype=np.int64), len(indices)),
-                         [ContextLabel(index=c.index, source_cluster=c.source_cluster, stratum=c.stratum)
-                          for c in (suite.contexts[i] for i in indices)],
-                         "hidden_states", head.sha256, None, read_s, score_s, ran)
-    metrics = summarize(pos.scores, pos.context_index, pos.row, pos.labels, n_boot=10_000)
     out = work / "stream"
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir()
-    save_positions(out / "positions.npz", pos, {"candidate": "w8_rtn", "shard": 0}, b"benchmark key")
+    t1, c1 = time.perf_counter(), time.process_time()
+    f0, fc0 = spent["forward_s"][0], spent["forward_cpu_s"][0]
+    try:
+        pos, which = _live_scores(loaded, work, suite, ref, head, device, out)
+    finally:
+        loaded.close()
+    t2, c2 = time.perf_counter(), time.process_time()
+    score_s = t2 - t1 - (spent["forward_s"][0] - f0) - reads["read_s"][0]
+    score_cpu_s = c2 - c1 - (spent["forward_cpu_s"][0] - fc0) - reads["read_cpu_s"][0]
+    metrics = summarize(pos.scores, pos.context_index, pos.row, pos.labels, n_boot=10_000)
     atomic_write_bytes(out / "metrics.json", json.dumps(metrics, default=str, sort_keys=True).encode())
     t3 = time.perf_counter()
-    np.save(work / "kld-stream.npy", scores.kld)
+    np.save(work / "kld-stream.npy", pos.scores.kld)
+    kept = [p for p in out.rglob("*.npz") if p.is_file()]
     return {"seconds": t3 - t_head, "head_load_s": head_load_s, **{k: v[0] for k, v in spent.items()},
-            "read_s": read_s, "score_s": score_s, "report_s": t3 - t2, "contexts": len(indices),
-            "positions": int(scores.kld.size), "mean_kld": float(scores.kld.mean()), "scorer": ran,
-            "bytes_written": _dir_bytes(out), "positions_bytes": (out / "positions.npz").stat().st_size, "paths": _paths()}
+            **{k: v[0] for k, v in reads.items()}, "score_s": score_s, "score_cpu_s": score_cpu_s,
+            "report_s": t3 - t2, "report_cpu_s": time.process_time() - c2, "contexts": len(pos.labels),
+            "positions": int(pos.scores.kld.size), "mean_kld": float(pos.scores.kld.mean()), "scorer": pos.scorer_run,
+            "live_scores": which, "bytes_written": _dir_bytes(out), "positions_bytes": sum(p.stat().st_size for p in kept),
+            "paths": _paths()}
 
 
 def _child(stage: str, work: Path, extra: list[str]) -> dict[str, Any]:
@@ -335,6 +373,14 @@ def per_context(fig: dict[str, Any]) -> dict[str, Any]:
         "peak_rss_gib": {"capture_and_score": st["peak_rss_gib"]},
         "bytes_written": st["bytes_written"],
     }
+    if "cpu_s" in cap:  # the same in the process's CPU seconds (the work, on a shared machine)
+        store["cpu"] = {"capture_forward_s": cap["forward_cpu_s"] / n,
+                        "store_write_hash_s": (cap["cpu_s"] - cap["forward_cpu_s"] - cap["load_cpu_s"]
+                                               - cap["model_hash_cpu_s"]) / n,
+                        "verify_both_stores_s": ver["cpu_s"] / n,
+                        "store_read_and_score_s": sc["read_and_score_cpu_s"] / n, "report_s": sc["report_cpu_s"] / n}
+        stream["cpu"] = {"capture_forward_s": st["forward_cpu_s"] / n, "store_read_s": st["read_cpu_s"] / n,
+                         "score_s": st["score_cpu_s"] / n, "report_s": st["report_cpu_s"] / n}
     a, b = np.load(Path(fig["work"]) / "kld-store.npy"), np.load(Path(fig["work"]) / "kld-stream.npy")
     seed_rows = N_CTX - 1  # bytes per scored row, projected to the seed suite's 5,120 contexts of 2,048 tokens
     return {

@@ -61,6 +61,27 @@ def test_linear_is_the_bf16_rounding_of_the_exact_result(held: bool) -> None:
     assert torch.equal(got, F.linear(x.float(), w.float(), b.float()).bfloat16())
 
 
+def test_small_models_hold_widened_weights(tiny_model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A model whose widened weights fit the limit holds them (the faster lever on small models); over the limit
+    each weight is widened per use; the rows are the same bit for bit."""
+    import numpy as np
+
+    from harness.engines.base import EngineOptions
+    from harness.engines.transformers import ENGINE
+
+    monkeypatch.setenv("FIDELITY_BF16_PATH", "fp32")
+    tokens = list(np.random.default_rng(2).integers(0, 300, size=(2, 32)))
+    rows = {}
+    for limit in (mod.HOLD_WIDENED_BYTES, 0):
+        monkeypatch.setattr(mod, "HOLD_WIDENED_BYTES", limit)
+        loaded = ENGINE.load(tiny_model, 32, "hidden_states", EngineOptions(device="cpu"))
+        assert loaded.kernels is not None and loaded.model is not None
+        n2d = sum(1 for p in loaded.model.parameters() if p.ndim == 2)
+        assert len(loaded.kernels.widened) == (n2d if limit else 0)
+        rows[limit] = torch.stack(loaded.forward_batch(tokens, "hidden_states"))
+    assert torch.equal(rows[0], rows[mod.HOLD_WIDENED_BYTES])
+
+
 def test_matmul_and_attention_round_once() -> None:
     a, c = _bf16(4, 32, 64, seed=4), _bf16(4, 64, 48, seed=5)
     q, k, v = _bf16(1, 2, 16, 8, seed=6), _bf16(1, 2, 16, 8, seed=7), _bf16(1, 2, 16, 8, seed=8)

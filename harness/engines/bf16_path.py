@@ -26,6 +26,10 @@ if TYPE_CHECKING:
     import torch
 
 ENV = "FIDELITY_BF16_PATH"
+#: A model whose bf16 2-D weights widen to at most this many fp32 bytes has them widened once and held (the faster
+#: lever on small models: no widening per call); a larger one widens each weight when it is used (no second, twice
+#: as large copy of the model). docs/performance.md ("bf16 where it is emulated").
+HOLD_WIDENED_BYTES = 1 << 30
 CHOICES = ("auto", "native", "fp32")
 #: The CPU flags (``/proc/cpuinfo``) of native bf16 arithmetic.
 NATIVE_FLAGS = ("avx512_bf16", "amx_bf16")
@@ -134,3 +138,12 @@ def widen_weights(model: torch.nn.Module) -> dict[int, torch.Tensor]:
     import torch
 
     return {id(p): p.detach().float() for p in model.parameters() if p.dtype == torch.bfloat16 and p.ndim == 2}
+
+
+def fp32_kernels_for(model: torch.nn.Module) -> Fp32Kernels:
+    """The fp32 path's kernels for ``model``: its weights widened once and held when they fit
+    :data:`HOLD_WIDENED_BYTES`, else widened per use (the same numbers either way, bit for bit)."""
+    import torch
+
+    wide = sum(4 * p.numel() for p in model.parameters() if p.dtype == torch.bfloat16 and p.ndim == 2)
+    return Fp32Kernels(widen_weights(model) if wide <= HOLD_WIDENED_BYTES else None)

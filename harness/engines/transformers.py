@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from harness.engines.base import EngineOptions
-from harness.engines.bf16_path import Fp32Kernels, bf16_path
+from harness.engines.bf16_path import bf16_path, fp32_kernels_for
 from harness.engines.compressed_config import check_compressed_tensors
 from harness.engines.identity import model_identity
 from harness.engines.load_checks import check_before_loading
@@ -340,7 +340,7 @@ class TransformersLoaded:
         #: native bf16 (or ``FIDELITY_BF16_PATH=fp32``); None: the model's own kernels
         on_cpu = all(p.device.type == "cpu" for p in model.parameters())
         bf16 = any(p.dtype == torch.bfloat16 for p in model.parameters())
-        self.kernels = Fp32Kernels() if on_cpu and bf16 and bf16_path("cpu") == "fp32" else None
+        self.kernels = fp32_kernels_for(model) if on_cpu and bf16 and bf16_path("cpu") == "fp32" else None
 
     def identity(self) -> dict[str, str]:
         ident = engine_identity(self.options)
