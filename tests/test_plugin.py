@@ -392,7 +392,7 @@ def test_candidate_of_a_missing_engine_is_listed_with_its_install_command(projec
     one whose engine is installed, or a replayed store, is not."""
     import harness.engines.vllm as vllm_engine
     from harness.inputs.config import load_config
-    from harness.plugin.run import unavailable_engines
+    from harness.plugin.plan import unavailable_engines
 
     _with_vllm_candidate(project)
     cfg = load_config(project.path / "fidelity.toml")

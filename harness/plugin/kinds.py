@@ -42,7 +42,7 @@ _T = TypeVar("_T")
 
 
 class CasePlan(Protocol):
-    """What a kind reads of the run's plan (:class:`harness.plugin.run.FidelityPlan`)."""
+    """What a kind reads of the run's plan (:class:`harness.plugin.plan.FidelityPlan`)."""
 
     @property
     def config(self) -> FidelityConfig:

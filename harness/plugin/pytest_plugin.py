@@ -19,8 +19,9 @@ import pytest
 
 from harness.plugin import kind_allocate, kind_attribution, kind_paired, kind_precision_floor, kind_tails, kind_window
 from harness.plugin.ini import IniKey, add_ini, apply_ini
+from harness.plugin.plan import PARAMETRIZED
 from harness.plugin.registry import REPORT_KINDS
-from harness.plugin.run import PARAMETRIZED, RUN_KEY, FidelityRun, active_run
+from harness.plugin.run import RUN_KEY, FidelityRun, active_run
 from harness.run.cluster.ray_executor import executor_argument
 from harness.scoring.backends import device_argument
 
@@ -105,7 +106,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     add_ini(parser, (CONFIG_KEY, *OPTION_KEYS))
 
 
-#: ``fidelity_config``: read by :func:`harness.plugin.run.config_path` (after a ``.toml`` argument, before
+#: ``fidelity_config``: read by :func:`harness.plugin.plan.config_path` (after a ``.toml`` argument, before
 #: ``<rootdir>/fidelity.toml``).
 CONFIG_KEY = IniKey("fidelity_config", "--fidelity-config", "the fidelity.toml to use, relative to the ini file", path=True)
 #: The other options a project may set once in its pytest settings (``--fidelity-update-baselines`` is a

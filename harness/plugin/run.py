@@ -1,25 +1,16 @@
-"""``FidelityRun``: the one object behind the pytest plugin.
+"""``FidelityRun``: the one object behind the pytest plugin, in the style of pytest-benchmark's
+``BenchmarkSession``: it holds the plan (:mod:`harness.plugin.plan`, checked by :mod:`harness.plugin.startup`,
+collected by :mod:`harness.plugin.collect`), the lazily built session, the adaptive monitor and the
+controller's reporter, and implements the plugin's hooks (:mod:`harness.plugin.pytest_plugin` forwards to it).
 
-It holds everything one pytest run of a fidelity configuration needs -- the *plan* (the validated
-``fidelity.toml``, the selected candidates and shards), the lazily built
-:class:`~harness.run.session.FidelitySession`, the adaptive monitor (``--fidelity-adaptive``) and the
-controller's reporter (:class:`harness.plugin.ladder.LadderCollector` plus the report cases'
-payloads) -- and implements the plugin's hooks as methods, in the style of pytest-benchmark's
-``BenchmarkSession`` and syrupy's ``SnapshotSession``. The module-level hooks in
-:mod:`harness.plugin.pytest_plugin` only forward to it.
-
-A project without a fidelity configuration gets no ``FidelityRun`` at all: the plugin then adds its
-options and markers and does nothing else (it never skips, collects or reports anything).
-
-Workers report, the controller writes: each case attaches its payload to the pytest ``TestReport``
-(serialized home by pytest-xdist); only the controller (``xdist.is_xdist_worker`` is false) writes the
-per-shard artifacts, the ladder and the report cases' files.
+Without a fidelity configuration there is no ``FidelityRun``: the plugin adds options and markers only.
+Workers report, the controller writes: each case's payload travels home on its ``TestReport``; only the
+controller writes the shard reports, the ladder and the report cases' files (docs/running.md).
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import os
 import re
@@ -27,41 +18,34 @@ import sys
 from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import ModuleType
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import pluggy
 import pytest
 
-from harness.engines.registry import get_engine
 from harness.errors import FidelityError
 from harness.gate.adaptive import AdaptiveMonitor, threshold_for
 from harness.gate.baselines import headline_of
 from harness.gate.gate import Gate, no_baselines_yet
-from harness.inputs.config import load_config
-from harness.inputs.suite import parse_shard_spec
-from harness.interchange.suite_manifest import load_any_suite
-from harness.plugin import builtin, kind_adaptive, tracker
+from harness.plugin import kind_adaptive, tracker
 from harness.plugin.builtin import NO_BASELINE_SKIP
-from harness.plugin.ini import ini_path
+from harness.plugin.collect import PLAN_KEY, ConfigCases, collect_config
 from harness.plugin.junit import headline_numbers, record_not_measured, record_on_case, record_on_suite
 from harness.plugin.keywords import add_tag_keywords
 from harness.plugin.kinds import Payload
 from harness.plugin.ladder import LadderCollector
-from harness.plugin.registry import REPORT_KINDS, write_extras
+from harness.plugin.plan import PARAMETRIZED, FidelityPlan, config_path, shown_path
+from harness.plugin.registry import write_extras
 from harness.plugin.report_dir import (
-    STAMP,
-    SUMMARY_FOLDERS,
-    check_ledger,
     earlier_shard_reports,
-    finish_interrupted_writes,
     remove_previous_summaries,
     summary_folders_present,
     write_stamp,
 )
+from harness.plugin.startup import check_options, check_report_dir, executor_for, finish_interrupted
 from harness.plugin.step_summary import CASE_MARKERS, ENV, append, failing_case, render
 from harness.reports.aggregate import format_ladder, ladder_notes
-from harness.run.cluster.ray_executor import RayExecutor, parse_executor, require_ray, scored_shard
+from harness.run.cluster.ray_executor import RayExecutor, scored_shard
 from harness.run.floor_cache import floor_for_run
 from harness.run.precision_floor import write_precision_floor
 from harness.run.reuse import ReuseLog
@@ -70,9 +54,6 @@ from harness.run.shared_scores import Handover, remove_session_files, shared_dir
 from harness.scoring.threads import ThreadChoice, apply_threads, apply_worker_threads, choose_threads
 
 if TYPE_CHECKING:
-    from _pytest.mark.structures import ParameterSet
-
-    from harness.inputs.config import FidelityConfig
     from harness.run.session import FidelitySession, ScoredShard
 
 #: Attributes of a ``TestReport`` that carry a case's payloads home (JSON strings; xdist serializes them).
@@ -91,164 +72,6 @@ _PAYLOAD = pytest.StashKey[dict[str, Any]]()
 _EXTRA = pytest.StashKey[list[dict[str, Any]]]()
 
 
-def config_path(config: pytest.Config) -> tuple[Path | None, str]:
-    """The ``fidelity.toml`` of this run and how it was named: ``option``, ``argument``, ``ini`` or ``default``.
-
-    ``--fidelity-config PATH`` wins; else a ``.toml`` file given on the command line (``pytest my.toml``);
-    else the ini key ``fidelity_config``; else a ``.toml`` among ``testpaths``; else ``<rootdir>/fidelity.toml``
-    when it exists; else none (the plugin stays inert).
-    """
-    opt = config.getoption("fidelity_config")
-    if opt:
-        return Path(config.invocation_params.dir, opt).resolve(), "option"
-    tomls = [p for p in _collected_paths(config) if p.suffix == ".toml" and p.is_file()]
-    if tomls and config.args_source == pytest.Config.ArgsSource.ARGS:
-        return tomls[0], "argument"
-    ini = ini_path(config, "fidelity_config")
-    if ini is not None:
-        return ini, "ini"
-    if tomls:
-        return tomls[0], "argument"
-    default = Path(config.rootpath) / "fidelity.toml"
-    return (default.resolve(), "default") if default.is_file() else (None, "default")
-
-
-def _collected_paths(config: pytest.Config) -> list[Path]:
-    """pytest's positional paths (or its ``testpaths``), resolved."""
-    return [Path(config.invocation_params.dir, str(a).split("::")[0]).resolve() for a in config.args]
-
-
-def shown_path(path: Path, config: pytest.Config) -> str:
-    """``path`` as the user would type it from where pytest was started."""
-    return os.path.relpath(path, Path(config.invocation_params.dir).resolve())
-
-
-@dataclass(frozen=True)
-class FidelityPlan:
-    """What this run measures. ``config`` holds only the selected candidates (and pairs of them);
-    ``full`` is the file as written (for baselines no longer in use)."""
-
-    path: Path
-    full: FidelityConfig
-    config: FidelityConfig
-    shards: tuple[int, ...]
-    n_ctx: int
-    #: ``suite_token_sha256`` of the suite: the report folder is stamped with it (no mixing of suites).
-    suite_sha256: str
-    #: Command-line words that select this configuration in a reproduce / fix-it command.
-    selector: tuple[str, ...]
-    #: Every selected candidate name, in file order: the candidate x shard and tail cases.
-    case_names: tuple[str, ...] = ()
-    #: Selected live candidates whose engine is not installed, ``(name, skip reason)``: their cases skip with the
-    #: engine's install command, and they are left out of ``config`` (window and paired cases never need them).
-    unavailable: tuple[tuple[str, str], ...] = ()
-
-    @classmethod
-    def load(cls, config: pytest.Config, path: Path, how: str) -> FidelityPlan:
-        """Validate the file, the shard and candidate selections; any problem is a usage error."""
-        try:
-            full = load_config(path)
-            suite = load_any_suite(full.suite, verify=False)  # the published layout is read in place
-            spec = config.getoption("fidelity_shards")
-            shards = parse_shard_spec(spec, len(suite.shards)) if spec else list(range(len(suite.shards)))
-            held = full.reference_shards
-            if held is not None:  # a dataset holds the reference of some shards only
-                lacking = [k for k in shards if k not in held]
-                if spec and lacking:
-                    where = Path(str(full.dataset)) / ("dataset.json" if full.dataset_layout == "fidelity.dataset/1" else "reference")
-                    raise FidelityError(f"{where}: --fidelity-shards {spec}: expected shards the "
-                                        f"dataset holds a reference for ({','.join(map(str, held))}), found "
-                                        f"{','.join(map(str, lacking))}")
-                shards = [k for k in shards if k in held]
-            names = config.getoption("fidelity_candidates")
-            chosen = [full.candidate(n) for n in names.split(",")] if names else list(full.candidates)
-        except FidelityError as exc:
-            raise pytest.UsageError(str(exc)) from None
-        case_names = tuple(c.name for c in full.candidates if c.name in {c.name for c in chosen})
-        unavailable = unavailable_engines(full, case_names)
-        keep = set(case_names) - {name for name, _ in unavailable}
-        selected = dataclasses.replace(full, candidates=tuple(c for c in full.candidates if c.name in keep),
-                                       pairs=tuple(p for p in full.pairs if p.a in keep and p.b in keep))
-        # pointing pytest at the file selects it exactly as --fidelity-config does (and collects only its cases)
-        selector = (shown_path(path, config),)
-        return cls(path, full, selected, tuple(shards), suite.n_ctx, suite.suite_token_sha256, selector,
-                   case_names, unavailable)
-
-    # ------------------------------------------------------------ parametrization
-    def _marks(self, name: str) -> list[pytest.MarkDecorator]:
-        """xdist grouping per candidate, plus a skip naming the install command when its engine is missing."""
-        marks = [pytest.mark.xdist_group(name)]
-        reason = dict(self.unavailable).get(name)
-        if reason is not None:
-            marks.append(pytest.mark.skip(reason=reason))
-        return marks
-
-    def case_params(self) -> list[ParameterSet]:
-        """One case per candidate x selected shard, ids ``<candidate>-shard<NN>``, grouped per candidate for xdist."""
-        return [pytest.param((n, s), id=f"{n}-shard{s:02d}", marks=self._marks(n))
-                for n in self.case_names for s in self.shards]
-
-    def param(self, value: object, case_id: str, candidate: str) -> ParameterSet:
-        """A parameter of a case that measures ``candidate``: grouped per candidate for xdist, skipped (naming the
-        install command) when its engine is missing."""
-        return pytest.param(value, id=case_id, marks=self._marks(candidate))
-
-
-#: Fixture name -> how its cases are generated: the candidate x shard cases (``indirect``: the fixture receives
-#: ``request.param``), then each report kind's parameter fixture (:mod:`harness.plugin.registry`).
-PARAMETRIZED: dict[str, Callable[[FidelityPlan], list[ParameterSet]]] = {
-    "fidelity_case": FidelityPlan.case_params,
-    **{kind.param_fixture: kind.params for kind in REPORT_KINDS if kind.param_fixture is not None},
-}
-
-
-class ConfigCases(pytest.Module):
-    """A ``fidelity.toml`` as a pytest node: its cases are the functions of :mod:`harness.plugin.builtin`,
-    parametrized from the file (``fidelity.toml::test_fidelity[int8-shard00]``)."""
-
-    def _getobj(self) -> ModuleType:
-        return builtin
-
-    def collect(self) -> list[pytest.Item | pytest.Collector]:
-        """The file's cases; a kind with nothing to run (no pair declared or selected) is left out, not skipped."""
-        plan = self.config.stash[RUN_KEY].plan
-        empty = {kind.test: not kind.params(plan) for kind in REPORT_KINDS if kind.test is not None}
-        return [node for node in super().collect() if not empty.get(getattr(node, "originalname", ""), False)]
-
-    def funcnamefilter(self, name: str) -> bool:
-        return name.startswith("test_")
-
-    def classnamefilter(self, name: str) -> bool:
-        return False
-
-
-def unavailable_engines(config: FidelityConfig, names: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
-    """``(name, skip reason)`` of the live candidates among ``names`` whose engine's package is not installed
-    (e.g. engine ``vllm`` on a machine without vLLM). Replayed stores need no engine and are never listed."""
-    out = []
-    for name in names:
-        cand = config.candidate(name)
-        if cand.model is None:
-            continue
-        engine = get_engine(cand.engine, str(config.path))
-        if not engine.available():
-            out.append((name, f"engine {engine.name!r} is not installed (candidate {name}): "
-                               f"install it with: {engine.install_hint}"))
-    return tuple(out)
-
-
-def _collect_config(config: pytest.Config, path: Path) -> None:
-    """Make pytest visit the configuration file (where its cases live) when it was given explicitly.
-
-    ``--fidelity-config PATH`` replaces a project's own ``.toml`` test paths (``testpaths``), and the file
-    is added to the paths pytest collects unless one of them already contains it."""
-    if config.args_source == pytest.Config.ArgsSource.TESTPATHS:
-        config.args[:] = [a for a, p in zip(config.args, _collected_paths(config)) if p.suffix != ".toml" or p == path]
-    if not any(p == path or p in path.parents for p in _collected_paths(config)):
-        config.args.append(str(path))
-
-
-#: A candidate x shard case's node id: ``...::test_fidelity[<candidate>-shard<NN>]``.
 def _reason_of(report: pytest.TestReport) -> str:
     """One line saying why a case failed or was skipped (the last ``E`` line of a failure, a skip's reason)."""
     longrepr = report.longrepr
@@ -259,57 +82,8 @@ def _reason_of(report: pytest.TestReport) -> str:
     return text[:300]
 
 
+#: A candidate x shard case's node id: ``...::test_fidelity[<candidate>-shard<NN>]``.
 _CASE_ID = re.compile(r"::test_fidelity\[([A-Za-z0-9][A-Za-z0-9_.+]*)-shard\d+\]$")
-
-def _executor(config: pytest.Config, plan: FidelityPlan) -> RayExecutor | None:
-    """``--fidelity-executor``: None for serial; a Ray executor (not yet started) otherwise. Without the
-    Ray extra, or combined with pytest-xdist, a usage error that says what to do."""
-    spec = parse_executor(config.getoption("fidelity_executor"))
-    if spec.kind == "serial":
-        return None
-    try:
-        require_ray()
-    except FidelityError as exc:
-        raise pytest.UsageError(f"--fidelity-executor {config.getoption('fidelity_executor')}: {exc}") from None
-    if config.getoption("numprocesses", None):
-        raise pytest.UsageError("--fidelity-executor ray cannot be combined with -n (pytest-xdist): the cluster runs "
-                                "the cases in parallel and this process writes every report")
-    return RayExecutor(spec, plan.config, device=config.getoption("fidelity_device"),
-                       score_from=config.getoption("fidelity_window"))
-
-
-def check_report_dir(report_dir: Path, plan: FidelityPlan) -> None:
-    """Refuse a report folder that holds the reports of another suite: they would be mixed into this run's
-    ladder folder and aggregated together later. The folder is stamped at the end of each run
-    (:mod:`harness.plugin.report_dir`). A tampered ledger (a path outside the folder, a name this project
-    does not write, a symbolic link on the way) and a folder the run writes into that is a symbolic link
-    are refused too: a run never deletes or writes outside its report folder."""
-    stamp = report_dir / STAMP
-    try:
-        doc = check_ledger(report_dir)
-    except FidelityError as e:
-        raise pytest.UsageError(f"{e}; remove {stamp} (or the folder) or pass --fidelity-report-dir DIR") from None
-    for sub in (*SUMMARY_FOLDERS, *(c.name for c in plan.full.candidates)):
-        if (report_dir / sub).is_symlink():
-            raise pytest.UsageError(f"{report_dir / sub}: report folder entry: expected a folder of the report folder, "
-                                    "found a symbolic link (reports are never written through one)")
-    if doc is None:
-        return
-    found = doc.get("suite_token_sha256")
-    if found != plan.suite_sha256:
-        raise pytest.UsageError(
-            f"{stamp}: the report folder holds reports of another suite: expected suite_token_sha256 "
-            f"{plan.suite_sha256}, found {found}; pass --fidelity-report-dir DIR (one folder per suite) "
-            "or remove the folder")
-
-
-def _finish_interrupted_writes(report_dir: Path) -> None:
-    """Controller: what a killed earlier run left half-written in the report folder is completed or
-    removed before this run writes (:func:`harness.plugin.report_dir.finish_interrupted_writes`)."""
-    try:
-        finish_interrupted_writes(report_dir)
-    except FidelityError as e:
-        raise pytest.UsageError(f"{e}; remove it (or the report folder) or pass --fidelity-report-dir DIR") from None
 
 
 @dataclass(eq=False)  # a plugin object: hashed by identity
@@ -354,23 +128,9 @@ class FidelityRun:
         path, how = config_path(config)
         if path is None:
             return None
-        if config.getoption("fidelity_update_baselines") and config.getoption("numprocesses", None):
-            raise pytest.UsageError("--fidelity-update-baselines cannot be combined with -n (pytest-xdist): "
-                                    "run the update serially so one process writes the baseline files")
-        if (config.getoption("fidelity_adaptive") and config.getoption("numprocesses", None)
-                and config.getoption("dist", None) != "loadgroup"):
-            raise pytest.UsageError("--fidelity-adaptive with -n needs --dist loadgroup, "
-                                    "so each candidate's shards run in order on one worker")
-        if how == "option" and config.args_source == pytest.Config.ArgsSource.ARGS:
-            for other in _collected_paths(config):
-                if other.suffix == ".toml" and other != path:
-                    raise pytest.UsageError(f"pytest was pointed at {other} but --fidelity-config names {path}: give one")
-        if config.getoption("fidelity_mlflow", None):
-
-            if not tracker.available():
-                raise pytest.UsageError(f"--fidelity-mlflow needs the mlflow package: {tracker.INSTALL}")
+        check_options(config, path, how)
         plan = FidelityPlan.load(config, path, how)
-        executor = _executor(config, plan)
+        executor = executor_for(config, plan)
         if config.getoption("numprocesses", None) and config.getoption("testrunuid", None) is None:
             # the controller fixes the session id pytest-xdist hands its workers, so it knows which
             # shared-scores folder to remove at the end (harness/run/shared_scores.py)
@@ -379,9 +139,10 @@ class FidelityRun:
             config.option.testrunuid = uuid.uuid4().hex
         check_report_dir(Path(config.getoption("fidelity_report_dir")), plan)
         if not hasattr(config, "workerinput"):
-            _finish_interrupted_writes(Path(config.getoption("fidelity_report_dir")))
+            finish_interrupted(Path(config.getoption("fidelity_report_dir")))
         if how == "option" or (how == "ini" and config.args_source != pytest.Config.ArgsSource.ARGS):
-            _collect_config(config, path)  # an ini key: plain `pytest` runs its cases, `pytest tests/x.py` does not
+            collect_config(config, path)  # an ini key: plain `pytest` runs its cases, `pytest tests/x.py` does not
+        config.stash[PLAN_KEY] = plan  # what the configuration file's node collects
         run = cls(config, plan, executor=executor)
         if config.getoption("numprocesses", None) and not hasattr(config, "workerinput"):
             import secrets
