@@ -255,6 +255,13 @@ def portable_name_problem(name: str) -> str | None:
     return None
 
 
+def name_problem(name: str, *, reference: bool = False) -> str | None:
+    """Why ``name`` breaks the rule of :func:`check_name` (``-`` allowed for a reference only), or None."""
+    if not (TAG_RE if reference else NAME_RE).match(name):
+        return "not letters, digits, '.', '_', '+'" + (", '-'" if reference else "") + " starting with a letter or digit"
+    return portable_name_problem(name)
+
+
 def check_name(path: Path, where: str, name: str, *, reference: bool = False) -> str:
     """The one rule for candidate and reference names (they become pytest ids, folder names and text in
     every report): letters, digits, ``_ . +``, starting with a letter or digit, and a portable file name.
@@ -380,58 +387,97 @@ def _margin(raw: object, where: str) -> tuple[str, float]:
 def load_config(path: str | Path) -> FidelityConfig:
     """Read and validate ``fidelity.toml``; raises :class:`ConfigError` naming the file and key."""
     path = Path(path)
+    raw = _read_toml(path)
+    top = _Reader(path, raw, "", _TOP_KEYS)
+    source = _from_dataset(path, raw) if "dataset" in raw else _from_suite(path, raw)
+    settings = _Reader(path, raw.get("settings", {}), "settings", _SETTINGS_KEYS)
+    candidates = _candidates(path, top)
+    seen = {c.name for c in candidates}
+    _check_reference_name(path, source, candidates)
+    pairs = _pairs(path, top, seen)
+    cfg = FidelityConfig(
+        path=path,
+        suite=source.suite,  # type: ignore[arg-type]  # _Reader.path_ raises when a required path is missing
+        reference=source.reference,
+        candidates=candidates,
+        pairs=pairs,
+        cache_dir=settings.path_("cache_dir", required=False) or path.parent / ".fidelity-cache",
+        baselines=settings.path_("baselines", required=False) or path.parent / "fidelity_tests" / "baselines",
+        n_boot=settings.integer("n_boot", 10_000, minimum=100) or 10_000,
+        dataset=source.dataset,
+        reference_shards=source.held,
+        dataset_layout=source.layout,
+        card=_card(path, raw.get("card", {})),
+    )
+    return cfg
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    """The file's TOML document; a missing file or invalid TOML is a :class:`ConfigError`."""
     try:
-        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+        return tomllib.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise ConfigError(f"{path}: configuration file not found (pass --fidelity-config PATH)") from None
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from None
-    top = _Reader(path, raw, "", _TOP_KEYS)
-    dataset: Path | None = None
+
+
+@dataclass(frozen=True)
+class _Source:
+    """Where a configuration's suite and reference come from: ``[suite]`` + ``[reference]``, or a dataset
+    (``dataset``: its folder; ``held``: the shards it holds a reference for; ``layout``: which layout it is)."""
+
+    dataset: Path | None
+    suite: Path | None
+    reference: ReferenceConfig
     held: tuple[int, ...] | None = None
     layout: str | None = None
-    suite: Path | None
-    if "dataset" in raw:
-        given = [f"[{k}]" for k in ("suite", "reference") if k in raw]
-        if given:
-            raise ConfigError(f"{path}: [dataset] supplies the suite, the reference and the head: expected no "
-                              f"{' or '.join(given)} beside it, found {' and '.join(given)}")
-        ds_reader = _Reader(path, raw["dataset"], "dataset", _DATASET_KEYS)
-        dataset = ds_reader.path_("path")
-        ds_head = ds_reader.path_("head", required=False)
-        assert dataset is not None
 
-        if not (dataset / "dataset.json").is_file() and looks_like(dataset):  # the published layout, read in place
-            try:
-                scan = scan_layout(dataset, ds_head)
-            except FidelityError as exc:
-                raise ConfigError(f"{path}: dataset.path: {exc}") from None
-            suite = scan.suite
-            reference = ReferenceConfig(name=scan.reference_name, store=scan.reference, head=scan.head, model=None)
-            held = scan.shards
-            layout = LAYOUT
-        else:
-            if ds_head is not None:
-                raise ConfigError(f"{path}: dataset.head: expected no head beside a fidelity dataset (it holds its own), "
-                                  f"found {ds_head}")
-            try:
-                inputs = dataset_inputs(dataset)
-            except FidelityError as exc:
-                raise ConfigError(f"{path}: dataset.path: {exc}") from None
-            suite = inputs.suite
-            reference = ReferenceConfig(name=inputs.reference_name, store=inputs.reference, head=inputs.head, model=None)
-            held = inputs.shards
-            layout = "fidelity.dataset/1"
-    else:
-        suite = _Reader(path, raw.get("suite", {}), "suite", _SUITE_KEYS).path_("path")
-        ref = _Reader(path, raw.get("reference", {}), "reference", _REF_KEYS)
-        reference = ReferenceConfig(
-            name=ref.string("name", required=False) or "reference",
-            store=ref.path_("store"),  # type: ignore[arg-type]
-            head=ref.path_("head"),  # type: ignore[arg-type]
-            model=ref.model("model"),
-        )
-    settings = _Reader(path, raw.get("settings", {}), "settings", _SETTINGS_KEYS)
+
+def _from_dataset(path: Path, raw: dict[str, Any]) -> _Source:
+    """``[dataset]``: the suite, the reference and the head of a fidelity dataset or of the published layout."""
+    given = [f"[{k}]" for k in ("suite", "reference") if k in raw]
+    if given:
+        raise ConfigError(f"{path}: [dataset] supplies the suite, the reference and the head: expected no "
+                          f"{' or '.join(given)} beside it, found {' and '.join(given)}")
+    ds_reader = _Reader(path, raw["dataset"], "dataset", _DATASET_KEYS)
+    dataset = ds_reader.path_("path")
+    ds_head = ds_reader.path_("head", required=False)
+    assert dataset is not None
+
+    if not (dataset / "dataset.json").is_file() and looks_like(dataset):  # the published layout, read in place
+        try:
+            scan = scan_layout(dataset, ds_head)
+        except FidelityError as exc:
+            raise ConfigError(f"{path}: dataset.path: {exc}") from None
+        reference = ReferenceConfig(name=scan.reference_name, store=scan.reference, head=scan.head, model=None)
+        return _Source(dataset, scan.suite, reference, scan.shards, LAYOUT)
+    if ds_head is not None:
+        raise ConfigError(f"{path}: dataset.head: expected no head beside a fidelity dataset (it holds its own), "
+                          f"found {ds_head}")
+    try:
+        inputs = dataset_inputs(dataset)
+    except FidelityError as exc:
+        raise ConfigError(f"{path}: dataset.path: {exc}") from None
+    reference = ReferenceConfig(name=inputs.reference_name, store=inputs.reference, head=inputs.head, model=None)
+    return _Source(dataset, inputs.suite, reference, inputs.shards, "fidelity.dataset/1")
+
+
+def _from_suite(path: Path, raw: dict[str, Any]) -> _Source:
+    """``[suite]`` and ``[reference]``: the suite folder and the reference."""
+    suite = _Reader(path, raw.get("suite", {}), "suite", _SUITE_KEYS).path_("path")
+    ref = _Reader(path, raw.get("reference", {}), "reference", _REF_KEYS)
+    reference = ReferenceConfig(
+        name=ref.string("name", required=False) or "reference",
+        store=ref.path_("store"),  # type: ignore[arg-type]
+        head=ref.path_("head"),  # type: ignore[arg-type]
+        model=ref.model("model"),
+    )
+    return _Source(None, suite, reference)
+
+
+def _candidates(path: Path, top: _Reader) -> tuple[CandidateConfig, ...]:
+    """``[[candidates]]``: at least one, names unique (also when letter case is ignored)."""
     raw_cands = top.table.get("candidates", [])
     if not isinstance(raw_cands, list) or not raw_cands:
         raise ConfigError(f"{path}: expected at least one [[candidates]] table, found none")
@@ -446,6 +492,13 @@ def load_config(path: str | Path) -> FidelityConfig:
                               f"found {folded[c.name.lower()]!r} and {c.name!r}")
         seen.add(c.name)
         folded[c.name.lower()] = c.name
+    return candidates
+
+
+def _check_reference_name(path: Path, source: _Source, candidates: tuple[CandidateConfig, ...]) -> None:
+    """The reference's name follows the name rule and is no candidate's name or tag (``-k`` selects by both)."""
+    reference, dataset = source.reference, source.dataset
+    seen = {c.name for c in candidates}
     check_name(path, "reference.name" if dataset is None else f"reference name (from the dataset {dataset})", reference.name,
                reference=True)
     if reference.name in seen:
@@ -456,6 +509,10 @@ def load_config(path: str | Path) -> FidelityConfig:
                 whose = "the reference's name" if t == reference.name else f"the name of candidate {t!r}"
                 raise ConfigError(f"{path}: candidates tags of {c.name!r}: expected tags that are no other candidate's or the "
                                   f"reference's name (-k {t} would select both), found {t!r}, {whose}")
+
+
+def _pairs(path: Path, top: _Reader, seen: set[str]) -> tuple[PairConfig, ...]:
+    """``[[pairs]]``: two different declared candidates each, an ``expect`` among the verdicts, a margin."""
     raw_pairs = top.table.get("pairs", [])
     if not isinstance(raw_pairs, list):
         raise ConfigError(f"{path}: pairs must be an array of tables, found {type(raw_pairs).__name__}")
@@ -477,18 +534,4 @@ def load_config(path: str | Path) -> FidelityConfig:
             raise ConfigError(f"{path}: pairs[{i}]: expected two different candidates, found a = b = {a!r}")
         kind, margin = _margin(pr.table.get("margin"), f"{path}: pairs[{i}].margin")
         pairs.append(PairConfig(a=a, b=b, margin=margin, expect=expect, margin_kind=kind))
-    cfg = FidelityConfig(
-        path=path,
-        suite=suite,  # type: ignore[arg-type]  # _Reader.path_ raises when a required path is missing
-        reference=reference,
-        candidates=candidates,
-        pairs=tuple(pairs),
-        cache_dir=settings.path_("cache_dir", required=False) or path.parent / ".fidelity-cache",
-        baselines=settings.path_("baselines", required=False) or path.parent / "fidelity_tests" / "baselines",
-        n_boot=settings.integer("n_boot", 10_000, minimum=100) or 10_000,
-        dataset=dataset,
-        reference_shards=held,
-        dataset_layout=layout,
-        card=_card(path, raw.get("card", {})),
-    )
-    return cfg
+    return tuple(pairs)

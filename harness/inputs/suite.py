@@ -40,7 +40,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -50,6 +50,9 @@ from harness.inputs.provenance import PROVENANCE_FILE, check_records, document_r
 from harness.io.atomic import atomic_write_files, dumps_json
 from harness.io.hashing import sha256_bytes, sha256_file, tokens_sha256
 from harness.io.jsonio import read_json
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
 
 SCHEMA = "fidelity.suite/1"
 SUITE_JSON = "suite.json"
@@ -382,80 +385,20 @@ def build_suite(
     ``corpus_source``. Raises ``FidelityError`` if the corpus has fewer non-overlapping
     windows than ``n_contexts`` or the geometry is invalid.
     """
-    from tokenizers import Tokenizer
-
-    if n_ctx < 2:
-        raise FidelityError(f"n_ctx must be at least 2 (one scored position), got {n_ctx}")
-    if n_contexts < 1:
-        raise FidelityError(f"--contexts must be at least 1, got {n_contexts}")
-    if not 1 <= n_shards <= n_contexts:
-        raise FidelityError(f"--shards must be between 1 and the number of contexts ({n_contexts}), got {n_shards}")
+    _check_geometry(n_ctx, n_contexts, n_shards)
     tok_path = Path(tokenizer_json)
-    if not tok_path.is_file():
-        raise FidelityError(f"{tok_path}: tokenizer file not found")
-    try:
-        tokenizer = Tokenizer.from_file(str(tok_path))
-    except Exception as e:  # tokenizers raises a bare Exception on bad files
-        raise FidelityError(f"{tok_path}: not a readable tokenizer.json ({e})") from None
-    vocab = tokenizer.get_vocab_size(with_added_tokens=True)
-
-    docs = list_documents(corpus_dir)
-    if documents is not None:
-        wanted = _read_list(Path(documents)) if isinstance(documents, (str, Path)) else list(documents)
-        missing = [d for d in wanted if d not in docs]
-        if missing:
-            raise FidelityError(f"{documents}: {len(missing)} listed document(s) not found under {corpus_dir}: {missing[:5]}")
-        docs = {d: docs[d] for d in sorted(set(wanted))}
-    if not docs:
-        raise FidelityError(f"{corpus_dir}: no text documents found")
-
-    grouping: dict[str, str] = {}
-    if grouping_file is not None:
-        gp = Path(grouping_file)
-
-        grouping = read_json(gp)
-        if not isinstance(grouping, dict) or not all(isinstance(v, str) for v in grouping.values()):
-            raise FidelityError(f"{gp}: grouping file must be a JSON object {{\"relative/doc/path\": \"cluster-name\"}}")
-
-    windows: dict[str, list[int]] = {}
-    ids_by_doc: dict[str, np.ndarray] = {}
-    for rel, text in docs.items():
-        ids = np.asarray(tokenizer.encode(text, add_special_tokens=False).ids, dtype=np.int64)
-        if ids.size and int(ids.max()) >= vocab:
-            raise FidelityError(f"{rel}: token id {int(ids.max())} >= tokenizer vocab size {vocab}")
-        ids_by_doc[rel] = ids
-        windows[rel] = [i * n_ctx for i in range(len(ids) // n_ctx)]
+    tokenizer, vocab = _load_tokenizer(tok_path)
+    docs = _select_documents(corpus_dir, documents)
+    grouping = _read_grouping(grouping_file)
+    ids_by_doc, windows = _tokenize(docs, tokenizer, vocab, n_ctx)
     available = sum(len(w) for w in windows.values())
     if available < n_contexts:
         raise FidelityError(
             f"{corpus_dir}: corpus too small: {available} non-overlapping windows of {n_ctx} tokens available "
             f"in {len(docs)} documents, {n_contexts} contexts asked"
         )
-
-    rng = random.Random(seed)
-    by_stratum: dict[str, list[str]] = {}
-    for rel in docs:
-        by_stratum.setdefault(_stratum(rel), []).append(rel)
-    for s in sorted(by_stratum):
-        rng.shuffle(by_stratum[s])
-    order: list[str] = []
-    queues = [list(by_stratum[s]) for s in sorted(by_stratum)]
-    while any(queues):
-        for q in queues:
-            if q:
-                order.append(q.pop(0))
-    pending = {rel: rng.sample(windows[rel], len(windows[rel])) for rel in order}
-    chosen: list[tuple[str, int]] = []
-    while len(chosen) < n_contexts:
-        for rel in order:
-            if pending[rel] and len(chosen) < n_contexts:
-                chosen.append((rel, pending[rel].pop(0)))
-
-    tokens = np.empty((n_contexts, n_ctx), dtype="<u4")
-    contexts = []
-    for i, (rel, start) in enumerate(chosen):
-        tokens[i] = ids_by_doc[rel][start : start + n_ctx]
-        contexts.append(ContextInfo(i, grouping.get(rel, rel), _stratum(rel), rel, start))
+    chosen = _choose_windows(list(docs), windows, n_contexts, seed)
+    tokens, contexts = _cut(chosen, ids_by_doc, grouping, n_ctx)
     shards = split_shards(tokens, n_shards)
 
     doc: dict[str, Any] = {
@@ -476,7 +419,111 @@ def build_suite(
     if corpus_source is not None:
         doc["corpus_source"] = corpus_source
     doc["manifest_sha256"] = manifest_sha256(doc)
-    out_dir = Path(out)
+    return _write_suite(Path(out), tokens, doc)
+
+
+def _check_geometry(n_ctx: int, n_contexts: int, n_shards: int) -> None:
+    """A suite's context length, context count and shard count, each in its range."""
+    if n_ctx < 2:
+        raise FidelityError(f"n_ctx must be at least 2 (one scored position), got {n_ctx}")
+    if n_contexts < 1:
+        raise FidelityError(f"--contexts must be at least 1, got {n_contexts}")
+    if not 1 <= n_shards <= n_contexts:
+        raise FidelityError(f"--shards must be between 1 and the number of contexts ({n_contexts}), got {n_shards}")
+
+
+def _load_tokenizer(tok_path: Path) -> tuple[Tokenizer, int]:
+    """The ``tokenizer.json`` and its vocabulary size (added tokens included)."""
+    from tokenizers import Tokenizer
+
+    if not tok_path.is_file():
+        raise FidelityError(f"{tok_path}: tokenizer file not found")
+    try:
+        tokenizer = Tokenizer.from_file(str(tok_path))
+    except Exception as e:  # tokenizers raises a bare Exception on bad files
+        raise FidelityError(f"{tok_path}: not a readable tokenizer.json ({e})") from None
+    return tokenizer, tokenizer.get_vocab_size(with_added_tokens=True)
+
+
+def _select_documents(corpus_dir: str | Path, documents: str | Path | list[str] | None) -> dict[str, str]:
+    """The corpus's documents, restricted to ``documents`` (a file with one path per line, or a list) if given."""
+    docs = list_documents(corpus_dir)
+    if documents is not None:
+        wanted = _read_list(Path(documents)) if isinstance(documents, (str, Path)) else list(documents)
+        missing = [d for d in wanted if d not in docs]
+        if missing:
+            raise FidelityError(f"{documents}: {len(missing)} listed document(s) not found under {corpus_dir}: {missing[:5]}")
+        docs = {d: docs[d] for d in sorted(set(wanted))}
+    if not docs:
+        raise FidelityError(f"{corpus_dir}: no text documents found")
+    return docs
+
+
+def _read_grouping(grouping_file: str | Path | None) -> dict[str, str]:
+    """The grouping file's ``{relative document path: cluster name}``; empty without one."""
+    grouping: dict[str, str] = {}
+    if grouping_file is not None:
+        gp = Path(grouping_file)
+
+        grouping = read_json(gp)
+        if not isinstance(grouping, dict) or not all(isinstance(v, str) for v in grouping.values()):
+            raise FidelityError(f"{gp}: grouping file must be a JSON object {{\"relative/doc/path\": \"cluster-name\"}}")
+    return grouping
+
+
+def _tokenize(docs: dict[str, str], tokenizer: Tokenizer, vocab: int,
+              n_ctx: int) -> tuple[dict[str, np.ndarray], dict[str, list[int]]]:
+    """Each document's token ids (no special tokens) and the starts of its non-overlapping ``n_ctx`` windows."""
+    windows: dict[str, list[int]] = {}
+    ids_by_doc: dict[str, np.ndarray] = {}
+    for rel, text in docs.items():
+        ids = np.asarray(tokenizer.encode(text, add_special_tokens=False).ids, dtype=np.int64)
+        if ids.size and int(ids.max()) >= vocab:
+            raise FidelityError(f"{rel}: token id {int(ids.max())} >= tokenizer vocab size {vocab}")
+        ids_by_doc[rel] = ids
+        windows[rel] = [i * n_ctx for i in range(len(ids) // n_ctx)]
+    return ids_by_doc, windows
+
+
+def _choose_windows(docs: list[str], windows: dict[str, list[int]], n_contexts: int,
+                    seed: int) -> list[tuple[str, int]]:
+    """``(document, start)`` of each context, in selection order: documents shuffled within their stratum,
+    strata interleaved round-robin, one window per document per round (module docstring)."""
+    rng = random.Random(seed)
+    by_stratum: dict[str, list[str]] = {}
+    for rel in docs:
+        by_stratum.setdefault(_stratum(rel), []).append(rel)
+    for s in sorted(by_stratum):
+        rng.shuffle(by_stratum[s])
+    order: list[str] = []
+    queues = [list(by_stratum[s]) for s in sorted(by_stratum)]
+    while any(queues):
+        for q in queues:
+            if q:
+                order.append(q.pop(0))
+    pending = {rel: rng.sample(windows[rel], len(windows[rel])) for rel in order}
+    chosen: list[tuple[str, int]] = []
+    while len(chosen) < n_contexts:
+        for rel in order:
+            if pending[rel] and len(chosen) < n_contexts:
+                chosen.append((rel, pending[rel].pop(0)))
+    return chosen
+
+
+def _cut(chosen: list[tuple[str, int]], ids_by_doc: dict[str, np.ndarray], grouping: dict[str, str],
+         n_ctx: int) -> tuple[np.ndarray, list[ContextInfo]]:
+    """The token array (``<u4``, one row per chosen window) and each context's provenance."""
+    tokens = np.empty((len(chosen), n_ctx), dtype="<u4")
+    contexts = []
+    for i, (rel, start) in enumerate(chosen):
+        tokens[i] = ids_by_doc[rel][start : start + n_ctx]
+        contexts.append(ContextInfo(i, grouping.get(rel, rel), _stratum(rel), rel, start))
+    return tokens, contexts
+
+
+def _write_suite(out_dir: Path, tokens: np.ndarray, doc: dict[str, Any]) -> Suite:
+    """Write ``tokens.npy`` and ``suite.json`` (both or neither) and load them back verified; a different
+    suite already in ``out_dir`` is refused (stores captured for it would silently stop matching)."""
     import io
 
     existing = out_dir / SUITE_JSON
