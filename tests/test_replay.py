@@ -78,3 +78,31 @@ def test_trust_remote_code_only_from_the_cli_flag() -> None:
     assert seen >= 4  # the check is not vacuous
     cfg = (Path(harness.__file__).parent / "inputs" / "config.py").read_text()
     assert "trust_remote_code" not in cfg, "fidelity.toml must not be able to turn on remote code"
+
+
+@pytest.mark.parametrize(("flag", "value", "problem"), [
+    ("--name", "my-q4", "not letters, digits, '.', '_', '+' starting"),  # '-' would make pair names ambiguous
+    ("--name", "ladder.json", "the report folder's own"),
+    ("--reference-name", "con", "a name Windows reserves"),
+])
+def test_replay_names_follow_the_configurations_rule(tmp_path: Path, capsys: pytest.CaptureFixture[str], flag: str,
+                                                     value: str, problem: str) -> None:
+    """``replay --name`` takes exactly the names ``fidelity.toml`` takes for a candidate (and ``--reference-name``
+    those of a reference, ``-`` included): refused with exit 2 before any input is read."""
+    names = {"--name": "int8", "--reference-name": "Qwen3-8B", flag: value}
+    argv = ["replay", "--suite", str(tmp_path / "suite"), "--reference", str(tmp_path / "ref"), "--candidate",
+            str(tmp_path / "cand"), "--head", str(tmp_path / "h.safetensors"), "--out", str(tmp_path / "out"),
+            *[x for kv in names.items() for x in kv]]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"{flag}: expected" in err and problem in err and "Traceback" not in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_replay_default_name_follows_the_rule(tmp_path: Path) -> None:
+    from harness.inputs.config import name_problem
+    from harness.run.replay.stores import default_name
+
+    assert default_name(tmp_path / "Qwen3-8B-Q4_K_M") == "Qwen3_8B_Q4_K_M"
+    assert default_name(tmp_path / "-.x") == "x"
+    assert name_problem(default_name(tmp_path / "my q4+")) is None

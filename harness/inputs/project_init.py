@@ -20,7 +20,7 @@ from pathlib import Path
 from harness.engines.hub import PREFIX, resolve_hub_model
 from harness.errors import FidelityError, UsageError
 from harness.inputs import corpus_sources
-from harness.inputs.config import NAME_RE, portable_name_problem
+from harness.inputs.config import name_problem
 from harness.inputs.head import export_head
 from harness.inputs.suite import Suite, build_suite
 from harness.io.atomic import atomic_write_text
@@ -97,8 +97,8 @@ def check_candidates(specs: list[str], reference_dir: Path) -> tuple[Candidate, 
                           "no such file or folder" if not path.exists() else f"a {path.suffix or 'extension-less'} file")
         if path.resolve() == reference_dir.resolve():
             raise _refuse(f"--candidate {spec}", "a model other than the reference", "the reference itself")
-        problem = None if NAME_RE.match(name) else "not letters, digits, '.', '_', '+'"
-        if problem or (problem := portable_name_problem(name)):  # the configuration's own rule (load_config)
+        problem = name_problem(name)
+        if problem:  # the configuration's own rule (load_config)
             raise _refuse(f"--candidate {spec}", "a name of letters, digits, '.', '_', '+' that is a portable file name "
                           "(give NAME=PATH)", f"{name!r} ({problem})")
         if any(c.name == name for c in out):

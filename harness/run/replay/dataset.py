@@ -23,7 +23,7 @@ from harness.io.atomic import refuse_overwriting_inputs, removed_on_failure
 def replay_dataset(dataset: Path, candidate: Path, out: Path, *, shards: str | None = None, score_from: int = 0,
                    name: str | None = None, n_boot: int = 10_000, device: str = "cpu") -> list[Path]:
     """Verify ``dataset``, obtain the candidate's capture, score the reference shards; returns report paths."""
-    from harness.run.replay.stores import replay
+    from harness.run.replay.stores import default_name, replay
 
     doc = verify_dataset(dataset)
     held = list(doc["reference"]["shards"])
@@ -48,4 +48,4 @@ def replay_dataset(dataset: Path, candidate: Path, out: Path, *, shards: str | N
             capture("transformers", candidate, suite, store, shards=wanted, progress=False, options=EngineOptions(device=device))
         return replay(dataset / "suite", dataset / "reference", store, dataset / "head" / "lm_head.safetensors", out,
                       shards=",".join(map(str, wanted)), score_from=score_from, n_boot=n_boot, device=device,
-                      candidate_name=name or candidate.resolve().name, reference_name=doc["reference"]["name"])
+                      candidate_name=name or default_name(candidate), reference_name=doc["reference"]["name"])

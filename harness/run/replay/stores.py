@@ -31,7 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness.capture.store import CaptureStore
-from harness.errors import FidelityError, VerificationError
+from harness.errors import FidelityError, UsageError, VerificationError
+from harness.inputs.config import name_problem
 from harness.inputs.head import HeadTensor, load_head, sidecar_path
 from harness.inputs.suite import Suite
 from harness.interchange.published_method import method_report, render_method_markdown
@@ -42,8 +43,6 @@ from harness.reports.shard import render_markdown
 from harness.run.shard import CandidateMeta, score_shard
 from harness.run.shard_inputs import ShardInputs
 from harness.run.verify import verify_joins
-
-_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
 
 
 @dataclass(frozen=True)
@@ -63,8 +62,9 @@ class ReplayInputs:
                            head=self.head, cand_head=self.cand_head, score_from=score_from)
 
 
-def _default_name(path: Path) -> str:
-    name = re.sub(r"[^A-Za-z0-9._+-]", "_", path.resolve().name).lstrip("._+-")
+def default_name(path: Path) -> str:
+    """A candidate name from a store or model folder's name: other characters than the name rule's become ``_``."""
+    name = re.sub(r"[^A-Za-z0-9._+]", "_", path.resolve().name).lstrip("._+")
     return name or "candidate"
 
 
@@ -128,10 +128,12 @@ def replay(
     method: str = "exact",
 ) -> list[Path]:
     """Verify, score every selected shard, then write the reports; returns the JSON paths."""
-    name = candidate_name or _default_name(Path(candidate_path))
-    for what, value in (("--name", name), ("--reference-name", reference_name)):
-        if not _NAME_RE.match(value):
-            raise FidelityError(f"{what}: expected letters, digits, '.', '_', '+', '-' starting alphanumeric, found {value!r}")
+    name = candidate_name or default_name(Path(candidate_path))
+    for what, value, allowed in (("--name", name, "'.', '_', '+'"), ("--reference-name", reference_name, "'.', '_', '+', '-'")):
+        problem = name_problem(value, reference=what == "--reference-name")  # the configuration's own rule
+        if problem:
+            raise UsageError(f"{what}: expected letters, digits, {allowed} starting alphanumeric and a portable file "
+                             f"name, found {value!r} ({problem})")
     own_inputs = [Path(suite_path), Path(reference_path), Path(candidate_path)]
     for h in (head_path, cand_head_path):
         if h is not None:
