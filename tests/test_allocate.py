@@ -251,8 +251,18 @@ def _gguf_ready() -> None:
 
 def test_gguf_overrides_write_the_types_asked(tmp_path: Path) -> None:
     _gguf_ready()
+    import gguf
+
     from harness.allocation.family import GgufFamily
-    from harness.allocation.gguf_format import gguf_name, tensor_type_lines, type_bytes, types_and_bytes
+    from harness.allocation.gguf_format import gguf_name, tensor_type_lines, types_and_bytes
+
+    def type_bytes(name: str, shape: tuple[int, int]) -> int:
+        """Data bytes of a ``[out, in]`` tensor of ggml type ``name`` (gguf's own block table): rows of
+        ``in / block`` blocks."""
+        block, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[name.upper()]]
+        assert shape[1] % block == 0
+        return int(shape[0] * (shape[1] // block) * size)
+
 
     fam = GgufFamily(MODEL, BF16_GGUF, ["Q4_0", "Q8_0"], tmp_path / "work")
     layout = {u: ("Q8_0" if ".layers.0." in u or u.endswith("down_proj") else "Q4_0") for u in fam.units}

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import io
 import struct
+from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
@@ -10,9 +12,10 @@ import pytest
 
 from harness.errors import VerificationError
 from harness.llamacpp.kld_file import (
+    MAGIC,
     decode_rows,
     file_size,
-    kld_bytes,
+    first_scored,
     nearest_int,
     quantize_rows,
     read_kld,
@@ -51,6 +54,21 @@ def test_nearest_int_rounds_half_to_even() -> None:
     assert nearest_int(v).tolist() == [0, 0, 0, 2, 2, 4, 65534, 65535, 7]
 
 
+def _kld_bytes(tokens: np.ndarray, n_vocab: int, chunks: Iterable[np.ndarray]) -> bytes:
+    """The bytes :func:`write_kld` should write, assembled in memory in one piece."""
+    buf = io.BytesIO()
+    toks = np.asarray(tokens)
+    buf.write(MAGIC + np.array([toks.shape[1], n_vocab, toks.shape[0]], dtype="<i4").tobytes())
+    buf.write(np.ascontiguousarray(toks, dtype="<i4").tobytes())
+    first = first_scored(toks.shape[1])
+    for lg in chunks:
+        lg = np.asarray(lg, dtype=np.float32)
+        if lg.shape[0] == toks.shape[1] - 1:
+            lg = lg[first:]
+        buf.write(quantize_rows(lg).astype("<u2").tobytes())
+    return buf.getvalue()
+
+
 def test_byte_layout_odd_vocab(tmp_path: Path) -> None:
     rng = np.random.default_rng(0)
     n_ctx, v, n_chunk = 8, 5, 2
@@ -58,7 +76,7 @@ def test_byte_layout_odd_vocab(tmp_path: Path) -> None:
     chunks = [_logits(rng, n_ctx - 1, v) for _ in range(n_chunk)]
     path = write_kld(tmp_path / "a.kld", tokens, v, chunks)
     data = path.read_bytes()
-    assert data == kld_bytes(tokens, v, chunks)
+    assert data == _kld_bytes(tokens, v, chunks)
     assert len(data) == file_size(n_ctx, v, n_chunk)
     assert data[:8] == b"_logits_"
     assert struct.unpack("<3i", data[8:20]) == (n_ctx, v, n_chunk)

@@ -68,4 +68,4 @@ def test_option_without_the_package_is_a_usage_error(pytester: pytest.Pytester, 
     monkeypatch.setattr(tracker, "available", lambda: False)
     result = pytester.runpytest("--collect-only", "--fidelity-mlflow", "file:///nowhere")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines(["*--fidelity-mlflow needs the mlflow package: pip install 'fidelity-harness[[]mlflow[]]'*"])
+    result.stderr.fnmatch_lines(["*--fidelity-mlflow: mlflow is not installed: pip install 'fidelity-harness[[]mlflow[]]'*"])

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from harness.reports.plot import candidate_colors, kld_vs_size_figure, label_box
+from harness.reports.plot import candidate_colors, kld_vs_size_figure
 
 MIB = 1 / 1024  # GiB
 
@@ -51,6 +51,13 @@ def figure(request: pytest.FixtureRequest) -> Any:
     import matplotlib.pyplot as plt
 
     plt.close(fig)
+
+
+def label_box(annotation: Any, renderer: Any) -> Any:
+    """The bounding box of an annotation's text alone (without its leader line)."""
+    from matplotlib.text import Text
+
+    return Text.get_window_extent(annotation, renderer)
 
 
 def test_every_point_has_its_own_label_inside_the_axes_and_none_overlap(figure: Any) -> None:

@@ -88,16 +88,6 @@ def ggml_type(name: str) -> int:
         raise FidelityError(f"unknown ggml type {name!r}") from None
 
 
-def type_bytes(name: str, shape: tuple[int, int]) -> int:
-    """Data bytes of a ``[out, in]`` tensor of ggml type ``name``: rows of ``in / block`` blocks."""
-    gguf = _require()
-    block, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[name.upper()]]
-    out_f, in_f = shape
-    if in_f % block:
-        raise FidelityError(f"ggml type {name}: rows of {in_f} are not a multiple of its {block}-wide blocks")
-    return int(out_f * (in_f // block) * size)
-
-
 def quantize(src: Path, dst: Path, layout: Mapping[str, str], *, token_embedding_type: str = "Q8_0",
              threads: int = 1) -> Path:
     """Write ``dst``: ``src`` (a BF16 GGUF) quantized by llama.cpp with the layout's type per unit."""

@@ -49,7 +49,7 @@ def _write_published(a: argparse.Namespace) -> int:
 
 
 def add_dataset(sub: SubParsers) -> None:
-    p = sub.add_parser("dataset", help="build a relocatable reference dataset", formatter_class=formatter)
+    p = sub.add_parser("dataset", help="build a relocatable reference dataset, or write the published layout", formatter_class=formatter)
     ss = p.add_subparsers(dest="dataset_cmd", required=True, metavar="{build,write-published}")
     b = ss.add_parser("build", help="suite, shard views, reference shards, head, corpus, reports, protocol, card, checksums",
                       formatter_class=formatter,

@@ -37,11 +37,10 @@ def build_parser() -> argparse.ArgumentParser:
         description=(
             "Exact full-vocabulary KL divergence of quantized LLMs against their BF16 original.\n\n"
             "typical flow:\n"
-            "  fidelity suite build --corpus corpus/ --tokenizer ref/tokenizer.json --n-ctx 512 \\\n"
-            "      --contexts 128 --shards 8 --seed 0 --out suite/\n"
-            "  fidelity export-head --model ref/ --out lm_head.safetensors\n"
-            "  fidelity capture --model ref/ --suite suite/ --out stores/ref\n"
-            "  fidelity store verify stores/ref --suite suite/"
+            "  fidelity init --reference ref/ --candidate mine=quant/ --corpus corpus/ --out project/\n"
+            "  pytest project/fidelity.toml --fidelity-update-baselines   # measure, record the baselines\n"
+            "  pytest project/fidelity.toml                               # the gated ladder\n"
+            "the same steps one by one: suite build, export-head, capture, replay; without pytest: ladder"
         ),
         epilog=(
             "environment:\n"

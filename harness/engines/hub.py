@@ -60,10 +60,6 @@ class HubModel:
     revision: str
 
 
-def is_hub_spec(value: str) -> bool:
-    return value.startswith(PREFIX)
-
-
 def parse_hub_spec(value: str) -> HubModel:
     """``hf://org/repo@revision`` -> :class:`HubModel`; anything else is a :class:`FidelityError`."""
     m = _SPEC.match(value)

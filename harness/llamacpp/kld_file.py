@@ -30,7 +30,6 @@ flip the last bit of ``min_log_prob`` on rare rows, never a quantized value by m
 
 from __future__ import annotations
 
-import io
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -228,18 +227,3 @@ def write_kld(
                 raise FidelityError(f"chunk {i}: logits contain NaN/Inf")
             fh.write(quantize_rows(lg).astype("<u2").tobytes())
     return out
-
-
-def kld_bytes(tokens: np.ndarray, n_vocab: int, chunks: Iterable[np.ndarray]) -> bytes:
-    """The bytes :func:`write_kld` would write (for tests)."""
-    buf = io.BytesIO()
-    toks = np.asarray(tokens)
-    buf.write(MAGIC + np.array([toks.shape[1], n_vocab, toks.shape[0]], dtype="<i4").tobytes())
-    buf.write(np.ascontiguousarray(toks, dtype="<i4").tobytes())
-    first = first_scored(toks.shape[1])
-    for lg in chunks:
-        lg = np.asarray(lg, dtype=np.float32)
-        if lg.shape[0] == toks.shape[1] - 1:
-            lg = lg[first:]
-        buf.write(quantize_rows(lg).astype("<u2").tobytes())
-    return buf.getvalue()

@@ -83,14 +83,6 @@ class LogHistogram:
         i_hi = int(np.searchsorted(cum, math.ceil(h), side="right"))
         return (self.bin_bounds(i_lo)[0], self.bin_bounds(i_hi)[1])
 
-    def exceedances_at_least(self) -> dict[str, int]:
-        """Counts of values ``>= t`` for each threshold that is a bin edge (from counts alone)."""
-        out = {}
-        for t in EXCEEDANCE_THRESHOLDS:
-            k = int(np.searchsorted(EDGES, t))
-            out[f"{t:g}"] = int(self.counts[1 + k :].sum())
-        return out
-
     def to_json(self) -> HistogramJSON:
         return {"spec": HistogramSpec(**SPEC), "counts": [int(c) for c in self.counts]}
 

@@ -16,6 +16,8 @@ from typing import Any
 
 import pytest
 
+from harness.errors import UsageError
+
 
 @dataclass(frozen=True)
 class IniKey:
@@ -81,5 +83,5 @@ def apply_ini(config: pytest.Config, keys: tuple[IniKey, ...]) -> None:
         try:
             value = k.check(text) if k.check is not None else text
         except (argparse.ArgumentTypeError, ValueError) as exc:
-            raise pytest.UsageError(f"{config.inipath}: ini key {k.dest} = {text!r}: {exc}") from None
+            raise UsageError(f"{config.inipath}: ini key {k.dest} = {text!r}: {exc}") from None
         setattr(config.option, k.dest, value)

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from harness.engines.registry import get_engine
-from harness.errors import FidelityError
+from harness.errors import UsageError
 from harness.inputs.config import load_config
 from harness.inputs.suite import parse_shard_spec
 from harness.interchange.suite_manifest import load_any_suite
@@ -85,25 +85,23 @@ class FidelityPlan:
 
     @classmethod
     def load(cls, config: pytest.Config, path: Path, how: str) -> FidelityPlan:
-        """Validate the file, the shard and candidate selections; any problem is a usage error."""
-        try:
-            full = load_config(path)
-            suite = load_any_suite(full.suite, verify=False)  # the published layout is read in place
-            spec = config.getoption("fidelity_shards")
-            shards = parse_shard_spec(spec, len(suite.shards)) if spec else list(range(len(suite.shards)))
-            held = full.reference_shards
-            if held is not None:  # a dataset holds the reference of some shards only
-                lacking = [k for k in shards if k not in held]
-                if spec and lacking:
-                    where = Path(str(full.dataset)) / ("dataset.json" if full.dataset_layout == "fidelity.dataset/1" else "reference")
-                    raise FidelityError(f"{where}: --fidelity-shards {spec}: expected shards the "
-                                        f"dataset holds a reference for ({','.join(map(str, held))}), found "
-                                        f"{','.join(map(str, lacking))}")
-                shards = [k for k in shards if k in held]
-            names = config.getoption("fidelity_candidates")
-            chosen = [full.candidate(n) for n in names.split(",")] if names else list(full.candidates)
-        except FidelityError as exc:
-            raise pytest.UsageError(str(exc)) from None
+        """Validate the file, the shard and candidate selections; a problem is a :class:`~harness.errors.FidelityError`
+        (the plugin reports it as a usage error)."""
+        full = load_config(path)
+        suite = load_any_suite(full.suite, verify=False)  # the published layout is read in place
+        spec = config.getoption("fidelity_shards")
+        shards = parse_shard_spec(spec, len(suite.shards)) if spec else list(range(len(suite.shards)))
+        held = full.reference_shards
+        if held is not None:  # a dataset holds the reference of some shards only
+            lacking = [k for k in shards if k not in held]
+            if spec and lacking:
+                where = Path(str(full.dataset)) / ("dataset.json" if full.dataset_layout == "fidelity.dataset/1" else "reference")
+                raise UsageError(f"{where}: --fidelity-shards {spec}: expected shards the "
+                                 f"dataset holds a reference for ({','.join(map(str, held))}), found "
+                                 f"{','.join(map(str, lacking))}")
+            shards = [k for k in shards if k in held]
+        names = config.getoption("fidelity_candidates")
+        chosen = [full.candidate(n) for n in names.split(",")] if names else list(full.candidates)
         case_names = tuple(c.name for c in full.candidates if c.name in {c.name for c in chosen})
         unavailable = unavailable_engines(full, case_names)
         keep = set(case_names) - {name for name, _ in unavailable}

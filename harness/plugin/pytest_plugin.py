@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from harness.errors import FidelityError
 from harness.plugin import kind_allocate, kind_attribution, kind_paired, kind_precision_floor, kind_tails, kind_window
 from harness.plugin.ini import IniKey, add_ini, apply_ini
 from harness.plugin.plan import PARAMETRIZED
@@ -127,10 +128,16 @@ OPTION_KEYS = (
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    apply_ini(config, OPTION_KEYS)  # before anything reads an option
+    """Markers, ini keys and the run. A refusal before the run is the project's error class (a
+    :class:`~harness.errors.UsageError`, a :class:`~harness.errors.MissingPackageError`, a configuration
+    error); pytest shows its own usage error as one ``ERROR:`` line (exit status 4), so it is raised as that."""
     for name, doc in MARKERS.items():
         config.addinivalue_line("markers", f"{name}: {doc}")
-    run = FidelityRun.configure(config)
+    try:
+        apply_ini(config, OPTION_KEYS)  # before anything reads an option
+        run = FidelityRun.configure(config)
+    except FidelityError as exc:
+        raise pytest.UsageError(str(exc)) from exc
     if run is not None:
         config.stash[RUN_KEY] = run
         config.pluginmanager.register(run, "fidelity-run")

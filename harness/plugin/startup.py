@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.errors import FidelityError
+from harness.errors import FidelityError, MissingPackageError, UsageError
 from harness.plugin import tracker
 from harness.plugin.plan import FidelityPlan, collected_paths
 from harness.plugin.report_dir import STAMP, SUMMARY_FOLDERS, check_ledger, finish_interrupted_writes
@@ -19,19 +19,19 @@ def check_options(config: pytest.Config, path: Path, how: str) -> None:
     """Option combinations a run cannot take (``-n`` with an update or an adaptive run outside
     ``--dist loadgroup``, two configuration files, ``--fidelity-mlflow`` without mlflow)."""
     if config.getoption("fidelity_update_baselines") and config.getoption("numprocesses", None):
-        raise pytest.UsageError("--fidelity-update-baselines cannot be combined with -n (pytest-xdist): "
+        raise UsageError("--fidelity-update-baselines cannot be combined with -n (pytest-xdist): "
                                 "run the update serially so one process writes the baseline files")
     if (config.getoption("fidelity_adaptive") and config.getoption("numprocesses", None)
             and config.getoption("dist", None) != "loadgroup"):
-        raise pytest.UsageError("--fidelity-adaptive with -n needs --dist loadgroup, "
+        raise UsageError("--fidelity-adaptive with -n needs --dist loadgroup, "
                                 "so each candidate's shards run in order on one worker")
     if how == "option" and config.args_source == pytest.Config.ArgsSource.ARGS:
         for other in collected_paths(config):
             if other.suffix == ".toml" and other != path:
-                raise pytest.UsageError(f"pytest was pointed at {other} but --fidelity-config names {path}: give one")
+                raise UsageError(f"pytest was pointed at {other} but --fidelity-config names {path}: give one")
     if config.getoption("fidelity_mlflow", None):
         if not tracker.available():
-            raise pytest.UsageError(f"--fidelity-mlflow needs the mlflow package: {tracker.INSTALL}")
+            raise MissingPackageError("mlflow", tracker.INSTALL, needed_for="--fidelity-mlflow")
 
 
 def executor_for(config: pytest.Config, plan: FidelityPlan) -> RayExecutor | None:
@@ -42,10 +42,12 @@ def executor_for(config: pytest.Config, plan: FidelityPlan) -> RayExecutor | Non
         return None
     try:
         require_ray()
-    except FidelityError as exc:
-        raise pytest.UsageError(f"--fidelity-executor {config.getoption('fidelity_executor')}: {exc}") from None
+    except MissingPackageError as exc:
+        option = f"--fidelity-executor {config.getoption('fidelity_executor')}"
+        raise MissingPackageError(exc.package, exc.install, hint=exc.hint,
+                                 needed_for=f"{option}: {exc.needed_for}" if exc.needed_for else option) from None
     if config.getoption("numprocesses", None):
-        raise pytest.UsageError("--fidelity-executor ray cannot be combined with -n (pytest-xdist): the cluster runs "
+        raise UsageError("--fidelity-executor ray cannot be combined with -n (pytest-xdist): the cluster runs "
                                 "the cases in parallel and this process writes every report")
     return RayExecutor(spec, plan.config, device=config.getoption("fidelity_device"),
                        score_from=config.getoption("fidelity_window"))
@@ -61,16 +63,16 @@ def check_report_dir(report_dir: Path, plan: FidelityPlan) -> None:
     try:
         doc = check_ledger(report_dir)
     except FidelityError as e:
-        raise pytest.UsageError(f"{e}; remove {stamp} (or the folder) or pass --fidelity-report-dir DIR") from None
+        raise UsageError(f"{e}; remove {stamp} (or the folder) or pass --fidelity-report-dir DIR") from None
     for sub in (*SUMMARY_FOLDERS, *(c.name for c in plan.full.candidates)):
         if (report_dir / sub).is_symlink():
-            raise pytest.UsageError(f"{report_dir / sub}: report folder entry: expected a folder of the report folder, "
+            raise UsageError(f"{report_dir / sub}: report folder entry: expected a folder of the report folder, "
                                     "found a symbolic link (reports are never written through one)")
     if doc is None:
         return
     found = doc.get("suite_token_sha256")
     if found != plan.suite_sha256:
-        raise pytest.UsageError(
+        raise UsageError(
             f"{stamp}: the report folder holds reports of another suite: expected suite_token_sha256 "
             f"{plan.suite_sha256}, found {found}; pass --fidelity-report-dir DIR (one folder per suite) "
             "or remove the folder")
@@ -82,5 +84,5 @@ def finish_interrupted(report_dir: Path) -> None:
     try:
         finish_interrupted_writes(report_dir)
     except FidelityError as e:
-        raise pytest.UsageError(f"{e}; remove it (or the report folder) or pass --fidelity-report-dir DIR") from None
+        raise UsageError(f"{e}; remove it (or the report folder) or pass --fidelity-report-dir DIR") from None
 

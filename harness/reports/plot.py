@@ -18,7 +18,6 @@ if TYPE_CHECKING:
     from types import ModuleType
 
     from matplotlib.axes import Axes
-    from matplotlib.backend_bases import RendererBase
     from matplotlib.figure import Figure
     from matplotlib.text import Annotation
     from matplotlib.transforms import Bbox
@@ -211,13 +210,6 @@ def place_labels(fig: Figure, ax: Axes, pts: Sequence[_Placed], scale: float,
         placed.append(chosen_box if chosen_box is not None else text_box(pts[i], chosen))
         texts.append(label(pts[i], chosen, leader=_moved(chosen)))
     return texts
-
-
-def label_box(annotation: Annotation, renderer: RendererBase) -> Bbox:
-    """The bounding box of an annotation's text alone (without its leader line)."""
-    from matplotlib.text import Text
-
-    return Text.get_window_extent(annotation, renderer)
 
 
 def plot_kld_vs_size(points: Sequence[SizePoint], path: str | Path,
