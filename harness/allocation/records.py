@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Literal, NotRequired, TypedDict
 
 from harness.attribution.effects import Estimate, TestedEstimate
+from harness.reports.plot import SizePoint
 
 
 class SuiteRef(TypedDict):
@@ -252,17 +253,6 @@ class PairRow(PairedDiff):
     versus_bytes: int
 
 
-class PlotPoint(TypedDict):
-    """A point of ``kld-vs-size.png`` (:class:`harness.reports.plot.SizePoint`; bits per weight not written)."""
-
-    candidate: str
-    size_gib: float | None
-    mean_kld: float
-    ci95: list[float] | None
-    bpw: NotRequired[float | None]
-    params: NotRequired[int | None]
-
-
 class AllocationCheck(TypedDict):
     """The proposals built and scored (schema ``fidelity.allocation-check/1``)."""
 
@@ -275,7 +265,8 @@ class AllocationCheck(TypedDict):
     candidates: dict[str, CheckCandidate]
     proposals: list[CheckProposal]
     pairs: list[PairRow]
-    plot_points: list[PlotPoint]
+    #: the points of ``kld-vs-size.png`` (bits per weight not written)
+    plot_points: list[SizePoint]
 
 
 class AllocationDoc(AllocationResult):

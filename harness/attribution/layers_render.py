@@ -5,11 +5,11 @@ Rendered in memory first, then each file written atomically (harness.attribution
 
 from __future__ import annotations
 
-import io
 from pathlib import Path
 from typing import Any
 
-from harness.io.atomic import atomic_write_bytes, atomic_write_json, atomic_write_text
+from harness.attribution.render import write_rendered
+from harness.io.figure import png_bytes
 
 __all__ = ["render_layers_markdown", "render_layers_plot", "write_layers"]
 
@@ -78,18 +78,9 @@ def render_layers_plot(r: dict[str, Any]) -> bytes:
     b.set_xlabel("‖c − r‖ / ‖r‖ of the module output (teacher-forced)")
     fig.suptitle(f"{Path(r['candidate']['path']).name} vs {Path(r['reference']['path']).name}")
     fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110, metadata={"Software": None})
-    plt.close(fig)
-    return buf.getvalue()
+    return png_bytes(fig, dpi=110)
 
 
 def write_layers(r: dict[str, Any], out_dir: str | Path) -> list[Path]:
     """Render everything, then write ``layers.json``, ``layers.md`` and ``layers.png``; returns their paths."""
-    out = Path(out_dir)
-    md, png = render_layers_markdown(r), render_layers_plot(r)
-    paths = [out / "layers.json", out / "layers.md", out / "layers.png"]
-    atomic_write_json(paths[0], r)
-    atomic_write_text(paths[1], md)
-    atomic_write_bytes(paths[2], png)
-    return paths
+    return write_rendered(out_dir, "layers", r, render_layers_markdown(r), render_layers_plot(r))

@@ -6,12 +6,12 @@ or refused run leaves no partial output.
 
 from __future__ import annotations
 
-import io
 from pathlib import Path
 from typing import Any
 
 from harness.attribution.groups import KIND_ROLES
 from harness.io.atomic import atomic_write_bytes, atomic_write_json, atomic_write_text
+from harness.io.figure import png_bytes
 
 
 def _g(x: float | None) -> str:
@@ -118,17 +118,19 @@ def render_plot(r: dict[str, Any]) -> bytes:
         ax.set_xlabel("nats (95% studentized paired cluster-bootstrap intervals)")
         ax.legend(fontsize=8, loc="lower right")
     fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110, metadata={"Software": None})
-    plt.close(fig)
-    return buf.getvalue()
+    return png_bytes(fig, dpi=110)
 
 
 def write_attribution(r: dict[str, Any], out_dir: str | Path) -> list[Path]:
     """Render everything, then write the three files atomically; returns their paths."""
+    return write_rendered(out_dir, "attribution", r, render_markdown(r), render_plot(r))
+
+
+def write_rendered(out_dir: str | Path, stem: str, r: dict[str, Any], md: str, png: bytes) -> list[Path]:
+    """``<stem>.json`` (the document ``r``), ``<stem>.md`` and ``<stem>.png``, each written atomically once all
+    three are rendered; returns their paths."""
     out = Path(out_dir)
-    md, png = render_markdown(r), render_plot(r)
-    paths = [out / "attribution.json", out / "attribution.md", out / "attribution.png"]
+    paths = [out / f"{stem}.json", out / f"{stem}.md", out / f"{stem}.png"]
     atomic_write_json(paths[0], r)
     atomic_write_text(paths[1], md)
     atomic_write_bytes(paths[2], png)

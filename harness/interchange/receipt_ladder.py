@@ -10,7 +10,6 @@ Walk-through: docs/qwen38-receipts.md.
 
 from __future__ import annotations
 
-import io
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -21,6 +20,7 @@ from harness.interchange.ladder_receipts import CumulativeReceipt, read_cumulati
 from harness.interchange.manifest_read import SuiteManifest, read_manifest
 from harness.interchange.receipt_figures import candidate_figures, check_inputs, paired_figures
 from harness.io.atomic import atomic_write_files, dumps_json
+from harness.io.figure import png_bytes
 from harness.reports.aggregate import LadderLine, ladder_files
 from harness.reports.plot import SizePoint, kld_vs_size_figure
 from harness.reports.units import GIB
@@ -104,12 +104,7 @@ def _plot(rows: Sequence[ReceiptRow]) -> bytes:
     pts: list[SizePoint] = [{"candidate": r["candidate"], "size_gib": r["size_bytes"] / GIB, "mean_kld": r["mean_kld"], "ci95": r["ci95"]}
            for r in rows if r["size_bytes"]]
     fig, _axes, _labels = kld_vs_size_figure(pts)
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=120, metadata={"Software": None})
-    import matplotlib.pyplot as plt
-
-    plt.close(fig)
-    return buf.getvalue()
+    return png_bytes(fig, dpi=120)
 
 
 #: What the receipts of one ladder must share: the head, filter and vocabulary every candidate was scored through,

@@ -6,12 +6,12 @@ with fixed metadata, so the same numbers give the same bytes.
 
 from __future__ import annotations
 
-import io
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, NotRequired, TypedDict
 
 from harness.io.atomic import atomic_write_bytes
+from harness.io.figure import png_bytes
 from harness.reports.units import GIB, axis_unit
 
 if TYPE_CHECKING:
@@ -24,9 +24,6 @@ if TYPE_CHECKING:
 
 #: A colour as matplotlib's colormaps return it (red, green, blue, alpha in [0, 1]).
 Color = tuple[float, float, float, float]
-
-_PNG_META = {"Software": None}  # no matplotlib version stamp: same figure, same bytes
-
 
 class SizePoint(TypedDict):
     """A point of the KLD-versus-size figure: a candidate's mean KLD, its 95% interval (None: not estimable),
@@ -76,10 +73,7 @@ def _plt() -> ModuleType:
 
 
 def _save(fig: Figure, path: Path) -> None:
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=120, metadata=_PNG_META)
-    _plt().close(fig)
-    atomic_write_bytes(path, buf.getvalue())
+    atomic_write_bytes(path, png_bytes(fig, dpi=120))
 
 
 def candidate_colors(names: Sequence[str], palette_names: Sequence[str] | None = None) -> dict[str, Color]:
@@ -132,10 +126,7 @@ def render_ccdf(curves: Mapping[str, Mapping[str, Sequence[float]]], palette_nam
                 ax.axvline(t, color="0.6", linestyle=":", linewidth=0.8)
     ax.legend(loc="lower left", fontsize=9, frameon=True)
     fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=120, metadata=_PNG_META)
-    plt.close(fig)
-    return buf.getvalue()
+    return png_bytes(fig, dpi=120)
 
 
 def pareto_front(points: Sequence[tuple[float, float, str]]) -> list[tuple[float, float, str]]:
