@@ -472,3 +472,20 @@ def test_only_unchanged_listed_summaries_are_removed(tmp_path: Path) -> None:
     assert remove_previous_summaries(tmp_path) == ["tails.md"]
     left = sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*"))
     assert left == ["fidelity-run.json", "good", "good/shard-00.json", "notes.md", "tails.md"]
+
+
+def test_the_plugins_refusals_are_the_projects_error_classes(tmp_path: Path) -> None:
+    """Before a run the plugin raises :mod:`harness.errors` classes (pytest_configure shows them as pytest's own
+    usage error: the pytester cases above check that line and exit status 4)."""
+    from types import SimpleNamespace
+
+    from harness.errors import UsageError
+    from harness.plugin.startup import check_report_dir
+
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "reports").mkdir()
+    (tmp_path / "reports" / "int8").symlink_to(tmp_path / "elsewhere")
+    plan = SimpleNamespace(full=SimpleNamespace(candidates=[SimpleNamespace(name="int8")]), suite_sha256="0" * 64)
+    with pytest.raises(UsageError, match="found a symbolic link") as err:
+        check_report_dir(tmp_path / "reports", plan)  # type: ignore[arg-type]
+    assert not isinstance(err.value, pytest.UsageError)
