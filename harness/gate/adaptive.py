@@ -39,7 +39,7 @@ import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 
@@ -106,6 +106,28 @@ def cluster_totals(rows: Sequence[dict[str, Any]]) -> tuple[np.ndarray, np.ndarr
     return sums, counts
 
 
+
+class LookRecord(TypedDict):
+    """One look of the adaptive rule as ``adaptive.json`` records it (:meth:`Decision.record`)."""
+
+    look: int
+    looks: int
+    level: float
+    alpha_k: float | None
+    clusters: int
+    ci: list[float] | None
+    mean_kld: float
+    threshold: float | None
+    #: "below" (passes), "above" (fails) or None (continue)
+    side: str | None
+
+
+class AdaptiveRecord(LookRecord):
+    """A look of one candidate after one shard (the payload of the ``adaptive`` report kind)."""
+
+    candidate: str
+    shard: int
+
 @dataclass(frozen=True)
 class Decision:
     """The outcome of one look.
@@ -128,7 +150,7 @@ class Decision:
     def stop(self) -> bool:
         return self.side is not None and self.alpha_k is not None and self.look < self.looks
 
-    def record(self) -> dict[str, Any]:
+    def record(self) -> LookRecord:
         """The JSON-ready record of this look (``adaptive.json``)."""
         return {"look": self.look, "looks": self.looks, "level": self.level, "alpha_k": self.alpha_k,
                 "clusters": self.clusters, "ci": None if self.ci is None else list(self.ci), "mean_kld": self.mean_kld,
@@ -266,7 +288,7 @@ def check_adaptive(doc: Any, path: Any, rows: Mapping[str, Mapping[int, Sequence
                                         json.dumps(r["side"]))
 
 
-def render_adaptive(records: Sequence[dict[str, Any]]) -> str:
+def render_adaptive(records: Sequence[AdaptiveRecord]) -> str:
     """``adaptive.md``: the rule and each candidate's looks."""
     lines = ["# Adaptive ladder", "", RULE, ""]
     lines += ["| candidate | shard | look | clusters | mean KLD | one-sided bounds | alpha per side | max_mean_kld | decision |",
@@ -274,16 +296,17 @@ def render_adaptive(records: Sequence[dict[str, Any]]) -> str:
     for r in sorted(records, key=lambda r: (r["candidate"], r["look"])):
         t = "—" if r["threshold"] is None else f"{r['threshold']:.4g}"
         dec = {"below": "stop: passes", "above": "stop: fails"}.get(r["side"] or "", "continue")
-        if r.get("ci") is None:
+        ci = r.get("ci")
+        if ci is None:
             bounds, a, dec = "—", "—", "continue (may not stop at this look)"
         else:
-            bounds, a = f"[{r['ci'][0]:.4g}, {r['ci'][1]:.4g}]", f"{r['alpha_k']:.4g}"
+            bounds, a = f"[{ci[0]:.4g}, {ci[1]:.4g}]", f"{r['alpha_k']:.4g}"
         lines.append(f"| {r['candidate']} | {r['shard']:02d} | {r['look']}/{r['looks']} | {r.get('clusters', '—')} | "
                      f"{r['mean_kld']:.4g} | {bounds} | {a} | {t} | {dec} |")
     return "\n".join(lines) + "\n"
 
 
-def write_adaptive(out_dir: Any, records: Sequence[dict[str, Any]]) -> None:
+def write_adaptive(out_dir: Any, records: Sequence[AdaptiveRecord]) -> None:
     from pathlib import Path
 
     out = Path(out_dir)

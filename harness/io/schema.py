@@ -177,6 +177,8 @@ def schema_of(record: object) -> Any:
         return record
     if record is object or record is Any:
         return object
+    if record is dict:  # a JSON object whose own reader checks it
+        return MapOf(object)
     if is_typeddict(record):
         # NotRequired is kept in the hints (include_extras): under postponed annotations the class's own
         # __optional_keys__ cannot see it

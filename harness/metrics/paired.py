@@ -19,7 +19,7 @@ lower, ``b_wins`` where b's is lower, ``ties`` where they are equal.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TypedDict
 
 import numpy as np
 
@@ -45,6 +45,62 @@ from harness.metrics.scores import PositionScores
 from harness.metrics.tails import cvar, quantile
 
 
+class PairedBootstrap(TypedDict):
+    """How a paired comparison's intervals were drawn (common random numbers: the same draws for a and b)."""
+
+    method: str
+    method_text: str
+    tail_method: str
+    level: float
+    min_clusters: int
+    estimable: bool
+    tail_estimable: bool
+    tail_min_clusters: int
+    n_boot: int
+    n_boot_tails: int
+    seed: int
+
+
+class Difference(TypedDict):
+    """One statistic of both candidates and their difference ``a - b`` with its 95% interval (None: not estimable)."""
+
+    a: float
+    b: float
+    diff: float
+    ci95: list[float] | None
+
+
+class MeanDifference(Difference):
+    """The mean-KLD difference, and whether its interval contains 0 (None: not estimable)."""
+
+    interval_contains_zero: bool | None
+
+
+class ContextWins(TypedDict):
+    """Contexts where a's mean KLD is lower, where b's is, and ties."""
+
+    a_wins: int
+    b_wins: int
+    ties: int
+
+
+class PairedStats(TypedDict):
+    """What :func:`paired` returns: the differences a - b and how they were drawn."""
+
+    n_positions: int
+    n_contexts: int
+    n_clusters: int
+    score_from: int
+    bootstrap: PairedBootstrap
+    difference: str
+    kld_mean: MeanDifference
+    top1: Difference
+    ear_mean: Difference
+    kld_p99: Difference
+    kld_cvar1: Difference
+    contexts: ContextWins
+
+
 def paired(
     scores_a: PositionScores,
     scores_b: PositionScores,
@@ -56,7 +112,7 @@ def paired(
     n_boot: int = DEFAULT_N_BOOT,
     n_boot_tails: int = DEFAULT_N_BOOT_TAILS,
     seed: int = DEFAULT_SEED,
-) -> dict[str, Any]:
+) -> PairedStats:
     """Differences a - b of mean KLD, p99, CVaR1, top-1 and EAR with common-random-number cluster intervals."""
     if len(scores_a) != len(scores_b):
         raise ValueError(f"paired: expected the same positions, found {len(scores_a)} and {len(scores_b)} positions")
@@ -71,12 +127,7 @@ def paired(
     def cluster_sum(values: np.ndarray) -> np.ndarray:
         return np.bincount(La.cluster, weights=values, minlength=C)
 
-    out: dict[str, Any] = {
-        "n_positions": len(La.scores),
-        "n_contexts": nc,
-        "n_clusters": C,
-        "score_from": int(score_from),
-        "bootstrap": {
+    bootstrap: PairedBootstrap = {
             "method": MEAN_METHOD,
             "method_text": MEAN_METHOD_TEXT + ", common random numbers (the same draws for a and b)",
             "tail_method": TAIL_METHOD_TEXT + ", common random numbers",
@@ -88,21 +139,16 @@ def paired(
             "n_boot": int(n_boot),
             "n_boot_tails": int(min(n_boot, n_boot_tails)),
             "seed": int(seed),
-        },
-        "difference": "a - b",
     }
     sa, sb = La.scores, Lb.scores
-    for name, va, vb in (
-        ("kld_mean", sa.kld, sb.kld),
-        ("top1", sa.top1.astype(np.float64), sb.top1.astype(np.float64)),
-        ("ear_mean", sa.ear, sb.ear),
-    ):
-        out[name] = {
-            "a": float(va.mean()),
-            "b": float(vb.mean()),
-            "diff": float(va.mean() - vb.mean()),
-            "ci95": ratio_intervals(W, cluster_sum(va) - cluster_sum(vb), pos_cl)[0],
-        }
+
+    def mean_difference(va: np.ndarray, vb: np.ndarray) -> Difference:
+        return {"a": float(va.mean()), "b": float(vb.mean()), "diff": float(va.mean() - vb.mean()),
+                "ci95": ratio_intervals(W, cluster_sum(va) - cluster_sum(vb), pos_cl)[0]}
+
+    kld = mean_difference(sa.kld, sb.kld)
+    top1 = mean_difference(sa.top1.astype(np.float64), sb.top1.astype(np.float64))
+    ear = mean_difference(sa.ear, sb.ear)
     nt = min(n_boot, n_boot_tails)
     tail_pairs = {"kld_p99": (quantile(sa.kld, 0.99), quantile(sb.kld, 0.99)), "kld_cvar1": (cvar(sa.kld), cvar(sb.kld))}
     tail_ci: dict[str, list[float] | None] = {"kld_p99": None, "kld_cvar1": None}
@@ -111,15 +157,22 @@ def paired(
         qb, cb = tail_replicates(TailData.build(sb.kld, Lb.cluster, C), W[:nt])
         level = 1.0 - 2.0 * TAIL_ALPHA
         tail_ci = {"kld_p99": percentile_interval(qa - qb, level), "kld_cvar1": percentile_interval(ca - cb, level)}
-    for name, (fa, fb) in tail_pairs.items():
-        out[name] = {"a": fa, "b": fb, "diff": fa - fb, "ci95": tail_ci[name]}
+    tails: dict[str, Difference] = {name: {"a": fa, "b": fb, "diff": fa - fb, "ci95": tail_ci[name]}
+                                    for name, (fa, fb) in tail_pairs.items()}
     ma = np.bincount(La.ctx, weights=sa.kld, minlength=nc) / pos_ctx
     mb = np.bincount(Lb.ctx, weights=sb.kld, minlength=nc) / pos_ctx
-    out["contexts"] = {
-        "a_wins": int((ma < mb).sum()),
-        "b_wins": int((mb < ma).sum()),
-        "ties": int((ma == mb).sum()),
+    ci = kld["ci95"]
+    return {
+        "n_positions": len(La.scores),
+        "n_contexts": nc,
+        "n_clusters": C,
+        "score_from": int(score_from),
+        "bootstrap": bootstrap,
+        "difference": "a - b",
+        "kld_mean": {**kld, "interval_contains_zero": None if ci is None else bool(ci[0] <= 0.0 <= ci[1])},
+        "top1": top1,
+        "ear_mean": ear,
+        "kld_p99": tails["kld_p99"],
+        "kld_cvar1": tails["kld_cvar1"],
+        "contexts": {"a_wins": int((ma < mb).sum()), "b_wins": int((mb < ma).sum()), "ties": int((ma == mb).sum())},
     }
-    ci = out["kld_mean"]["ci95"]
-    out["kld_mean"]["interval_contains_zero"] = None if ci is None else bool(ci[0] <= 0.0 <= ci[1])
-    return out

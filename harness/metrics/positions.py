@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -35,6 +35,30 @@ class Layout:
     @property
     def n_clusters(self) -> int:
         return len(self.cluster_names)
+
+
+class ScoredPositions(Protocol):
+    """Scored positions of one shard as the report layer reads them (:class:`harness.run.shard.ShardPositions`)."""
+
+    @property
+    def scores(self) -> PositionScores:
+        """Every scored position's statistics."""
+        ...
+
+    @property
+    def context_index(self) -> np.ndarray:
+        """Each position's context (suite index)."""
+        ...
+
+    @property
+    def row(self) -> np.ndarray:
+        """Each position's row within its context."""
+        ...
+
+    @property
+    def labels(self) -> Sequence[ContextLabel]:
+        """One label per context of the shard."""
+        ...
 
 
 def layout(

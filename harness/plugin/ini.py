@@ -12,7 +12,6 @@ import argparse
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -29,9 +28,9 @@ class IniKey:
     flag: str
     help: str
     #: The option's own ``type=`` check (None: the text as it is).
-    check: Callable[[str], Any] | None = None
+    check: Callable[[str], object] | None = None
     #: The value when neither the command line nor the ini file gives one.
-    default: Any = None
+    default: object = None
     #: A path relative to the ini file's folder.
     path: bool = False
     #: A true/false switch (pytest's ``bool`` ini type); the command line can only turn it on.

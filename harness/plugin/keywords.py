@@ -13,7 +13,10 @@ written in a ``-k`` expression.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+from harness.inputs.config import PairConfig
 
 if TYPE_CHECKING:
     import pytest
@@ -21,21 +24,22 @@ if TYPE_CHECKING:
     from harness.inputs.config import FidelityConfig
 
 
-def case_candidates(params: dict[str, Any]) -> tuple[str, ...]:  # Any: pytest's callspec.params
-    """The candidates a case measures, from its parametrization: a candidate x shard case
-    (``fidelity_case = (name, shard)``), a tail case (``fidelity_tail_candidate = name``) or a declared
+def case_candidates(params: Mapping[str, object]) -> tuple[str, ...]:
+    """The candidates a case measures, from its parametrization (pytest's ``callspec.params``): a candidate x shard
+    case (``fidelity_case = (name, shard)``), a tail case (``fidelity_tail_candidate = name``) or a declared
     pair (``fidelity_pair``, both sides). Any other case (a window, a test of one's own): none."""
-    if "fidelity_case" in params:
-        return (str(params["fidelity_case"][0]),)
+    case = params.get("fidelity_case")
+    if isinstance(case, (tuple, list)):
+        return (str(case[0]),)
     if "fidelity_tail_candidate" in params:
         return (str(params["fidelity_tail_candidate"]),)
     pair = params.get("fidelity_pair")
-    if pair is not None:
+    if isinstance(pair, PairConfig):
         return (str(pair.a), str(pair.b))
     return ()
 
 
-def tag_keywords(config: FidelityConfig, params: dict[str, Any]) -> set[str]:  # Any: pytest's callspec.params
+def tag_keywords(config: FidelityConfig, params: Mapping[str, object]) -> set[str]:
     """The tags of every candidate the case with these parameters measures (names unknown to the file: none)."""
     tags = {c.name: c.tags for c in config.candidates}
     return {t for name in case_candidates(params) for t in tags.get(name, ())}

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from harness.gate.adaptive import write_adaptive
-from harness.plugin.kinds import CaseRun, Payload, Uncollected, Written
+from harness.gate.adaptive import AdaptiveRecord, write_adaptive
+from harness.plugin.kinds import CaseRun, Uncollected, Written
 
 if TYPE_CHECKING:
     import pytest
@@ -21,13 +21,14 @@ class Adaptive(Uncollected):
     """Where each candidate's adaptive ladder stopped."""
 
     name = "adaptive"
+    payload: type[AdaptiveRecord] = AdaptiveRecord
     marker = None
     marker_doc = ""
 
-    def case(self, run: CaseRun, request: pytest.FixtureRequest, param: Any) -> None:
+    def case(self, run: CaseRun, request: pytest.FixtureRequest, param: object) -> None:
         raise NotImplementedError("adaptive records are sent by the candidate x shard cases")
 
-    def write(self, out: Path, payloads: Sequence[Payload], palette_names: Sequence[str] | None) -> Written:
+    def write(self, out: Path, payloads: Sequence[AdaptiveRecord], palette_names: Sequence[str] | None) -> Written:
         write_adaptive(out, payloads)
         written = Written([out / "adaptive.json", out / "adaptive.md"])
         for r in (r for r in payloads if r["side"] and r["look"] < r["looks"]):

@@ -23,7 +23,7 @@ from harness.allocation.choices import DEFAULT_CHOICES, parse_choices, parse_sub
 from harness.allocation.family import Family, GgufFamily, ProjectFamily
 from harness.allocation.records import AllocationCheck, AllocationDoc
 from harness.allocation.render import write_allocation
-from harness.plugin.kinds import CaseRun, Payload, Uncollected, Written
+from harness.plugin.kinds import CaseRun, JSONDoc, Uncollected, Written
 from harness.run.allocation_check import check_allocation
 
 if TYPE_CHECKING:
@@ -55,6 +55,8 @@ class Allocation(Uncollected):
     """A layout searched for a budget, built, and held to be no worse than the uniform layout of its size."""
 
     name = "allocation"
+    #: never sent: the fixture writes its own files
+    payload: type[JSONDoc] = dict
     marker = "fidelity_allocate"
     marker_doc = ("fidelity_allocate(base, budget, family='project', choices=None, by='block', shards='0', "
                   "check_shards=None, uniforms=None, expect=None): search a layout for the budget, build and score it, "
@@ -101,7 +103,7 @@ class Allocation(Uncollected):
             pytest.fail("\n".join(problems), pytrace=False)
         return {**result, "check": check}
 
-    def write(self, out: Path, payloads: Sequence[Payload], palette_names: Sequence[str] | None) -> Written:
+    def write(self, out: Path, payloads: Sequence[JSONDoc], palette_names: Sequence[str] | None) -> Written:
         return Written()
 
 

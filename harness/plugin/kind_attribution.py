@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from harness.attribution.render import write_attribution
 from harness.attribution.run import attribute, request_from
-from harness.plugin.kinds import CaseRun, Payload, Uncollected, Written
+from harness.plugin.kinds import CaseRun, JSONDoc, Uncollected, Written
 
 if TYPE_CHECKING:
     import pytest
@@ -24,12 +24,14 @@ class Attribution(Uncollected):
     """The candidate's drift attributed to tensor groups (restore / only one group at a time)."""
 
     name = "attribution"
+    #: never sent: the fixture writes its own files
+    payload: type[JSONDoc] = dict
     marker = "fidelity_attribute"
     marker_doc = ("fidelity_attribute(candidate, by='layer,kind', shards=None, modes='restore,only', globs=()): "
                   "attribute the candidate's drift to tensor groups (fixture fidelity_attribution)")
     fixture = "fidelity_attribution"
 
-    def case(self, run: CaseRun, request: pytest.FixtureRequest, param: Any) -> dict[str, Any]:
+    def case(self, run: CaseRun, request: pytest.FixtureRequest, param: object) -> dict[str, Any]:  # Any: attribute()'s JSON document
         """The marker's attribution of a configured candidate against the configured reference model; written to
         ``<report dir>/attribution/<candidate>/``."""
         import pytest
@@ -48,7 +50,7 @@ class Attribution(Uncollected):
         write_attribution(result, Path(request.config.getoption("fidelity_report_dir")) / "attribution" / name)
         return result
 
-    def write(self, out: Path, payloads: Sequence[Payload], palette_names: Sequence[str] | None) -> Written:
+    def write(self, out: Path, payloads: Sequence[JSONDoc], palette_names: Sequence[str] | None) -> Written:
         return Written()
 
 

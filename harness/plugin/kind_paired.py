@@ -9,18 +9,18 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from harness.errors import FidelityError
-from harness.plugin.kinds import CasePlan, CaseRun, Payload, Written
-from harness.reports.paired import check_paired, paired_report, write_paired
+from harness.inputs.config import PairConfig
+from harness.plugin.kinds import CasePlan, CaseRun, Written
+from harness.reports.paired import PairedReport, check_paired, paired_report, write_paired
 from harness.run.floor_cache import floor_for_run
 
 if TYPE_CHECKING:
     import pytest
     from _pytest.mark.structures import ParameterSet
 
-    from harness.inputs.config import PairConfig
     from harness.run.session import FidelitySession
 
 
@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 class PairCase:
     """A declared pair compared on the same positions (common random numbers)."""
 
-    payload: Payload
+    payload: PairedReport
     expect: str | None = None
 
     @classmethod
@@ -60,6 +60,7 @@ class Paired:
     """Common-random-number comparison of a declared pair; fails on a verdict other than its ``expect``."""
 
     name = "paired"
+    payload: type[PairedReport] = PairedReport
     marker = "fidelity_paired"
     marker_doc = "fidelity paired comparisons of two candidates"
     param_fixture = "fidelity_pair"
@@ -72,16 +73,18 @@ class Paired:
 
         return [pytest.param(p, id=f"pair-{p.a}-vs-{p.b}") for p in plan.config.pairs]
 
-    def case(self, run: CaseRun, request: pytest.FixtureRequest, param: Any) -> PairCase:
+    def case(self, run: CaseRun, request: pytest.FixtureRequest, param: object) -> PairCase:
         """A declared pair compared on the same positions."""
-        p: PairConfig = param
+        if not isinstance(param, PairConfig):
+            raise TypeError(f"fidelity_pair: expected a PairConfig (one of params()), found {type(param).__name__}")
+        p = param
         case = run.compute(f"pair {p.a} vs {p.b}",
                            lambda: PairCase.run(run.session, p.a, p.b, p.margin, list(run.plan.shards), p.expect,
                                                 p.margin_kind))
         run.send(request, self.name, case.payload)
         return case
 
-    def write(self, out: Path, payloads: Sequence[Payload], palette_names: Sequence[str] | None) -> Written:
+    def write(self, out: Path, payloads: Sequence[PairedReport], palette_names: Sequence[str] | None) -> Written:
         written = Written()
         for rep in payloads:
             path, md_path = write_paired(out, rep)

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from harness.plugin.kinds import CaseRun, Payload, Uncollected, Written
+from harness.plugin.kinds import CaseRun, JSONDoc, Uncollected, Written
 from harness.run.precision_floor import PrecisionFloor as PrecisionFloorRecord
 from harness.run.precision_floor import precision_floor, write_precision_floor
 
@@ -24,12 +24,14 @@ class PrecisionFloor(Uncollected):
     """The reference capture against a higher-precision forward of the same weights."""
 
     name = "precision_floor"
+    #: never sent: the fixture writes its own files
+    payload: type[JSONDoc] = dict
     marker = "fidelity_precision_floor"
     marker_doc = ("fidelity_precision_floor(shards=None, dtype='float64'): the reference capture against a "
                   "higher-precision forward of its own weights (fixture fidelity_precision_floor)")
     fixture = "fidelity_precision_floor"
 
-    def case(self, run: CaseRun, request: pytest.FixtureRequest, param: Any) -> PrecisionFloorRecord:
+    def case(self, run: CaseRun, request: pytest.FixtureRequest, param: object) -> PrecisionFloorRecord:
         """The marker's measurement of the configured reference; written to ``<report dir>/precision_floor.json``
         and ``.md``."""
         import pytest
@@ -44,7 +46,7 @@ class PrecisionFloor(Uncollected):
         write_precision_floor(result, Path(request.config.getoption("fidelity_report_dir")))
         return result
 
-    def write(self, out: Path, payloads: Sequence[Payload], palette_names: Sequence[str] | None) -> Written:
+    def write(self, out: Path, payloads: Sequence[JSONDoc], palette_names: Sequence[str] | None) -> Written:
         return Written()
 
 

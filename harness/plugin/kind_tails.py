@@ -8,11 +8,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from harness.gate.gate import update_command
-from harness.plugin.kinds import CasePlan, CaseRun, Payload, Written
-from harness.reports.tails import baseline_max_p99, check_tails, tail_report, write_tails
+from harness.plugin.kinds import CasePlan, CaseRun, Written
+from harness.reports.tails import TailReport, baseline_max_p99, check_tails, tail_report, write_tails
 
 if TYPE_CHECKING:
     import pytest
@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 class TailCase:
     """One candidate's tail report over the selected shards."""
 
-    payload: Payload
+    payload: TailReport
     max_p99: float | None
     #: The command that updates the candidate's baseline, appended when the pooled p99 is over its ``max_p99``.
     update_hint: str = ""
@@ -41,8 +41,9 @@ class TailCase:
 
     def check(self) -> None:
         __tracebackhide__ = True
-        if self.payload["problems"]:
-            message = "\n".join(self.payload["problems"])
+        problems = self.payload.get("problems", [])
+        if problems:
+            message = "\n".join(problems)
             if self.update_hint and "max_p99 of its baseline" in message:
                 message += "\n" + self.update_hint
             raise AssertionError(message)
@@ -53,6 +54,7 @@ class Tails:
     the pooled max is the shards' max, and the pooled p99 is not certainly above the baseline's ``max_p99``."""
 
     name = "tails"
+    payload: type[TailReport] = TailReport
     marker = "fidelity_tails"
     marker_doc = "fidelity tail reports (percentiles, CVaR, exceedances)"
     param_fixture = "fidelity_tail_candidate"
@@ -63,7 +65,7 @@ class Tails:
     def params(self, plan: CasePlan) -> list[ParameterSet]:
         return [plan.param(n, f"tails-{n}", n) for n in plan.case_names]
 
-    def case(self, run: CaseRun, request: pytest.FixtureRequest, param: Any) -> TailCase:
+    def case(self, run: CaseRun, request: pytest.FixtureRequest, param: object) -> TailCase:
         """A candidate's tail report over the selected shards (those actually scored after an adaptive stop)."""
         name = str(param)
         shards = list(run.plan.shards)
@@ -77,7 +79,7 @@ class Tails:
         run.send(request, self.name, case.payload)
         return case
 
-    def write(self, out: Path, payloads: Sequence[Payload], palette_names: Sequence[str] | None) -> Written:
+    def write(self, out: Path, payloads: Sequence[TailReport], palette_names: Sequence[str] | None) -> Written:
         files = write_tails(out, payloads, palette_names)
         return Written(list(files), [f"tails: {out / 'tails.md'}, {out / 'tails.png'}"])
 

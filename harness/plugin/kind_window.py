@@ -10,11 +10,14 @@ import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from harness.errors import FidelityError
-from harness.plugin.kinds import CasePlan, CaseRun, Payload, Written
+from harness.plugin.kinds import CasePlan, CaseRun, Written
 from harness.reports.windows import (
+    WindowComparison,
+    WindowPayload,
+    WindowSummary,
     compare_windows,
     expected_positions,
     flip_message,
@@ -30,18 +33,27 @@ if TYPE_CHECKING:
     from harness.run.session import FidelitySession
 
 
+@dataclass(frozen=True)
+class WindowParam:
+    """A window case's parameter: the window ``k``, and the notes of the windows the plan skipped."""
+
+    k: int
+    notes: tuple[str, ...] = ()
+
+
 @dataclass
 class WindowCase:
     """All candidates summarized from row ``k`` and at the base window, compared."""
 
-    payload: Payload
+    payload: WindowPayload
     expected_positions: int
 
     @classmethod
     def run(cls, session: FidelitySession, k: int, shards: Sequence[int], notes: Sequence[str] = ()) -> WindowCase:
         base = session.score_from
         n_boot = session.config.n_boot
-        summaries, base_summaries = {}, {}
+        summaries: dict[str, WindowSummary] = {}
+        base_summaries: dict[str, WindowSummary] = {}
         said = list(notes)
         for cand in session.config.candidates:
             try:
@@ -55,11 +67,11 @@ class WindowCase:
             raise FidelityError(f"window comparison from row {k}: expected at least one candidate scored, found none: "
                                 + "; ".join(said))
         n_ctx = sum(len(session.shard_indices(s)) for s in shards)
-        payload = {"base": base, "k": k, "summaries": summaries, "base_summaries": base_summaries, "notes": said,
+        payload: WindowPayload = {"base": base, "k": k, "summaries": summaries, "base_summaries": base_summaries, "notes": said,
                    "shards": [int(s) for s in shards]}
         return cls(payload, expected_positions(n_ctx, session.suite.n_ctx, k))
 
-    def comparison(self) -> dict[str, Any]:
+    def comparison(self) -> WindowComparison:
         p = self.payload
         by_window = {p["base"]: p["base_summaries"], p["k"]: p["summaries"]}
         return compare_windows(p["base"], by_window)
@@ -86,6 +98,7 @@ class Window:
     candidates with disjoint intervals never swap places (flips within overlapping intervals warn)."""
 
     name = "window"
+    payload: type[WindowPayload] = WindowPayload
     marker = "fidelity_window"
     marker_doc = "fidelity scoring-window controls"
     param_fixture = "fidelity_window_k"
@@ -98,18 +111,20 @@ class Window:
 
         run, skipped = planned_windows(plan.n_ctx)
         notes = tuple(note for _, note in skipped)
-        params = [pytest.param((k, notes), id=f"window-from{k}") for k in run]
-        params += [pytest.param((k, ()), id=f"window-from{k}", marks=pytest.mark.skip(reason=note)) for k, note in skipped]
+        params = [pytest.param(WindowParam(k, notes), id=f"window-from{k}") for k in run]
+        params += [pytest.param(WindowParam(k), id=f"window-from{k}", marks=pytest.mark.skip(reason=note)) for k, note in skipped]
         return params
 
-    def case(self, run: CaseRun, request: pytest.FixtureRequest, param: Any) -> WindowCase:
+    def case(self, run: CaseRun, request: pytest.FixtureRequest, param: object) -> WindowCase:
         """Every selected candidate rescored from row ``k``."""
-        k, notes = param
+        if not isinstance(param, WindowParam):
+            raise TypeError(f"fidelity_window_k: expected a WindowParam (one of params()), found {type(param).__name__}")
+        k, notes = param.k, param.notes
         case = run.compute(f"window from row {k}", lambda: WindowCase.run(run.session, k, list(run.plan.shards), notes))
         run.send(request, self.name, case.payload)
         return case
 
-    def write(self, out: Path, payloads: Sequence[Payload], palette_names: Sequence[str] | None) -> Written:
+    def write(self, out: Path, payloads: Sequence[WindowPayload], palette_names: Sequence[str] | None) -> Written:
         cmp = write_window(out, payloads)
         return Written([out / "window.json", out / "window.md"], [f"window: {cmp['verdict']} ({out / 'window.md'})"])
 

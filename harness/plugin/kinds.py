@@ -22,10 +22,10 @@ one module defining its class and one line in the registry.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 if TYPE_CHECKING:
     import pytest
@@ -35,10 +35,16 @@ if TYPE_CHECKING:
     from harness.inputs.config import FidelityConfig
     from harness.run.session import FidelitySession
 
-#: A report-case payload: a JSON-ready dict that travels home with the test report.
-Payload = dict[str, Any]
+#: A report-case payload as it is sent: a JSON-ready record that travels home with the test report (each
+#: kind's own TypedDict, :attr:`ReportKind.payload`).
+Payload = Mapping[str, object]
+
+#: The payload record of a kind whose payloads are checked by their own reader (or never sent): a JSON object.
+JSONDoc = dict[str, object]
 
 _T = TypeVar("_T")
+#: A kind's payload record (a TypedDict).
+P = TypeVar("P")
 
 
 class CasePlan(Protocol):
@@ -104,7 +110,10 @@ class CaseRun(Protocol):
 class ReportCase(Protocol):
     """The value of a kind's case fixture: its payload and its check."""
 
-    payload: Payload
+    @property
+    def payload(self) -> Payload:
+        """What the case sends home (its kind's payload record)."""
+        ...
 
     def check(self) -> None:
         """Raise ``AssertionError`` with a readable message when the report fails its rule."""
@@ -133,12 +142,19 @@ class Written:
     lines: list[str] = field(default_factory=list)
 
 
-class ReportKind(Protocol):
-    """One report kind (module docstring)."""
+class ReportKind(Protocol[P]):
+    """One report kind (module docstring); ``P``: its payload record, what :meth:`case` sends home and
+    :meth:`write` reads."""
 
     @property
     def name(self) -> str:
         """The payload kind: the key its payloads are gathered under, and its name in messages."""
+        ...
+
+    @property
+    def payload(self) -> type[P]:
+        """The payload's record (a TypedDict): a payload arriving from a worker is checked against it
+        (:func:`harness.io.schema.checked`) before :meth:`write` reads it."""
         ...
 
     @property
@@ -175,10 +191,11 @@ class ReportKind(Protocol):
         """One pytest parameter per case of this run (empty: the kind is not collected)."""
         ...
 
-    def case(self, run: CaseRun, request: pytest.FixtureRequest, param: Any) -> Any:
-        """The case fixture's value for ``param`` (computed from the session; queues its payload home)."""
+    def case(self, run: CaseRun, request: pytest.FixtureRequest, param: object) -> object:
+        """The case fixture's value for ``param`` (one of :meth:`params`; computed from the session; queues its
+        payload home)."""
         ...
 
-    def write(self, out: Path, payloads: Sequence[Payload], palette_names: Sequence[str] | None) -> Written:
+    def write(self, out: Path, payloads: Sequence[P], palette_names: Sequence[str] | None) -> Written:
         """Controller side: write the run's artifacts of this kind from every case's payload."""
         ...

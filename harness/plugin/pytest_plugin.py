@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from harness.inputs.config import PairConfig
     from harness.plugin.kind_paired import PairCase
     from harness.plugin.kind_tails import TailCase
-    from harness.plugin.kind_window import WindowCase
+    from harness.plugin.kind_window import WindowCase, WindowParam
     from harness.run.precision_floor import PrecisionFloor
     from harness.run.session import FidelitySession, ScoredShard
 
@@ -199,13 +199,13 @@ def fidelity_tails(request: pytest.FixtureRequest, fidelity_tail_candidate: str)
 
 
 @pytest.fixture
-def fidelity_window_k(request: pytest.FixtureRequest) -> tuple[int, tuple[str, ...]]:
+def fidelity_window_k(request: pytest.FixtureRequest) -> WindowParam:
     """The first scored row ``k`` of this window case, and the notes on the windows skipped."""
     return request.param  # type: ignore[no-any-return]
 
 
 @pytest.fixture
-def fidelity_window(request: pytest.FixtureRequest, fidelity_window_k: tuple[int, tuple[str, ...]]) -> WindowCase:
+def fidelity_window(request: pytest.FixtureRequest, fidelity_window_k: WindowParam) -> WindowCase:
     """Every selected candidate rescored from row ``k`` (report kind ``window``)."""
     return kind_window.KIND.case(active_run(request.config), request, fidelity_window_k)
 

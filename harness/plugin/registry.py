@@ -8,7 +8,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any, TypeVar
 
+from harness.io.schema import checked
 from harness.plugin import (
     kind_adaptive,
     kind_allocate,
@@ -19,10 +21,12 @@ from harness.plugin import (
     kind_tails,
     kind_window,
 )
-from harness.plugin.kinds import Payload, ReportKind
+from harness.plugin.kinds import ReportKind, Written
+
+_P = TypeVar("_P")
 
 #: Every report kind, in the order their artifacts are written and their lines printed.
-REPORT_KINDS: tuple[ReportKind, ...] = (
+REPORT_KINDS: tuple[ReportKind[Any], ...] = (  # Any: each kind has its own payload record (write_kind checks it)
     kind_tails.KIND,
     kind_window.KIND,
     kind_paired.KIND,
@@ -34,7 +38,13 @@ REPORT_KINDS: tuple[ReportKind, ...] = (
 )
 
 
-def write_extras(report_dir: str | Path, extras: Mapping[str, Sequence[Payload]],
+def write_kind(kind: ReportKind[_P], out: Path, payloads: Sequence[object], palette_names: Sequence[str] | None) -> Written:
+    """Controller side: check each payload of ``kind`` (JSON from a worker) against its record, then write them."""
+    records = [checked(p, kind.payload, f"<{kind.name} payload {i} of this run>") for i, p in enumerate(payloads)]
+    return kind.write(out, records, palette_names)
+
+
+def write_extras(report_dir: str | Path, extras: Mapping[str, Sequence[object]],
                  palette_names: Sequence[str] | None = None, written: list[Path] | None = None) -> list[str]:
     """Controller side: write the artifacts of every kind with payloads; returns the terminal lines.
     ``palette_names``: the configuration's candidates, which fix each candidate's colour in the figures;
@@ -44,7 +54,7 @@ def write_extras(report_dir: str | Path, extras: Mapping[str, Sequence[Payload]]
     for kind in REPORT_KINDS:
         payloads = extras.get(kind.name)
         if payloads:
-            done = kind.write(out, payloads, palette_names)
+            done = write_kind(kind, out, payloads, palette_names)
             if written is not None:
                 written += done.files
             lines += done.lines

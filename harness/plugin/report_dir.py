@@ -35,13 +35,14 @@ import re
 import uuid
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import NotRequired, TypedDict
 
 from harness.errors import VerificationError
 from harness.io.atomic import atomic_write_text, finish_pending
 from harness.io.hashing import sha256_file
 from harness.io.jsonio import read_json, type_name
 from harness.io.owned import check_relative, owned_file, remove_empty_folder, symlink_on_path
+from harness.io.schema import checked
 
 #: The stamp a run leaves in its report folder: which suite the reports there measure, and the ledger.
 STAMP = "fidelity-run.json"
@@ -62,11 +63,32 @@ _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _STAGED = re.compile(r"^\.(.+)\.[A-Za-z0-9_]{8}\.tmp$")
 
 
+class LedgerEntry(TypedDict):
+    """A file of the folder as the ledger lists it: its sha256 when written, and the run that wrote it."""
+
+    sha256: str
+    run: str
+
+
+class Stamp(TypedDict):
+    """``fidelity-run.json`` (module docstring): the suite the folder's reports measure and the ledger."""
+
+    schema: str
+    files: dict[str, LedgerEntry]
+    #: run id -> ``{finished, command}``
+    runs: dict[str, dict[str, object]]
+    #: the summary folders a run created (absent from ``fidelity.report-dir/2`` stamps)
+    folders: NotRequired[list[str]]
+    suite_token_sha256: NotRequired[str]
+    config: NotRequired[str]
+    latest_run: NotRequired[str]
+
+
 def is_shard_report(rel: str) -> bool:
     return bool(_SHARD.match(rel))
 
 
-def check_ledger(report_dir: Path) -> dict[str, Any] | None:
+def check_ledger(report_dir: Path) -> Stamp | None:
     """The folder's stamp, checked (module docstring); None when there is none. A stamp that is a
     symbolic link, not strict JSON, of another schema, or whose ledger names anything this project does
     not write is a :class:`~harness.errors.VerificationError` naming the stamp, the entry, the expected
@@ -76,7 +98,7 @@ def check_ledger(report_dir: Path) -> dict[str, Any] | None:
         raise VerificationError(path, "report folder stamp", "a regular file", "a symbolic link")
     if not path.exists():
         return None
-    doc: dict[str, Any] = read_json(path)
+    doc = read_json(path)
     if doc.get("schema") not in _READABLE:
         raise VerificationError(path, "schema", " or ".join(_READABLE), repr(doc.get("schema")))
     files, folders, runs = doc.get("files"), doc.get("folders", []), doc.get("runs")
@@ -99,7 +121,7 @@ def check_ledger(report_dir: Path) -> dict[str, Any] | None:
                                     f"{link} is a symbolic link (a tampered folder: nothing was deleted)")
     if not isinstance(folders, list) or not all(f in SUMMARY_FOLDERS for f in folders):
         raise VerificationError(path, "folders", f"a list of {', '.join(SUMMARY_FOLDERS)}", folders)
-    return doc
+    return checked(doc, Stamp, path)
 
 
 def finish_interrupted_writes(report_dir: Path) -> list[Path]:
@@ -131,9 +153,8 @@ def _sha256(path: Path) -> str | None:
         return None
 
 
-def _ledger(stamp: dict[str, Any] | None) -> dict[str, dict[str, Any]]:
-    files = (stamp or {}).get("files")
-    return {str(k): v for k, v in files.items() if isinstance(v, dict)} if isinstance(files, dict) else {}
+def _ledger(stamp: Stamp | None) -> dict[str, LedgerEntry]:
+    return {} if stamp is None else dict(stamp["files"])
 
 
 def remove_previous_summaries(report_dir: Path) -> list[str]:
@@ -158,7 +179,7 @@ def remove_previous_summaries(report_dir: Path) -> list[str]:
         doomed.append(path)
     for path in doomed:
         path.unlink()
-    for folder in (stamp or {}).get("folders", []):
+    for folder in [] if stamp is None else stamp.get("folders", []):
         remove_empty_folder(report_dir / folder)
     return sorted(changed)
 
@@ -169,7 +190,7 @@ def summary_folders_present(report_dir: Path) -> set[str]:
 
 
 def write_stamp(report_dir: Path, suite_sha256: str, config: Path, written: Iterable[Path], command: str,
-                created: Iterable[str] = ()) -> dict[str, Any]:
+                created: Iterable[str] = ()) -> Stamp:
     """Stamp the folder and record this run's files (``written``, paths inside the folder) in the ledger.
 
     Entries of earlier runs stay while their file is present with the recorded sha256 (shard reports this run
@@ -183,29 +204,28 @@ def write_stamp(report_dir: Path, suite_sha256: str, config: Path, written: Iter
         old = None  # never carried over: only this run's own files are listed
     run_id = uuid.uuid4().hex[:12]
     finished = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-    files: dict[str, dict[str, Any]] = {}
+    files: dict[str, LedgerEntry] = {}
     for rel, entry in _ledger(old).items():
-        if is_shard_report(rel) and _sha256(report_dir / rel) == entry.get("sha256"):
+        if is_shard_report(rel) and _sha256(report_dir / rel) == entry["sha256"]:
             files[rel] = entry
     for path in written:
         rel = Path(os.path.relpath(path, report_dir)).as_posix()
         sha = _sha256(path)
         if sha is not None and (_SHARD.match(rel) or _SUMMARY.match(rel)):
             files[rel] = {"sha256": sha, "run": run_id}
-    old_runs = (old or {}).get("runs")
-    runs = {k: v for k, v in old_runs.items() if any(e.get("run") == k for e in files.values())} \
-        if isinstance(old_runs, dict) else {}
+    old_runs = {} if old is None else old["runs"]
+    runs = {k: v for k, v in old_runs.items() if any(e["run"] == k for e in files.values())}
     runs[run_id] = {"finished": finished, "command": command}
     present = summary_folders_present(report_dir)
-    folders = sorted(present & (set(created) | set((old or {}).get("folders", []))))
-    doc = {"schema": SCHEMA, "suite_token_sha256": suite_sha256, "config": str(config), "latest_run": run_id,
+    folders = sorted(present & (set(created) | set([] if old is None else old.get("folders", []))))
+    doc: Stamp = {"schema": SCHEMA, "suite_token_sha256": suite_sha256, "config": str(config), "latest_run": run_id,
            "runs": runs, "files": dict(sorted(files.items())), "folders": folders}
     atomic_write_text(report_dir / STAMP, json.dumps(doc, indent=2, sort_keys=True) + "\n")
     return doc
 
 
-def earlier_shard_reports(stamp: dict[str, Any]) -> list[str]:
+def earlier_shard_reports(stamp: Stamp) -> list[str]:
     """Shard reports (``.json``) in the ledger written by a run other than the latest one."""
     latest = stamp.get("latest_run")
     return [rel for rel, e in _ledger(stamp).items()
-            if rel.endswith(".json") and is_shard_report(rel) and e.get("run") != latest]
+            if rel.endswith(".json") and is_shard_report(rel) and e["run"] != latest]

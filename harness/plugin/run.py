@@ -18,13 +18,13 @@ import sys
 from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TextIO, TypeVar
 
 import pluggy
 import pytest
 
 from harness.errors import FidelityError
-from harness.gate.adaptive import AdaptiveMonitor, threshold_for
+from harness.gate.adaptive import AdaptiveMonitor, AdaptiveRecord, threshold_for
 from harness.gate.baselines import headline_of
 from harness.gate.gate import Gate, no_baselines_yet
 from harness.plugin import kind_adaptive, tracker
@@ -45,6 +45,7 @@ from harness.plugin.report_dir import (
 from harness.plugin.startup import check_options, check_report_dir, executor_for, finish_interrupted
 from harness.plugin.step_summary import CASE_MARKERS, ENV, append, failing_case, render
 from harness.reports.aggregate import format_ladder, ladder_notes
+from harness.reports.shard import ShardReportJSON
 from harness.run.cluster.ray_executor import RayExecutor, scored_shard
 from harness.run.floor_cache import floor_for_run
 from harness.run.precision_floor import write_precision_floor
@@ -66,10 +67,10 @@ _T = TypeVar("_T")
 
 #: The run of this pytest process, when a fidelity configuration is in use.
 RUN_KEY = pytest.StashKey["FidelityRun"]()
-#: Item stash: the shard report (JSON dict) of a candidate x shard case.
-_PAYLOAD = pytest.StashKey[dict[str, Any]]()
+#: Item stash: the shard report of a candidate x shard case.
+_PAYLOAD = pytest.StashKey[ShardReportJSON]()
 #: Item stash: report-case payloads (``{"kind": ..., "data": ...}``) of a case.
-_EXTRA = pytest.StashKey[list[dict[str, Any]]]()
+_EXTRA = pytest.StashKey[list[dict[str, object]]]()
 
 
 def _reason_of(report: pytest.TestReport) -> str:
@@ -98,7 +99,7 @@ class FidelityRun:
     _session: FidelitySession | None = None
     _monitor: AdaptiveMonitor | None = None
     _collector: LadderCollector | None = None
-    extras: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    extras: dict[str, list[object]] = field(default_factory=dict)
     extra_lines: list[str] = field(default_factory=list)
     #: Candidates with a failed case that carried no report (see :meth:`missing_from_ladder`).
     unscored: set[str] = field(default_factory=set)
@@ -245,7 +246,7 @@ class FidelityRun:
                 self.threads = choose_threads(workers)
 
     @pytest.hookimpl(optionalhook=True)
-    def pytest_configure_node(self, node: Any) -> None:
+    def pytest_configure_node(self, node: Any) -> None:  # Any: pytest-xdist's WorkerController (untyped)
         """Controller (pytest-xdist): hand each worker the key that signs this session's hand-over files."""
         if self.handover_key is not None:
             node.workerinput["fidelity_handover_key"] = self.handover_key
@@ -483,7 +484,8 @@ class FidelityRun:
             scored = _or_fail(f"{name} shard {shard:02d}", lambda: self._score(name, shard))
         if monitor is not None:
             d = monitor.observe(name, shard, scored.report.metrics)
-            self.send(request, kind_adaptive.KIND.name, {"candidate": name, "shard": shard, **d.record()})
+            record: AdaptiveRecord = {"candidate": name, "shard": shard, **d.record()}
+            self.send(request, kind_adaptive.KIND.name, record)
 
         record_on_case(self.pytest_config, request.node, headline_numbers(scored.headline))
         request.node.stash[_PAYLOAD] = scored.report.to_json_dict()
@@ -506,7 +508,7 @@ class _OwnLine:
     """A stream that starts a new line before its first write, so a progress bar does not continue pytest's
     line of dots, and a case that prints nothing leaves the dots alone."""
 
-    def __init__(self, stream: Any) -> None:
+    def __init__(self, stream: TextIO) -> None:
         self._stream = stream
         self._started = False
 
@@ -516,7 +518,7 @@ class _OwnLine:
             self._stream.write("\n")
         return int(self._stream.write(text))
 
-    def __getattr__(self, name: str) -> Any:
+    def __getattr__(self, name: str) -> Any:  # Any: any attribute of the wrapped stream, as it is
         return getattr(self._stream, name)
 
 

@@ -25,10 +25,17 @@ its body (compared as text).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, TypedDict
 
 from harness.engines.hub import hub_origin
 from harness.io.escape import md, md_code
+from harness.reports.aggregate import Aggregate
+from harness.reports.suite_shape import SuiteJSON
+
+if TYPE_CHECKING:
+    from huggingface_hub import EvalResult, ModelCardData
+
+    from harness.inputs.config import FidelityConfig
 
 #: The metric every candidate's evaluation result reports.
 METRIC_TYPE = "kl_divergence"
@@ -41,7 +48,22 @@ BASE_TAGS = ("fidelity", "kl-divergence", "quantized")
 INTERVAL = "95% studentized source-cluster bootstrap"
 
 
-def card_info(config: Any) -> dict[str, Any]:
+class CardInfo(TypedDict):
+    """What the card takes from the configuration (``results.json``'s ``card``): the BF16 original's Hub id,
+    the license and the reference's name (each None when not given)."""
+
+    base_model: str | None
+    license: str | None
+    reference: str | None
+
+
+class CardSuite(SuiteJSON):
+    """The suite as the card's ``model-index`` names it: its recorded block and its number of contexts."""
+
+    n_contexts: int
+
+
+def card_info(config: FidelityConfig | None) -> CardInfo:
     """What the card needs from the configuration (recorded in ``results.json`` as ``card``, so ``fidelity
     verify`` re-renders the card without it): ``base_model``, ``license`` and the reference's name."""
     card = getattr(config, "card", None)
@@ -54,13 +76,13 @@ def card_info(config: Any) -> dict[str, Any]:
             "reference": None if config is None else config.reference.name}
 
 
-def _tags(aggs: Mapping[str, Mapping[str, Any]]) -> list[str]:
-    own = sorted({str(t) for a in aggs.values() for t in a["comparability"]["candidate"].get("tags") or ()}
-                 - set(BASE_TAGS))
+def _tags(aggs: Mapping[str, Aggregate]) -> list[str]:
+    recorded = [a["comparability"]["candidate"].get("tags") for a in aggs.values()]
+    own = sorted({str(t) for tags in recorded if isinstance(tags, list) for t in tags} - set(BASE_TAGS))
     return [*BASE_TAGS, *own]
 
 
-def eval_results(aggs: Mapping[str, Mapping[str, Any]], suite: Mapping[str, Any]) -> list[Any]:
+def eval_results(aggs: Mapping[str, Aggregate], suite: CardSuite) -> list[EvalResult]:
     """One :class:`~huggingface_hub.EvalResult` per candidate, in ladder order (by mean KLD)."""
     from huggingface_hub import EvalResult
 
@@ -68,7 +90,7 @@ def eval_results(aggs: Mapping[str, Mapping[str, Any]], suite: Mapping[str, Any]
     out = []
     for name, a in sorted(aggs.items(), key=lambda t: (t[1]["kld"]["mean"], t[0])):
         ci = a["kld"]["ci95"]
-        args: dict[str, Any] = {"unit": "nats", "interval": INTERVAL if ci else
+        args: dict[str, object] = {"unit": "nats", "interval": INTERVAL if ci else
                                 f"not estimable ({a['n_clusters']} source clusters; at least 8 needed)"}
         if ci:
             args.update(ci95_low=float(ci[0]), ci95_high=float(ci[1]))
@@ -83,29 +105,27 @@ def eval_results(aggs: Mapping[str, Mapping[str, Any]], suite: Mapping[str, Any]
     return out
 
 
-def card_data(info: Mapping[str, Any] | None, aggs: Mapping[str, Mapping[str, Any]], suite: Mapping[str, Any]) -> Any:
+def card_data(info: CardInfo | None, aggs: Mapping[str, Aggregate], suite: CardSuite) -> ModelCardData:
     """The card's :class:`~huggingface_hub.ModelCardData`."""
     from huggingface_hub import ModelCardData
 
-    info = info or {}
-    base = info.get("base_model")
-    extra: dict[str, Any] = {"base_model_relation": "quantized"} if base else {}
+    base = info["base_model"] if info else None
     return ModelCardData(
-        license=info.get("license") or "unknown", tags=_tags(aggs), pipeline_tag=TASK_TYPE,
-        base_model=base, model_name=model_name(info), eval_results=eval_results(aggs, suite), **extra)
+        license=(info["license"] if info else None) or "unknown", tags=_tags(aggs), pipeline_tag=TASK_TYPE,
+        base_model=base, model_name=model_name(info), eval_results=eval_results(aggs, suite),
+        base_model_relation="quantized" if base else None)  # None: not written
 
 
-def model_name(info: Mapping[str, Any] | None) -> str:
+def model_name(info: CardInfo | None) -> str:
     """The model-index name: the base model's Hub id, else the reference's name, as a ladder."""
-    info = info or {}
-    return f"{info.get('base_model') or info.get('reference') or 'reference'} quantization ladder"
+    named = (info["base_model"] or info["reference"]) if info else None
+    return f"{named or 'reference'} quantization ladder"
 
 
-def render_body(info: Mapping[str, Any] | None, ladder_lines: Sequence[str], has_tails: bool, details: str) -> str:
+def render_body(info: CardInfo | None, ladder_lines: Sequence[str], has_tails: bool, details: str) -> str:
     """The card's Markdown: title, what is measured, the ladder, the plots (relative links), then ``details``."""
-    info = info or {}
-    base = info.get("base_model")
-    ref = md_code(info.get("reference") or "reference")
+    base = info["base_model"] if info else None
+    ref = md_code((info["reference"] if info else None) or "reference")
     origin = (f"the BF16 original {ref} ([{md(base)}](https://huggingface.co/{base}))" if base else f"the BF16 original {ref}")
     lines = [f"# {md(model_name(info))}", "",
              f"Exact full-vocabulary KL divergence of each candidate's next-token distribution from {origin}, in "
@@ -117,7 +137,7 @@ def render_body(info: Mapping[str, Any] | None, ladder_lines: Sequence[str], has
     return "\n".join(lines) + "\n" + details
 
 
-def render_card(info: Mapping[str, Any] | None, aggs: Mapping[str, Mapping[str, Any]], suite: Mapping[str, Any],
+def render_card(info: CardInfo | None, aggs: Mapping[str, Aggregate], suite: CardSuite,
                 ladder_lines: Sequence[str], has_tails: bool, details: str) -> str:
     """The whole ``README.md``: the metadata block written by huggingface_hub, then the body."""
     from huggingface_hub import ModelCard
@@ -127,7 +147,7 @@ def render_card(info: Mapping[str, Any] | None, aggs: Mapping[str, Mapping[str, 
     return str(card)
 
 
-def split_card(text: str) -> tuple[dict[str, Any], str]:
+def split_card(text: str) -> tuple[dict[str, object], str]:
     """``(metadata, body)`` of a card as huggingface_hub parses it (metadata ``{}`` when there is no block)."""
     from huggingface_hub import ModelCard
 

@@ -2,18 +2,18 @@
 
 from __future__ import annotations
 
-from typing import Any
-
+from harness.metrics.records import Diagnostics
 from harness.reports.numbers import fmt_interval as _iv
 from harness.reports.numbers import fmt_value as _g
 
 __all__ = ["diagnostics_lines"]
 
 
-def diagnostics_lines(d: Any) -> list[str]:
+def diagnostics_lines(d: Diagnostics) -> list[str]:
     """The ``## Diagnostics`` section: scalar scores, then KLD by reference confidence and by entropy decile."""
     st = d["same_top"]
-    se = "" if st.get("se_iid") is None else f" ± {100 * st['se_iid']:.3f} % (i.i.d. SE)"
+    se_iid = st.get("se_iid")
+    se = "" if se_iid is None else f" ± {100 * se_iid:.3f} % (i.i.d. SE)"
     lines = [
         "## Diagnostics",
         "",
@@ -45,8 +45,8 @@ def diagnostics_lines(d: Any) -> list[str]:
         "| decile | entropy (nats) | positions | mean KLD |",
         "|---|---|---|---|",
     ]
-    for r in d["by_entropy_decile"]:
-        hi = "∞" if r["hi"] is None else _g(r["hi"], 3)
-        lines.append(f"| {r['decile']} | [{_g(r['lo'], 3)}, {hi}) | {r['positions']} | {_g(r['mean_kld'])} |")
+    for dec in d["by_entropy_decile"]:
+        hi = "∞" if dec["hi"] is None else _g(dec["hi"], 3)
+        lines.append(f"| {dec['decile']} | [{_g(dec['lo'], 3)}, {hi}) | {dec['positions']} | {_g(dec['mean_kld'])} |")
     lines.append("")
     return lines

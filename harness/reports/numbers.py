@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 
 def fmt_g(x: float) -> str:
@@ -16,7 +15,7 @@ def fmt_opt(x: float | None) -> str:
     return "—" if x is None else fmt_g(float(x))
 
 
-def fmt_value(x: Any, digits: int = 4) -> str:
+def fmt_value(x: object, digits: int = 4) -> str:
     """Any report value: an em dash for ``None``; a float as :func:`fmt_g` with ``digits`` significant digits;
     anything else (counts, names) as ``str``."""
     if x is None:
@@ -28,6 +27,6 @@ def fmt_value(x: Any, digits: int = 4) -> str:
     return str(x)
 
 
-def fmt_interval(ci: Sequence[Any] | None) -> str:
+def fmt_interval(ci: Sequence[object] | None) -> str:
     """``[lo, hi]``; a ``null`` interval (fewer source clusters than the bootstrap's minimum) is not estimable."""
     return f"[{fmt_value(ci[0])}, {fmt_value(ci[1])}]" if ci else "not estimable"

@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import NotRequired, TypedDict
 
 import numpy as np
 
@@ -37,6 +37,8 @@ from harness.io.atomic import atomic_write_files, dumps_json
 from harness.io.md_table import md_table
 from harness.metrics import paired
 from harness.metrics.bootstrap import DEFAULT_SEED, draw_cluster_weights, ratio_intervals
+from harness.metrics.paired import ContextWins, PairedStats
+from harness.metrics.positions import ScoredPositions
 from harness.metrics.records import ContextRow
 from harness.metrics.scores import PositionScores
 from harness.reports.numbers import fmt_g
@@ -47,6 +49,42 @@ VERDICTS = ("equivalent", "A better", "B better", "inconclusive", "not estimable
 ALPHA_SIDE = 0.05
 TEST = (f"equivalent: TOST at alpha {ALPHA_SIDE} per side, read conservatively from the 95% studentized interval of the "
         "mean-KLD difference (it lies within ±margin); better: the interval excludes 0 (two-sided, 5%)")
+
+
+class MarginRule(TypedDict):
+    """How a pair's margin in nats was formed: its kind (:data:`MARGIN_KINDS`), the value as written, in words,
+    and the precision floor's mean it multiplies (``floor`` margins; else None)."""
+
+    kind: str
+    value: float
+    text: str
+    floor_mean: float | None
+
+
+class PairedReport(PairedStats):
+    """A paired comparison (``fidelity.paired/1``; module docstring): the differences of
+    :func:`harness.metrics.paired`, the margin, the verdict and the shards it covers."""
+
+    schema: str
+    a: str
+    b: str
+    #: the margin in nats
+    margin: float
+    verdict: str
+    #: the verdict with the candidates' names
+    verdict_named: str
+    test: str
+    alpha_per_side: float
+    #: the smallest margin these data would call equivalent (None: not estimable)
+    certifiable_margin: float | None
+    #: both candidates' mean KLD as compensated sums of the raw windowed values
+    independent_kld_means: dict[str, float]
+    #: reports written before margins had kinds lack the key
+    margin_rule: NotRequired[MarginRule]
+    #: set (None when the margin is sound) in every report that has a margin rule
+    margin_warning: NotRequired[str | None]
+    #: the shard numbers of the positions, in order (absent: every shard both candidates have)
+    shards: NotRequired[list[int]]
 
 
 def verdict(ci: Sequence[float] | None, margin: float) -> str:
@@ -69,7 +107,7 @@ MARGIN_KINDS = ("absolute", "relative", "floor")
 
 
 def resolve_margin(value: float, kind: str, mean_a: float, mean_b: float,
-                   floor_mean: float | None = None) -> tuple[float, dict[str, Any]]:
+                   floor_mean: float | None = None) -> tuple[float, MarginRule]:
     """The margin in nats and its rule (``kind``, ``value``, ``text``, ``floor_mean``) from the margin as written
     (:data:`MARGIN_KINDS`); a ``floor`` margin needs ``floor_mean``."""
     if kind == "absolute":
@@ -100,10 +138,10 @@ def pair_id(a: str, b: str) -> str:
 
 
 def paired_report(
-    a: str, b: str, pos_a: Sequence[Any], pos_b: Sequence[Any], *, margin: float, score_from: int = 0,
+    a: str, b: str, pos_a: Sequence[ScoredPositions], pos_b: Sequence[ScoredPositions], *, margin: float, score_from: int = 0,
     n_boot: int = 10_000, shards: Sequence[int] | None = None, margin_kind: str = "absolute",
     floor_mean: float | None = None,
-) -> dict[str, Any]:
+) -> PairedReport:
     """Paired comparison of ``a`` and ``b`` from their :class:`~harness.run.shard.ShardPositions` (same shards, same order).
     ``shards``: the shard numbers of the positions, in order (recorded, so a reader can re-derive the report
     from the shard reports: :func:`verify_paired`). ``margin`` as written, of ``margin_kind``
@@ -127,13 +165,20 @@ def paired_report(
     v = verdict(ci, margin)
     named = {"A better": f"{a} better", "B better": f"{b} better"}.get(v, v)
     certifiable = None if ci is None else max(-float(ci[0]), float(ci[1]))
-    return {"schema": SCHEMA, "a": a, "b": b, "margin": float(margin), "margin_rule": rule,
-            "margin_warning": margin_warning(margin, fsum["a"], fsum["b"]), "verdict": v, "verdict_named": named,
-            "test": TEST, "alpha_per_side": ALPHA_SIDE, "certifiable_margin": certifiable,
-            "independent_kld_means": fsum, **res, **({"shards": [int(x) for x in shards]} if shards is not None else {})}
+    rep: PairedReport = {"n_positions": res["n_positions"], "n_contexts": res["n_contexts"], "n_clusters": res["n_clusters"],
+                         "score_from": res["score_from"], "bootstrap": res["bootstrap"], "difference": res["difference"],
+                         "kld_mean": res["kld_mean"], "top1": res["top1"], "ear_mean": res["ear_mean"],
+                         "kld_p99": res["kld_p99"], "kld_cvar1": res["kld_cvar1"], "contexts": res["contexts"],
+                         "schema": SCHEMA, "a": a, "b": b, "margin": float(margin), "margin_rule": rule,
+                         "margin_warning": margin_warning(margin, fsum["a"], fsum["b"]), "verdict": v,
+                         "verdict_named": named, "test": TEST, "alpha_per_side": ALPHA_SIDE,
+                         "certifiable_margin": certifiable, "independent_kld_means": fsum}
+    if shards is not None:
+        rep["shards"] = [int(x) for x in shards]
+    return rep
 
 
-def check_paired(rep: dict[str, Any], expect: str | None = None) -> list[str]:
+def check_paired(rep: PairedReport, expect: str | None = None) -> list[str]:
     """Checks of a paired report against independent figures (and the declared expectation, when given).
 
     * both candidates' mean KLD equal ``independent_kld_means``: compensated (``math.fsum``) sums of
@@ -143,9 +188,9 @@ def check_paired(rep: dict[str, Any], expect: str | None = None) -> list[str]:
     out = []
     d = rep["kld_mean"]
     ind = rep["independent_kld_means"]
-    for side in ("a", "b"):
-        if abs(d[side] - ind[side]) > 1e-9 * max(abs(ind[side]), 1e-300):
-            out.append(f"{rep['a']} vs {rep['b']}: mean KLD of {rep[side]} {d[side]!r} differs from the "
+    for side, name, mean in (("a", rep["a"], d["a"]), ("b", rep["b"], d["b"])):
+        if abs(mean - ind[side]) > 1e-9 * max(abs(ind[side]), 1e-300):
+            out.append(f"{rep['a']} vs {rep['b']}: mean KLD of {name} {mean!r} differs from the "
                        f"independent sum {ind[side]!r}")
     diff = ind["a"] - ind["b"]
     if d["ci95"] is not None and not d["ci95"][0] <= diff <= d["ci95"][1]:
@@ -166,7 +211,7 @@ def _close(x: float, y: float, rel: float) -> bool:
     return math.isclose(x, y, rel_tol=rel, abs_tol=1e-300)
 
 
-def verify_paired(rep: dict[str, Any], path: str | Path, rows_a: Mapping[int, Sequence[ContextRow]],
+def verify_paired(rep: PairedReport, path: str | Path, rows_a: Mapping[int, Sequence[ContextRow]],
                   rows_b: Mapping[int, Sequence[ContextRow]], margin: float | None = None,
                   n_boot: int | None = None) -> None:
     """Refuse a paired report (read back from ``path``) whose headline does not follow from the two candidates'
@@ -206,14 +251,14 @@ def verify_paired(rep: dict[str, Any], path: str | Path, rows_a: Mapping[int, Se
                                 f"seed {boot['seed']}, n_boot {boot['n_boot']}")
     ci = ratio_intervals(draw_cluster_weights(len(names), int(boot["n_boot"]), int(boot["seed"])), diff_cl, pos_cl)[0]
     rule = rep.get("margin_rule")
-    if isinstance(rule, dict):  # a relative or floor margin follows from the means (and the recorded floor)
-        want_m, _ = resolve_margin(float(rule["value"]), str(rule["kind"]), mean_a, mean_b, rule.get("floor_mean"))
+    if rule is not None:  # a relative or floor margin follows from the means (and the recorded floor)
+        want_m, _ = resolve_margin(float(rule["value"]), str(rule["kind"]), mean_a, mean_b, rule["floor_mean"])
         if not _close(rep["margin"], want_m, 1e-9):
             raise VerificationError(path, "margin", f"{want_m!r} ({rule['kind']} margin {rule['value']!r})", rep["margin"])
     if "margin_warning" in rep and rep["margin_warning"] != margin_warning(rep["margin"], mean_a, mean_b):
         raise VerificationError(path, "margin_warning", repr(margin_warning(rep["margin"], mean_a, mean_b)), rep["margin_warning"])
     d = rep["kld_mean"]
-    checks: list[tuple[str, Any, Any, float]] = [
+    checks: list[tuple[str, float, float, float]] = [
         ("n_positions", n, rep["n_positions"], 0.0), ("n_clusters", len(names), rep["n_clusters"], 0.0),
         ("kld_mean.a", mean_a, d["a"], 1e-9), ("kld_mean.b", mean_b, d["b"], 1e-9), ("kld_mean.diff", mean_a - mean_b, d["diff"], 1e-7),
     ]
@@ -227,29 +272,31 @@ def verify_paired(rep: dict[str, Any], path: str | Path, rows_a: Mapping[int, Se
     v = verdict(got_ci, rep["margin"])
     named = {"A better": f"{a} better", "B better": f"{b} better"}.get(v, v)
     certifiable = None if got_ci is None else max(-float(got_ci[0]), float(got_ci[1]))
-    for key, want, got in (("verdict", v, rep["verdict"]), ("verdict_named", named, rep["verdict_named"]),
-                           ("certifiable_margin", certifiable, rep["certifiable_margin"])):
-        if want != got:
-            raise VerificationError(path, key, f"{want!r} (from the interval and the margin)", got)
-    wins = {"a_wins": sum(float(x["mean_kld"]) < float(y["mean_kld"]) for x, y in zip(ra, rb)),
+    outcome: tuple[tuple[str, object, object], ...] = (
+        ("verdict", v, rep["verdict"]), ("verdict_named", named, rep["verdict_named"]),
+        ("certifiable_margin", certifiable, rep["certifiable_margin"]))
+    for key, want_o, got_o in outcome:
+        if want_o != got_o:
+            raise VerificationError(path, key, f"{want_o!r} (from the interval and the margin)", got_o)
+    wins: ContextWins = {"a_wins": sum(float(x["mean_kld"]) < float(y["mean_kld"]) for x, y in zip(ra, rb)),
             "b_wins": sum(float(y["mean_kld"]) < float(x["mean_kld"]) for x, y in zip(ra, rb)),
             "ties": sum(float(x["mean_kld"]) == float(y["mean_kld"]) for x, y in zip(ra, rb))}
     if rep["contexts"] != wins:
         raise VerificationError(path, "contexts", f"{wins} (the shard reports' per-context means)", rep["contexts"])
 
 
-def _margin(rep: dict[str, Any]) -> str:
+def _margin(rep: PairedReport) -> str:
     c = rep.get("certifiable_margin")
     return "—" if c is None else f"±{c:.4g}"
 
 
-def render_paired(rep: dict[str, Any]) -> str:
+def render_paired(rep: PairedReport) -> str:
     a, b = rep["a"], rep["b"]
     bs = rep["bootstrap"]
     lines = [
         f"# Paired comparison: {a} vs {b}", "",
         f"**Verdict: {rep['verdict_named']}** (margin ±{rep['margin']:.4g} nats on the mean-KLD difference"
-        + (f": {rep['margin_rule']['text']}" if rep.get("margin_rule") else "")
+        + (f": {rule['text']}" if (rule := rep.get("margin_rule")) else "")
         + f"; the smallest margin these data could certify: {_margin(rep)})."
         + (f" **WARNING: {rep['margin_warning']}.**" if rep.get("margin_warning") else ""), "",
         f"Test: {rep['test']}.", "",
@@ -259,9 +306,8 @@ def render_paired(rep: dict[str, Any]) -> str:
         f"({bs['n_boot_tails']} for tails), seed {bs['seed']}.", "",
     ]
     rows = []
-    for key, label in (("kld_mean", "mean KLD"), ("kld_p99", "KLD p99"), ("kld_cvar1", "KLD CVaR1%"),
-                       ("top1", "top-1 agreement"), ("ear_mean", "EAR")):
-        d = rep[key]
+    for d, label in ((rep["kld_mean"], "mean KLD"), (rep["kld_p99"], "KLD p99"), (rep["kld_cvar1"], "KLD CVaR1%"),
+                     (rep["top1"], "top-1 agreement"), (rep["ear_mean"], "EAR")):
         ci = "not estimable" if d["ci95"] is None else f"[{fmt_g(d['ci95'][0])}, {fmt_g(d['ci95'][1])}]"
         rows.append([label, fmt_g(d["a"]), fmt_g(d["b"]), fmt_g(d["diff"]), ci])
     lines += md_table(["metric", a, b, "difference", "95% interval"], rows)
@@ -273,7 +319,7 @@ def render_paired(rep: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def write_paired(out_dir: str | Path, rep: dict[str, Any]) -> tuple[Path, Path]:
+def write_paired(out_dir: str | Path, rep: PairedReport) -> tuple[Path, Path]:
     """Write ``<out>/paired/<a>-vs-<b>.json`` and ``.md`` atomically."""
     base = Path(out_dir) / "paired" / pair_id(rep["a"], rep["b"])
     atomic_write_files({base.with_suffix(".json"): dumps_json(rep), base.with_suffix(".md"): render_paired(rep)})  # both or neither

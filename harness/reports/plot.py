@@ -25,6 +25,13 @@ if TYPE_CHECKING:
 #: A colour as matplotlib's colormaps return it (red, green, blue, alpha in [0, 1]).
 Color = tuple[float, float, float, float]
 
+class Ccdf(TypedDict):
+    """The complementary CDF: histogram edges ``x`` and the fraction of positions with KLD >= x, ``y``."""
+
+    x: list[float]
+    y: list[float]
+
+
 class SizePoint(TypedDict):
     """A point of the KLD-versus-size figure: a candidate's mean KLD, its 95% interval (None: not estimable),
     its on-disk size in GiB (None: unknown), and where known its whole-checkpoint bits per weight and parameter
@@ -87,7 +94,7 @@ def candidate_colors(names: Sequence[str], palette_names: Sequence[str] | None =
     return {n: cmap(i % cmap.N) for i, n in enumerate(universe) if n in set(names)}
 
 
-def plot_ccdf(curves: Mapping[str, Mapping[str, Sequence[float]]], path: str | Path,
+def plot_ccdf(curves: Mapping[str, Ccdf], path: str | Path,
               palette_names: Sequence[str] | None = None) -> Path:
     """KLD complementary CDF, log-log, one step curve per candidate: ``curves[name] = {"x": edges, "y": P(KLD >= x)}``;
     colours by :func:`candidate_colors` with ``palette_names``."""
@@ -96,11 +103,11 @@ def plot_ccdf(curves: Mapping[str, Mapping[str, Sequence[float]]], path: str | P
     return path
 
 
-def render_ccdf(curves: Mapping[str, Mapping[str, Sequence[float]]], palette_names: Sequence[str] | None = None) -> bytes:
+def render_ccdf(curves: Mapping[str, Ccdf], palette_names: Sequence[str] | None = None) -> bytes:
     """The PNG bytes of :func:`plot_ccdf`'s figure (rendered in memory, written by the caller)."""
     plt = _plt()
     fig, ax = plt.subplots(figsize=(8, 5.5))
-    def median_x(item: tuple[str, Mapping[str, Sequence[float]]]) -> tuple[float, str]:
+    def median_x(item: tuple[str, Ccdf]) -> tuple[float, str]:
         xs = [x for x, y in zip(item[1]["x"], item[1]["y"]) if y <= 0.5]
         return (xs[0] if xs else float("inf"), item[0])
 

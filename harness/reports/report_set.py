@@ -28,7 +28,7 @@ import json
 import shlex
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypedDict
 
 from harness import PROTOCOL_VERSION
 from harness.errors import FidelityError, VerificationError
@@ -38,10 +38,11 @@ from harness.inputs.suite import Suite
 from harness.io.atomic import atomic_write_files, atomic_write_text, dumps_json, staged_directory
 from harness.io.hashing import sha256_file
 from harness.io.jsonio import read_json
-from harness.io.schema import MapOf, Nullable, Optional, check
+from harness.io.schema import MapOf, Nullable, Optional, check, checked
 from harness.metrics.records import ContextRow
 from harness.reports.aggregate import (
     Aggregate,
+    FloorRecord,
     NotMeasured,
     aggregate,
     annotate_floor,
@@ -52,17 +53,17 @@ from harness.reports.aggregate import (
     matching_floor,
     not_measured_lines,
 )
-from harness.reports.card import card_info, render_card, split_card
+from harness.reports.card import CardInfo, card_info, render_card, split_card
 from harness.reports.diagnostics import diagnostics_lines
 from harness.reports.numbers import fmt_opt
-from harness.reports.paired import verify_paired
+from harness.reports.paired import PairedReport, verify_paired
 from harness.reports.plot import PublishedPoint, pareto_front, plot_ccdf, plot_kld_vs_size
 from harness.reports.shard import ShardReport, report_shard
 from harness.reports.suite_shape import SuiteLike, SuiteShape
 from harness.reports.tails import FILE_SCHEMA as TAILS_FILE_SCHEMA
-from harness.reports.tails import REPORT_SCHEMA, verify_tail_report
+from harness.reports.tails import REPORT_SCHEMA, TailReport, verify_tail_report
 from harness.reports.units import bpw_text, size_text
-from harness.reports.windows import verify_window
+from harness.reports.windows import WindowComparison, verify_window
 
 if TYPE_CHECKING:
     from harness.inputs.config import FidelityConfig
@@ -70,6 +71,45 @@ if TYPE_CHECKING:
 SCHEMA_RESULTS = "fidelity.results/1"
 CHECKSUMS = "checksums.txt"
 GIB = 2**30
+
+
+class TailsFile(TypedDict):
+    """A run's ``tails.json``."""
+
+    schema: str
+    candidates: list[TailReport]
+
+
+class Reproduction(TypedDict):
+    """What the "How to reproduce" sections need from the configuration (``results.json``'s ``reproduction``):
+    the configuration's file name, the suite, the reference store and head, each candidate's store (None: none)."""
+
+    config: str
+    suite: str
+    reference: str
+    head: str
+    stores: dict[str, str | None]
+
+
+class Extras(TypedDict):
+    """What a published set holds beside the shard reports, each checked against them when read: tail reports
+    by candidate, the window comparison, the paired comparisons, the adaptive record (``adaptive.json`` as
+    :func:`harness.gate.adaptive.check_adaptive` accepts it) and the precision floor of the suite and reference."""
+
+    tails: dict[str, TailReport]
+    window: WindowComparison | None
+    paired: list[PairedReport]
+    adaptive: object
+    floor: FloorRecord | None
+
+
+class RenderedSet(TypedDict):
+    """Every derived file of a published set by relative path (but the plots and checksums), the plot's points
+    and the precision floor shown."""
+
+    files: dict[str, str]
+    points: list[PublishedPoint]
+    floor: FloorRecord | None
 
 
 # ------------------------------------------------------------------ reading report folders
@@ -129,7 +169,8 @@ PAIRED_SCHEMA = {"a": str, "b": str, "verdict": str, "verdict_named": str, "marg
                  "contexts": {"a_wins": int, "b_wins": int, "ties": int}, "shards": Optional([int])}
 
 
-def _read_json(path: Path, schema: Any = object) -> Any:
+def _read_json(path: Path, schema: object = object) -> object:
+    """The document at ``path`` checked against ``schema`` (None when there is no file)."""
     if not path.is_file():
         return None
     doc = read_json(path)
@@ -141,7 +182,7 @@ def _context_rows(groups: dict[str, list[ShardReport]]) -> dict[str, dict[int, l
     return {name: {report_shard(r): list(r.metrics["contexts"]) for r in reps} for name, reps in groups.items()}
 
 
-def _check_tails(reps: list[Any], path: Path, where: str, groups: dict[str, list[ShardReport]]) -> None:
+def _check_tails(reps: Sequence[TailReport], path: Path, where: str, groups: dict[str, list[ShardReport]]) -> None:
     for i, rep in enumerate(reps):
         reports = groups.get(rep["candidate"])
         if not reports:
@@ -150,45 +191,51 @@ def _check_tails(reps: list[Any], path: Path, where: str, groups: dict[str, list
         verify_tail_report(rep, path, f"{where}[{i}]", {report_shard(r): r.metrics for r in reports})
 
 
-def _read_tails(path: Path, groups: dict[str, list[ShardReport]]) -> dict[str, Any]:
-    """A run's ``tails.json`` ({} when absent), checked against its schema and re-derived from the shard reports."""
-    doc = _read_json(path, TAILS_SCHEMA)
-    if doc is None:
+def _read_tails(path: Path, groups: dict[str, list[ShardReport]]) -> dict[str, TailReport]:
+    """A run's ``tails.json`` by candidate ({} when absent), checked against its schema and re-derived from the
+    shard reports."""
+    raw = _read_json(path, TAILS_SCHEMA)
+    if raw is None:
         return {}
+    doc = checked(raw, TailsFile, path)
     _check_tails(doc["candidates"], path, "candidates", groups)
-    return dict(doc)
+    return {t["candidate"]: t for t in doc["candidates"]}
 
 
-def _check_paired(rep: dict[str, Any], path: str | Path, groups: dict[str, list[ShardReport]], config: FidelityConfig | None = None) -> None:
+def _check_paired(rep: PairedReport, path: str | Path, groups: dict[str, list[ShardReport]], config: FidelityConfig | None = None) -> None:
     rows = _context_rows({k: v for k, v in groups.items() if k in (rep["a"], rep["b"])})
     for side in ("a", "b"):
         if rep[side] not in rows:
             raise VerificationError(path, side, f"a candidate with shard reports ({', '.join(groups)})", rep[side])
     pair = next((p for p in getattr(config, "pairs", ()) if (p.a, p.b) == (rep["a"], rep["b"])), None)
-    if pair is not None and pair.margin_kind != (rep.get("margin_rule") or {}).get("kind", "absolute"):
-        raise VerificationError(path, "margin_rule.kind", f"{pair.margin_kind!r} (the pair's margin in the configuration)",
-                                (rep.get("margin_rule") or {}).get("kind", "absolute"))
+    rule = rep.get("margin_rule")
+    kind = "absolute" if rule is None else rule["kind"]
+    if pair is not None and pair.margin_kind != kind:
+        raise VerificationError(path, "margin_rule.kind", f"{pair.margin_kind!r} (the pair's margin in the configuration)", kind)
     absolute = pair is not None and pair.margin_kind == "absolute"
     verify_paired(rep, path, rows[rep["a"]], rows[rep["b"]], margin=pair.margin if absolute and pair else None,
                   n_boot=None if config is None else config.n_boot)
 
 
-def _read_paired(path: Path, groups: dict[str, list[ShardReport]], config: FidelityConfig | None = None) -> Any:
+def _read_paired(path: Path, groups: dict[str, list[ShardReport]], config: FidelityConfig | None = None) -> PairedReport:
     """A run's ``paired/<a>-vs-<b>.json``, checked against its schema and re-derived from the shard reports."""
-    doc = _read_json(path, PAIRED_SCHEMA)
+    doc = checked(_read_json(path, PAIRED_SCHEMA), PairedReport, path)
     _check_paired(doc, path, groups, config)
     return doc
 
 
-def _read_window(path: Path, groups: dict[str, list[ShardReport]], config: FidelityConfig | None = None) -> Any:
+def _read_window(path: Path, groups: dict[str, list[ShardReport]],
+                 config: FidelityConfig | None = None) -> WindowComparison | None:
     """A run's ``window.json`` (None when absent), checked against its schema, itself and the shard reports."""
-    doc = _read_json(path, WINDOW_SCHEMA)
-    if doc is not None:
-        verify_window(doc, path, _context_rows(groups), n_boot=None if config is None else config.n_boot)
+    raw = _read_json(path, WINDOW_SCHEMA)
+    if raw is None:
+        return None
+    doc = checked(raw, WindowComparison, path)
+    verify_window(doc, path, _context_rows(groups), n_boot=None if config is None else config.n_boot)
     return doc
 
 
-def _read_adaptive(path: Path, groups: dict[str, list[ShardReport]]) -> Any:
+def _read_adaptive(path: Path, groups: dict[str, list[ShardReport]]) -> object:
     """A run's ``adaptive.json`` (None when absent), checked against its schema and the shard reports."""
     doc = _read_json(path)
     if doc is not None:
@@ -237,7 +284,7 @@ def page_size(size: int | None) -> str:
     return f"{size_text(size, 3)} ({size} bytes)"
 
 
-def reproduction_info(config: FidelityConfig | None, names: Iterable[str]) -> dict[str, Any] | None:
+def reproduction_info(config: FidelityConfig | None, names: Iterable[str]) -> Reproduction | None:
     """What the "How to reproduce" sections need from the configuration (recorded in
     ``results.json``, so ``fidelity verify`` can re-render the pages without the config)."""
     if config is None:
@@ -253,7 +300,7 @@ def reproduction_info(config: FidelityConfig | None, names: Iterable[str]) -> di
             "head": str(config.reference.head), "stores": stores}
 
 
-def _reproduce(name: str, agg: Aggregate, repro: dict[str, Any] | None) -> list[str]:
+def _reproduce(name: str, agg: Aggregate, repro: Reproduction | None) -> list[str]:
     shards = ",".join(str(s["index"]) for s in agg["shards"])
     window = agg["score_from"]
     # pytest pointed at the configuration file collects its cases; --fidelity-candidates selects by exact name
@@ -270,8 +317,8 @@ def _reproduce(name: str, agg: Aggregate, repro: dict[str, Any] | None) -> list[
     return lines
 
 
-def render_candidate(name: str, agg: Aggregate, shards: Sequence[ShardReport], tails: dict[str, Any] | None,
-                     window: dict[str, Any] | None, pairs: Sequence[dict[str, Any]], repro: dict[str, Any] | None) -> str:
+def render_candidate(name: str, agg: Aggregate, shards: Sequence[ShardReport], tails: TailReport | None,
+                     window: WindowComparison | None, pairs: Sequence[PairedReport], repro: Reproduction | None) -> str:
     """One page: headline, interval, tails, window control, pairs, identity, how to reproduce."""
     k = agg["kld"]
     lo, hi = k["ci95"] or (None, None)
@@ -422,7 +469,7 @@ def verify_set(root: str | Path) -> list[str]:
     return problems
 
 
-def derive_verdicts(groups: dict[str, list[ShardReport]], baselines: dict[str, Any]) -> dict[tuple[str, int], bool]:
+def derive_verdicts(groups: dict[str, list[ShardReport]], baselines: Mapping[str, Baseline]) -> dict[tuple[str, int], bool]:
     """Each report's verdict recomputed from its numbers and its candidate's baseline
     (:class:`~harness.gate.baselines.Baseline`); candidates without a baseline get none."""
     out: dict[tuple[str, int], bool] = {}
@@ -435,9 +482,9 @@ def derive_verdicts(groups: dict[str, list[ShardReport]], baselines: dict[str, A
     return out
 
 
-def _render_set(groups: dict[str, list[ShardReport]], suite: SuiteLike, baselines: dict[str, Any], extras: dict[str, Any],
-                repro: dict[str, Any] | None, n_shards: int | None = None, card: dict[str, Any] | None = None,
-                not_measured: Sequence[NotMeasured] = ()) -> dict[str, Any]:
+def _render_set(groups: dict[str, list[ShardReport]], suite: SuiteLike, baselines: Mapping[str, Baseline], extras: Extras,
+                repro: Reproduction | None, n_shards: int | None = None, card: CardInfo | None = None,
+                not_measured: Sequence[NotMeasured] = ()) -> RenderedSet:
     """Every derived file of a published set (but the plot and checksums), from the shard reports,
     the suite and the baselines alone: ``publish`` writes these and ``verify`` re-derives them.
     ``not_measured``: configured candidates without a shard report (``candidate``, ``status``, ``reason``),
@@ -447,7 +494,7 @@ def _render_set(groups: dict[str, list[ShardReport]], suite: SuiteLike, baseline
     verdicts = derive_verdicts(groups, baselines)
     rows = ladder_rows([r for g in groups.values() for r in g], verdicts, suite=shape)
     tails, window, pairs, adaptive = extras["tails"], extras["window"], extras["paired"], extras["adaptive"]
-    floor = extras.get("floor")
+    floor = extras["floor"]
     annotate_floor(rows, floor)
     results = {
         "schema": SCHEMA_RESULTS,
@@ -472,7 +519,7 @@ def _render_set(groups: dict[str, list[ShardReport]], suite: SuiteLike, baseline
     missing = not_measured_lines(not_measured)
     ladder_lines = format_ladder(rows) + ["", *ladder_notes(floor)] + ([""] + missing if missing else [])
     points = size_points(aggs)
-    files: dict[str, Any] = {
+    files: dict[str, str] = {
         "ladder.md": "# Fidelity ladder\n\n" + "\n".join(ladder_lines) + "\n",
         "results.json": dumps_json(results),
         "kld-vs-size.json": dumps_json({"schema": "fidelity.kld-vs-size/1", "x": "on-disk GiB", "y": "mean KLD (nats)", "points": points}),
@@ -490,7 +537,10 @@ def _render_set(groups: dict[str, list[ShardReport]], suite: SuiteLike, baseline
     return {"files": {"README.md": readme, **files}, "points": points, "floor": floor}
 
 
-_NOT_MEASURED_SCHEMA = {"not_measured": [{"candidate": str, "status": str, "reason": str}]}
+class NotMeasuredList(TypedDict):
+    """A run's ``ladder.json`` as :func:`not_measured` reads it."""
+
+    not_measured: list[NotMeasured]
 
 
 def not_measured(reports_dir: Path, groups: Mapping[str, object], config: FidelityConfig | None = None) -> list[NotMeasured]:
@@ -502,8 +552,7 @@ def not_measured(reports_dir: Path, groups: Mapping[str, object], config: Fideli
     if lp.is_file():
         doc = _read_json(lp)
         if isinstance(doc, dict) and "not_measured" in doc:
-            check(doc, _NOT_MEASURED_SCHEMA, lp)
-            for m in doc["not_measured"]:
+            for m in checked(doc, NotMeasuredList, lp)["not_measured"]:
                 if m["candidate"] not in groups:
                     out[m["candidate"]] = {"candidate": m["candidate"], "status": m["status"], "reason": m["reason"]}
     for c in (config.candidates if config is not None else []):
@@ -537,9 +586,8 @@ def publish(reports_dir: str | Path, out_dir: str | Path, *, config: FidelityCon
             bp = baseline_path(Path(baselines_dir), name)
             if bp.is_file():
                 baselines[name] = Baseline.load(bp, name)
-    tails_doc = _read_tails(reports_dir / "tails.json", groups)
-    extras = {
-        "tails": {t["candidate"]: t for t in tails_doc.get("candidates", [])},
+    extras: Extras = {
+        "tails": _read_tails(reports_dir / "tails.json", groups),
         "window": _read_window(reports_dir / "window.json", groups, config),
         "adaptive": _read_adaptive(reports_dir / "adaptive.json", groups),
         "paired": [_read_paired(p, groups, config) for p in sorted((reports_dir / "paired").glob("*.json"))]
@@ -563,7 +611,7 @@ def publish(reports_dir: str | Path, out_dir: str | Path, *, config: FidelityCon
     return [out / rel for rel in _files(out)] + [out / CHECKSUMS]
 
 
-def _first_numeric_difference(want: Any, got: Any, where: str) -> tuple[str, Any, Any] | None:
+def _first_numeric_difference(want: object, got: object, where: str) -> tuple[str, object, object] | None:
     """The first place two JSON values differ (floats compared to 1e-9 relative: summation order)."""
     import math
 
@@ -617,21 +665,30 @@ def rederive_set(root: str | Path) -> list[str]:
         if not isinstance(recorded, dict):
             raise VerificationError(rp, "baselines", "an object", type(recorded).__name__)
         baselines = {n: Baseline.from_json(b, rp, n) for n, b in recorded.items() if b is not None}
-        extras = {"tails": {n: c.get("tails") for n, c in cands.items() if c.get("tails")}, "window": res.get("window"),
-                  "paired": res.get("paired") or [], "adaptive": res.get("adaptive"), "floor": res.get("precision_floor")}
+        tails: dict[str, TailReport] = {}
         for name, c in cands.items():
             if c.get("tails") is not None:
                 check(c["tails"], REPORT_SCHEMA, rp, f"candidates.{name}.tails")
-                if c["tails"]["candidate"] != name:
-                    raise VerificationError(rp, f"candidates.{name}.tails.candidate", name, c["tails"]["candidate"])
-                verify_tail_report(c["tails"], rp, f"candidates.{name}.tails", {report_shard(r): r.metrics for r in groups[name]})
-        if extras["window"] is not None:
-            check(extras["window"], WINDOW_SCHEMA, rp, "window")
-            verify_window(extras["window"], f"{rp}: window", _context_rows(groups))
-        check(extras["paired"], [object], rp, "paired")
-        for i, rep in enumerate(extras["paired"]):
-            check(rep, PAIRED_SCHEMA, rp, f"paired[{i}]")
-            _check_paired(rep, f"{rp}: paired[{i}]", groups)
+                tail = checked(c["tails"], TailReport, rp, f"candidates.{name}.tails")
+                if tail["candidate"] != name:
+                    raise VerificationError(rp, f"candidates.{name}.tails.candidate", name, tail["candidate"])
+                verify_tail_report(tail, rp, f"candidates.{name}.tails", {report_shard(r): r.metrics for r in groups[name]})
+                if c.get("tails"):
+                    tails[name] = tail
+        window = None
+        if res.get("window") is not None:
+            check(res["window"], WINDOW_SCHEMA, rp, "window")
+            window = checked(res["window"], WindowComparison, rp, "window")
+            verify_window(window, f"{rp}: window", _context_rows(groups))
+        check(res.get("paired") or [], [object], rp, "paired")
+        pairs: list[PairedReport] = []
+        for i, raw in enumerate(res.get("paired") or []):
+            check(raw, PAIRED_SCHEMA, rp, f"paired[{i}]")
+            pairs.append(checked(raw, PairedReport, rp, f"paired[{i}]"))
+            _check_paired(pairs[-1], f"{rp}: paired[{i}]", groups)
+        floor = res.get("precision_floor")
+        extras: Extras = {"tails": tails, "window": window, "paired": pairs, "adaptive": res.get("adaptive"),
+                          "floor": None if floor is None else checked(floor, FloorRecord, rp, "precision_floor")}
         if extras["adaptive"] is not None:
             check_adaptive(extras["adaptive"], f"{rp}: adaptive", _context_rows(groups))
         required = res.get("n_shards_required")
@@ -643,8 +700,9 @@ def rederive_set(root: str | Path) -> list[str]:
         card = res.get("card")
         if card is not None and not isinstance(card, dict):
             raise VerificationError(rp, "card", "an object or null", type(card).__name__)
-        missing = res.get("not_measured") or []
-        check({"not_measured": missing}, _NOT_MEASURED_SCHEMA, rp)
+        missing = checked({"not_measured": res.get("not_measured") or []}, NotMeasuredList, rp)["not_measured"]
+        repro = None if repro is None else checked(repro, Reproduction, rp, "reproduction")
+        card = None if card is None else checked(card, CardInfo, rp, "card")
         derived = _render_set(groups, suite, baselines, extras, repro, n_shards=required, card=card, not_measured=missing)
     except FidelityError as e:
         return [f"re-deriving the set from its shard reports failed: {e}"]

@@ -25,9 +25,9 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import NotRequired, TypedDict
 
 import numpy as np
 
@@ -36,16 +36,57 @@ from harness.gate.baselines import load_baseline_or_none
 from harness.io.atomic import atomic_write_files, dumps_json
 from harness.io.schema import Closed, MapOf, Nullable, OneOf, Optional
 from harness.metrics.histogram import EDGES, LogHistogram, exceedance_counts
-from harness.metrics.positions import layout
+from harness.metrics.positions import ScoredPositions, layout
+from harness.metrics.records import ShardSummary
 from harness.metrics.tails import cvar, quantile
 from harness.reports.numbers import fmt_g
-from harness.reports.plot import render_ccdf
+from harness.reports.plot import Ccdf, render_ccdf
 
 SCHEMA = "fidelity.tails/1"
 PERCENTILES = (("p50", 0.5), ("p90", 0.9), ("p99", 0.99), ("p99.9", 0.999))
 
 
-def _stats(kld: np.ndarray) -> dict[str, Any]:
+class TailStats(TypedDict):
+    """Exact tail statistics of a set of positions: percentiles by name (``p50`` ... ``p99.9``), CVaR1%, max,
+    and exceedance counts ``KLD > t`` by threshold."""
+
+    n_positions: int
+    percentiles: dict[str, float]
+    cvar1: float
+    max: float
+    exceedance: dict[str, int]
+
+
+class ShardTails(TailStats):
+    """One shard's exact tail statistics."""
+
+    shard: int
+
+
+class CumulativeTails(TailStats):
+    """The pooled statistics of every shard, with the brackets the summed histograms give: ``[lo, hi]`` per
+    percentile, and ``[at least, at most]`` per exceedance count."""
+
+    quantile_bounds: dict[str, list[float]]
+    exceedance_histogram_bounds: dict[str, list[int]]
+
+
+class TailReport(TypedDict):
+    """One candidate's tail report (``fidelity.tails/1``; the payload of the ``tails`` report kind)."""
+
+    schema: str
+    candidate: str
+    score_from: int
+    shards: list[ShardTails]
+    cumulative: CumulativeTails
+    ccdf: Ccdf
+    #: the largest ``max_p99`` of the candidate's baseline over the shards (None: none), set by the case
+    max_p99_baseline: NotRequired[float | None]
+    #: what :func:`check_tails` finds, set by the case
+    problems: NotRequired[list[str]]
+
+
+def _stats(kld: np.ndarray) -> TailStats:
     return {
         "n_positions": int(kld.shape[0]),
         "percentiles": {name: quantile(kld, q) for name, q in PERCENTILES},
@@ -55,7 +96,7 @@ def _stats(kld: np.ndarray) -> dict[str, Any]:
     }
 
 
-def ccdf_points(hist: LogHistogram) -> dict[str, list[float]]:
+def ccdf_points(hist: LogHistogram) -> Ccdf:
     """``x`` = histogram edges, ``y`` = fraction of positions with KLD >= x (zero tails dropped)."""
     n = hist.total
     at_least = np.cumsum(hist.counts[::-1])[::-1]  # at_least[i] = count in bins >= i
@@ -64,7 +105,7 @@ def ccdf_points(hist: LogHistogram) -> dict[str, list[float]]:
     return {"x": [float(x) for x in EDGES[keep]], "y": [float(y) for y in ys[keep]]}
 
 
-def exceedance_brackets(hist: LogHistogram, thresholds: Any) -> dict[str, list[int]]:
+def exceedance_brackets(hist: LogHistogram, thresholds: Iterable[str]) -> dict[str, list[int]]:
     """For each exceedance threshold ``t`` (a histogram edge), the bracket the summed *histogram*
     puts on the exact count of ``KLD > t``: at least the positions in bins above the next edge, at
     most those in bins from ``t`` up. The exact counts come from the raw values, so comparing the
@@ -78,9 +119,9 @@ def exceedance_brackets(hist: LogHistogram, thresholds: Any) -> dict[str, list[i
     return out
 
 
-def tail_report(candidate: str, shards: Sequence[tuple[int, Any]], score_from: int) -> dict[str, Any]:
+def tail_report(candidate: str, shards: Sequence[tuple[int, ScoredPositions]], score_from: int) -> TailReport:
     """Tail statistics of ``candidate`` from ``(shard number, ShardPositions)`` pairs."""
-    per_shard = []
+    per_shard: list[ShardTails] = []
     values = []
     hist = LogHistogram()
     for shard, pos in sorted(shards, key=lambda t: t[0]):
@@ -90,11 +131,11 @@ def tail_report(candidate: str, shards: Sequence[tuple[int, Any]], score_from: i
         hist = hist + h
         per_shard.append({"shard": int(shard), **_stats(kld)})
     allv = np.concatenate(values)
-    cum = _stats(allv)
+    pooled = _stats(allv)
     # brackets made finite: KLD >= 0 bounds the underflow bin, the exact max the overflow bin
-    cum["quantile_bounds"] = {name: [max(lo, 0.0), min(hi, cum["max"])]
-                              for name, q in PERCENTILES for lo, hi in [hist.quantile_bounds(q)]}
-    cum["exceedance_histogram_bounds"] = exceedance_brackets(hist, cum["exceedance"])
+    cum: CumulativeTails = {**pooled, "quantile_bounds": {name: [max(lo, 0.0), min(hi, pooled["max"])]
+                                                          for name, q in PERCENTILES for lo, hi in [hist.quantile_bounds(q)]},
+                            "exceedance_histogram_bounds": exceedance_brackets(hist, pooled["exceedance"])}
     return {
         "schema": SCHEMA,
         "candidate": candidate,
@@ -105,7 +146,7 @@ def tail_report(candidate: str, shards: Sequence[tuple[int, Any]], score_from: i
     }
 
 
-def check_tails(rep: dict[str, Any], max_p99: float | None = None) -> list[str]:
+def check_tails(rep: TailReport, max_p99: float | None = None) -> list[str]:
     """Violated invariants of a tail report (empty list: consistent and within the limit)."""
     out = []
     cum = rep["cumulative"]
@@ -121,17 +162,17 @@ def check_tails(rep: dict[str, Any], max_p99: float | None = None) -> list[str]:
             out.append(f"{name}: exact max {cum['max']:.6g} below the highest non-empty histogram bin (from {top:.6g})")
     elif cum["max"] >= float(EDGES[0]):
         out.append(f"{name}: exact max {cum['max']:.6g} but the summed histogram holds nothing >= {float(EDGES[0]):.6g}")
-    for pname, exact in cum["percentiles"].items():
+    for pname, pct in cum["percentiles"].items():
         lo, hi = cum["quantile_bounds"][pname]
-        if not lo <= exact <= hi:
-            out.append(f"{name}: exact cumulative {pname} {exact:.6g} outside its histogram bracket [{lo:.6g}, {hi:.6g}]")
+        if not lo <= pct <= hi:
+            out.append(f"{name}: exact cumulative {pname} {pct:.6g} outside its histogram bracket [{lo:.6g}, {hi:.6g}]")
     if max_p99 is not None and cum["quantile_bounds"]["p99"][0] > max_p99:
         lo = cum["quantile_bounds"]["p99"][0]
         out.append(f"{name}: p99 >= {lo:.6g} (bin-bounded, all shards) > max {max_p99:.6g} (max_p99 of its baseline)")
     return out
 
 
-_STATS: dict[str, Any] = {"n_positions": int, "percentiles": Closed({name: float for name, _q in PERCENTILES}),
+_STATS: dict[str, object] = {"n_positions": int, "percentiles": Closed({name: float for name, _q in PERCENTILES}),
                           "cvar1": float, "max": float, "exceedance": MapOf(int)}
 #: One candidate's tail report as ``tails.json`` holds it and ``publish`` reads it back (harness.io.schema).
 REPORT_SCHEMA = Closed({
@@ -150,7 +191,7 @@ def _close(a: float, b: float) -> bool:
     return math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-300)
 
 
-def verify_tail_report(rep: dict[str, Any], path: str | Path, where: str, metrics: Mapping[int, Mapping[str, Any]]) -> None:
+def verify_tail_report(rep: TailReport, path: str | Path, where: str, metrics: Mapping[int, ShardSummary]) -> None:
     """Refuse a tail report (``rep``, at ``where`` in ``path``, already matching :data:`REPORT_SCHEMA`) that does
     not follow from its candidate's shard reports (``metrics``: shard index -> the report's ``metrics``).
 
@@ -165,13 +206,13 @@ def verify_tail_report(rep: dict[str, Any], path: str | Path, where: str, metric
         m = metrics.get(s["shard"])
         if m is None:
             raise VerificationError(path, f"{at}.shard", f"a shard {rep['candidate']} has a report for ({sorted(metrics)})", s["shard"])
-        if m.get("score_from") != rep["score_from"]:
+        if m["score_from"] != rep["score_from"]:
             raise VerificationError(path, f"{where}.score_from", f"{m.get('score_from')} (its shard reports')", rep["score_from"])
         if "histogram" not in m or "exceedance" not in m:
             raise VerificationError(path, at, "a shard report with a histogram and exceedance counts to check it against",
                                     "a report without them")
         k = m["kld"]
-        want = {"n_positions": m["n_positions"], "percentiles.p50": k["median"], "percentiles.p99": k["p99"],
+        want: dict[str, float | None] = {"n_positions": m["n_positions"], "percentiles.p50": k["median"], "percentiles.p99": k["p99"],
                 "percentiles.p99.9": k["p999"], "cvar1": k["cvar1"], "max": k["max"]}
         got = {"n_positions": s["n_positions"], **{f"percentiles.{n}": s["percentiles"][n] for n in ("p50", "p99", "p99.9")},
                "cvar1": s["cvar1"], "max": s["max"]}
@@ -188,20 +229,19 @@ def verify_tail_report(rep: dict[str, Any], path: str | Path, where: str, metric
         hist = hist + h
     cum, at = rep["cumulative"], f"{where}.cumulative"
     shards = rep["shards"]
-    derived: dict[str, Any] = {
-        "n_positions": hist.total, "max": max((s["max"] for s in shards), default=None),
-        "exceedance": {t: sum(s["exceedance"].get(t, 0) for s in shards) for t in cum["exceedance"]},
-    }
-    if not shards or cum["n_positions"] != derived["n_positions"] or not _close(cum["max"], derived["max"]):
-        raise VerificationError(path, at, f"{derived['n_positions']} positions, max {derived['max']!r} (the shards')",
+    n_derived, max_derived = hist.total, max((s["max"] for s in shards), default=None)
+    exceedance_derived = {t: sum(s["exceedance"].get(t, 0) for s in shards) for t in cum["exceedance"]}
+    if not shards or max_derived is None or cum["n_positions"] != n_derived or not _close(cum["max"], max_derived):
+        raise VerificationError(path, at, f"{n_derived} positions, max {max_derived!r} (the shards')",
                                 f"{cum['n_positions']} positions, max {cum['max']!r}")
-    if cum["exceedance"] != derived["exceedance"] or set(cum["exceedance"]) != set(shards[0]["exceedance"]):
-        raise VerificationError(path, f"{at}.exceedance", f"{derived['exceedance']} (the shards' sums)", cum["exceedance"])
+    if cum["exceedance"] != exceedance_derived or set(cum["exceedance"]) != set(shards[0]["exceedance"]):
+        raise VerificationError(path, f"{at}.exceedance", f"{exceedance_derived} (the shards' sums)", cum["exceedance"])
     bounds = {name: [max(lo, 0.0), min(hi, cum["max"])] for name, q in PERCENTILES for lo, hi in [hist.quantile_bounds(q)]}
-    checks = (("quantile_bounds", bounds), ("exceedance_histogram_bounds", exceedance_brackets(hist, cum["exceedance"])),
-              ("ccdf", ccdf_points(hist)))
-    for key, want_v in checks:
-        got_v = rep["ccdf"] if key == "ccdf" else cum[key]
+    checks: tuple[tuple[str, object, object], ...] = (
+        ("quantile_bounds", bounds, cum["quantile_bounds"]),
+        ("exceedance_histogram_bounds", exceedance_brackets(hist, cum["exceedance"]), cum["exceedance_histogram_bounds"]),
+        ("ccdf", ccdf_points(hist), rep["ccdf"]))
+    for key, want_v, got_v in checks:
         if json.dumps(want_v, sort_keys=True) != json.dumps(got_v, sort_keys=True):
             raise VerificationError(path, f"{where}.{key}" if key == "ccdf" else f"{at}.{key}",
                                     "what the shard reports' summed histograms give", "other values")
@@ -225,7 +265,7 @@ def baseline_max_p99(baselines_dir: str | Path, candidate: str, shards: Sequence
     return max(vals) if vals else None
 
 
-def render_tails(reports: Sequence[dict[str, Any]]) -> str:
+def render_tails(reports: Sequence[TailReport]) -> str:
     """``tails.md``: one section per candidate, per shard rows and the cumulative row."""
     lines = ["# Tail report", "", "KLD in nats. Per-shard percentiles are exact; cumulative ones are exact "
              "(pooled positions) with the histogram bracket a report-only consumer would get. "
@@ -252,7 +292,7 @@ def render_tails(reports: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def write_tails(out_dir: str | Path, reports: Sequence[dict[str, Any]], palette_names: Sequence[str] | None = None) -> list[Path]:
+def write_tails(out_dir: str | Path, reports: Sequence[TailReport], palette_names: Sequence[str] | None = None) -> list[Path]:
     """Write ``tails.json``, ``tails.md`` and ``tails.png`` (colours: :func:`harness.reports.plot.candidate_colors`
     with ``palette_names``) into ``out_dir``; returns the paths."""
     from pathlib import Path

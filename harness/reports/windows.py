@@ -37,7 +37,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import NotRequired, TypedDict
 
 import numpy as np
 
@@ -45,13 +45,93 @@ from harness.errors import VerificationError
 from harness.io.atomic import atomic_write_files, dumps_json
 from harness.io.md_table import md_table
 from harness.metrics.bootstrap import DEFAULT_SEED, draw_cluster_weights, ratio_interval, ratio_replicates
-from harness.metrics.positions import layout
+from harness.metrics.positions import ScoredPositions, layout
 from harness.metrics.records import ContextRow
 from harness.metrics.scores import PositionScores
 from harness.reports.numbers import fmt_g
 
 SCHEMA = "fidelity.window/1"
 WINDOWS = (0, 64, "half")
+
+
+class ClusterSums(TypedDict):
+    """Per source cluster: its name, KLD sum and positions at the window, with the bootstrap's draws (``n_boot``,
+    ``seed``): enough to re-derive the interval and to pair two candidates of the same positions."""
+
+    names: list[str]
+    sum_kld: list[float]
+    positions: list[float]
+    n_boot: int
+    seed: int
+
+
+class WindowSummary(TypedDict):
+    """One candidate at one window (:func:`window_summary`)."""
+
+    score_from: int
+    n_positions: int
+    n_contexts: int
+    mean_kld: float
+    #: the 95% source-cluster interval (None: not estimable)
+    ci95: list[float] | None
+    clusters: ClusterSums
+
+
+class WindowCandidate(WindowSummary):
+    """A candidate in ``window.json``: its summary and the change of its mean KLD against the base window
+    (None: a base mean of 0)."""
+
+    rel_change_mean_kld: float | None
+
+
+class Flips(TypedDict):
+    """Pairs ``[a, b]`` ranked a < b at the base window and b < a at this one: real at both windows, or noise."""
+
+    failures: list[list[str]]
+    warnings: list[list[str]]
+
+
+class WindowResult(TypedDict):
+    """One window of ``window.json``: the ranking, every candidate, the flips against the base window."""
+
+    ranking: list[str]
+    candidates: dict[str, WindowCandidate]
+    flips: Flips
+
+
+class WindowPower(TypedDict):
+    """The smallest reversal detected with power ``level``: per window, per adjacent pair ``"a|b"`` (None: not
+    detectable)."""
+
+    level: float
+    smallest_reversal: dict[str, dict[str, float | None]]
+
+
+class WindowComparison(TypedDict):
+    """``window.json`` (``fidelity.window/1``; :func:`compare_windows`)."""
+
+    schema: str
+    base_window: int
+    ranking_base: list[str]
+    windows: dict[str, WindowResult]
+    verdict: str
+    power: WindowPower
+    #: the windows skipped (set by :func:`write_window`)
+    notes: NotRequired[list[str]]
+    #: the shards summarized (set by :func:`write_window`): a reader re-derives the base window from their reports
+    shards: NotRequired[list[int]]
+
+
+class WindowPayload(TypedDict):
+    """What one window case sends home (the payload of the ``window`` report kind): every candidate summarized
+    from row ``k`` and at the base window, the notes of windows skipped and candidates left out, the shards."""
+
+    base: int
+    k: int
+    summaries: dict[str, WindowSummary]
+    base_summaries: dict[str, WindowSummary]
+    notes: list[str]
+    shards: list[int]
 
 
 def planned_windows(n_ctx: int, base: int = 0) -> tuple[list[int], list[tuple[int, str]]]:
@@ -72,7 +152,7 @@ def expected_positions(n_contexts: int, n_ctx: int, k: int) -> int:
     return n_contexts * max(0, n_ctx - 1 - k)
 
 
-def window_summary(positions: Sequence[Any], k: int, *, n_boot: int, seed: int | None = None) -> dict[str, Any]:
+def window_summary(positions: Sequence[ScoredPositions], k: int, *, n_boot: int, seed: int | None = None) -> WindowSummary:
     """Mean KLD, 95% source-cluster interval and counts of one candidate's positions at window ``k``.
 
     ``positions``: :class:`harness.run.shard.ShardPositions` of the selected shards."""
@@ -97,7 +177,7 @@ def window_summary(positions: Sequence[Any], k: int, *, n_boot: int, seed: int |
     }
 
 
-def paired_difference(sa: Mapping[str, Any], sb: Mapping[str, Any]) -> list[float] | None:
+def paired_difference(sa: WindowSummary, sb: WindowSummary) -> list[float] | None:
     """95% interval of mean KLD ``a - b`` from two :func:`window_summary` of the same positions
     (shared cluster draws; None when not estimable)."""
     ca, cb = sa["clusters"], sb["clusters"]
@@ -114,7 +194,7 @@ POWER = 0.8
 MAX_REVERSAL = 10.0
 
 
-def _paired_draws(sa: Mapping[str, Any], sb: Mapping[str, Any]) -> tuple[float, np.ndarray, list[float] | None]:
+def _paired_draws(sa: WindowSummary, sb: WindowSummary) -> tuple[float, np.ndarray, list[float] | None]:
     """Observed mean-KLD difference ``a - b``, its centered bootstrap replicates and its 95% interval."""
     ca, cb = sa["clusters"], sb["clusters"]
     counts = np.asarray(ca["positions"], dtype=np.float64)
@@ -124,8 +204,8 @@ def _paired_draws(sa: Mapping[str, Any], sb: Mapping[str, Any]) -> tuple[float, 
     return est, ratio_replicates(W, diff, counts) - est, ratio_interval(W, diff, counts)
 
 
-def detectable_reversal(base_a: Mapping[str, Any], base_b: Mapping[str, Any], k_a: Mapping[str, Any],
-                        k_b: Mapping[str, Any], power: float = POWER) -> float | None:
+def detectable_reversal(base_a: WindowSummary, base_b: WindowSummary, k_a: WindowSummary,
+                        k_b: WindowSummary, power: float = POWER) -> float | None:
     """The smallest ``rho`` (a fraction of the pair's mean KLD) such that a true difference ``a - b`` of
     ``+rho * m_base`` at the base window and ``-rho * m_k`` at window ``k`` (or the mirror image) is flagged
     as a failure with probability >= ``power`` (module docstring). None: not estimable, or beyond
@@ -160,7 +240,7 @@ def detectable_reversal(base_a: Mapping[str, Any], base_b: Mapping[str, Any], k_
     return hi
 
 
-def reversal_power(base: int, by_window: Mapping[int, Mapping[str, Mapping[str, Any]]], rank0: Sequence[str]) -> dict[str, dict[str, float | None]]:
+def reversal_power(base: int, by_window: Mapping[int, Mapping[str, WindowSummary]], rank0: Sequence[str]) -> dict[str, dict[str, float | None]]:
     """Per window ``k`` (not the base), per pair adjacent in the base ranking (``"a|b"``): :func:`detectable_reversal`."""
     ref = by_window[base]
     out: dict[str, dict[str, float | None]] = {}
@@ -173,7 +253,7 @@ def reversal_power(base: int, by_window: Mapping[int, Mapping[str, Mapping[str, 
     return out
 
 
-def _real_order(sa: Mapping[str, Any], sb: Mapping[str, Any]) -> int:
+def _real_order(sa: WindowSummary, sb: WindowSummary) -> int:
     """-1 when a's mean KLD is lower than b's beyond noise, +1 when higher, 0 when indistinguishable."""
     ci = paired_difference(sa, sb)
     if ci is None:
@@ -181,14 +261,14 @@ def _real_order(sa: Mapping[str, Any], sb: Mapping[str, Any]) -> int:
     return -1 if ci[1] < 0 else (1 if ci[0] > 0 else 0)
 
 
-def compare_windows(base: int, by_window: Mapping[int, Mapping[str, Mapping[str, Any]]]) -> dict[str, Any]:
+def compare_windows(base: int, by_window: Mapping[int, Mapping[str, WindowSummary]]) -> WindowComparison:
     """Relative changes and ranking flips against the base window.
 
     ``by_window[k][candidate]`` is a :func:`window_summary`. Returns the JSON-ready comparison with a
     ``verdict`` line, per window ``flips`` (``failures`` and ``warnings``)."""
     ref = by_window[base]
     rank0 = sorted(ref, key=lambda c: (ref[c]["mean_kld"], c))
-    out: dict[str, Any] = {"schema": SCHEMA, "base_window": base, "ranking_base": rank0, "windows": {}}
+    windows: dict[str, WindowResult] = {}
     n_fail = n_warn = 0
     for k in sorted(by_window):
         cur = by_window[k]
@@ -202,7 +282,7 @@ def compare_windows(base: int, by_window: Mapping[int, Mapping[str, Mapping[str,
                     (failures if real else warnings).append([a, b])
         n_fail += len(failures)
         n_warn += len(warnings)
-        out["windows"][str(k)] = {
+        windows[str(k)] = {
             "ranking": rank,
             "candidates": {
                 c: {**cur[c], "rel_change_mean_kld": (cur[c]["mean_kld"] / ref[c]["mean_kld"] - 1.0) if ref[c]["mean_kld"] else None}
@@ -216,12 +296,11 @@ def compare_windows(base: int, by_window: Mapping[int, Mapping[str, Mapping[str,
         verdict = f"ranking stable within noise ({n_warn} flip(s) whose paired difference interval contains 0 at a window)"
     else:
         verdict = "ranking stable across windows"
-    out["verdict"] = verdict
-    out["power"] = {"level": POWER, "smallest_reversal": reversal_power(base, by_window, rank0)}
-    return out
+    return {"schema": SCHEMA, "base_window": base, "ranking_base": rank0, "windows": windows, "verdict": verdict,
+            "power": {"level": POWER, "smallest_reversal": reversal_power(base, by_window, rank0)}}
 
 
-def _near(x: Any, y: Any, rel: float = 1e-9) -> bool:
+def _near(x: object, y: object, rel: float = 1e-9) -> bool:
     """Two JSON values equal, numbers to ``rel`` (summation order)."""
     if isinstance(x, dict) and isinstance(y, dict):
         return x.keys() == y.keys() and all(_near(x[k], y[k], rel) for k in x)
@@ -232,7 +311,7 @@ def _near(x: Any, y: Any, rel: float = 1e-9) -> bool:
     return bool(x == y)
 
 
-def verify_window(doc: dict[str, Any], path: str | Path, rows: Mapping[str, Mapping[int, Sequence[ContextRow]]],
+def verify_window(doc: WindowComparison, path: str | Path, rows: Mapping[str, Mapping[int, Sequence[ContextRow]]],
                   n_boot: int | None = None) -> None:
     """Refuse a ``window.json`` (read back from ``path``) that does not follow from itself and the shard reports.
 
@@ -244,7 +323,7 @@ def verify_window(doc: dict[str, Any], path: str | Path, rows: Mapping[str, Mapp
       per context, and no more KLD than at the base window. The sums of a later window need the positions
       themselves and are bounded, not re-derived."""
     base = doc["base_window"]
-    by_window: dict[int, dict[str, Any]] = {}
+    by_window: dict[int, dict[str, WindowSummary]] = {}
     for key, w in doc["windows"].items():
         k = int(key)
         by_window[k] = {}
@@ -259,29 +338,36 @@ def verify_window(doc: dict[str, Any], path: str | Path, rows: Mapping[str, Mapp
             ci = ratio_interval(draw_cluster_weights(len(counts), int(cl["n_boot"]), int(cl["seed"])), sums, counts,
                                 bounds=(0.0, float("inf")))
             mean = float(sums.sum() / counts.sum())
-            for field_, want, got, rel in (("n_positions", int(counts.sum()), s["n_positions"], 0.0), ("mean_kld", mean, s["mean_kld"], 1e-9),
-                                           ("ci95", ci, s["ci95"], 1e-6)):
+            fields: tuple[tuple[str, object, object, float], ...] = (
+                ("n_positions", int(counts.sum()), s["n_positions"], 0.0), ("mean_kld", mean, s["mean_kld"], 1e-9),
+                ("ci95", ci, s["ci95"], 1e-6))
+            for field_, want, got, rel in fields:
                 if not (want == got if rel == 0.0 else _near(want, got, rel)):
                     raise VerificationError(path, f"{at}.{field_}", f"{want!r} (from its clusters)", got)
-            by_window[k][c] = {key2: s[key2] for key2 in ("score_from", "n_positions", "n_contexts", "mean_kld", "ci95", "clusters")}
+            by_window[k][c] = {"score_from": s["score_from"], "n_positions": s["n_positions"], "n_contexts": s["n_contexts"],
+                               "mean_kld": s["mean_kld"], "ci95": s["ci95"], "clusters": s["clusters"]}
     if base not in by_window:
         raise VerificationError(path, "base_window", f"one of the windows ({sorted(by_window)})", base)
     want_doc = compare_windows(base, by_window)
-    for key in ("ranking_base", "verdict", "power"):
-        if not _near(want_doc[key], doc[key], 1e-6):
-            raise VerificationError(path, key, f"{want_doc[key]!r} (from the summaries)", doc[key])
-    for k, w in want_doc["windows"].items():
-        for key in ("ranking", "flips"):
-            if w[key] != doc["windows"][k][key]:
-                raise VerificationError(path, f"windows.{k}.{key}", f"{w[key]!r} (from the summaries)", doc["windows"][k][key])
-        for c, s in w["candidates"].items():
-            if not _near(s["rel_change_mean_kld"], doc["windows"][k]["candidates"][c]["rel_change_mean_kld"]):
-                raise VerificationError(path, f"windows.{k}.candidates.{c}.rel_change_mean_kld", s["rel_change_mean_kld"],
-                                        doc["windows"][k]["candidates"][c]["rel_change_mean_kld"])
+    tops: tuple[tuple[str, object, object], ...] = (("ranking_base", want_doc["ranking_base"], doc["ranking_base"]),
+                                                    ("verdict", want_doc["verdict"], doc["verdict"]),
+                                                    ("power", want_doc["power"], doc["power"]))
+    for key, want_v, got_v in tops:
+        if not _near(want_v, got_v, 1e-6):
+            raise VerificationError(path, key, f"{want_v!r} (from the summaries)", got_v)
+    for wk, w in want_doc["windows"].items():
+        mine = doc["windows"][wk]
+        for key, want_w, got_w in (("ranking", w["ranking"], mine["ranking"]), ("flips", w["flips"], mine["flips"])):
+            if want_w != got_w:
+                raise VerificationError(path, f"windows.{wk}.{key}", f"{want_w!r} (from the summaries)", got_w)
+        for c, cand in w["candidates"].items():
+            if not _near(cand["rel_change_mean_kld"], mine["candidates"][c]["rel_change_mean_kld"]):
+                raise VerificationError(path, f"windows.{wk}.candidates.{c}.rel_change_mean_kld", cand["rel_change_mean_kld"],
+                                        mine["candidates"][c]["rel_change_mean_kld"])
     shards = doc.get("shards")
     if shards is None:
         return
-    for c, s in by_window[base].items():
+    for c, summary in by_window[base].items():
         if c not in rows or any(x not in rows[c] for x in shards):
             raise VerificationError(path, f"windows.{base}.candidates.{c}", f"shard reports of shards {shards}", "missing")
         names: dict[str, int] = {}
@@ -290,7 +376,7 @@ def verify_window(doc: dict[str, Any], path: str | Path, rows: Mapping[str, Mapp
         want_sums = np.bincount(idx, weights=[float(r["sum_kld"]) for r in ctx], minlength=len(names))
         want_pos = np.bincount(idx, weights=[float(r["positions"]) for r in ctx], minlength=len(names))
         per_ctx = np.bincount(idx, minlength=len(names)).astype(np.float64)
-        got = s["clusters"]
+        got = summary["clusters"]
         if list(names) != got["names"] or want_pos.tolist() != got["positions"] or not _near(want_sums.tolist(), got["sum_kld"]):
             raise VerificationError(path, f"windows.{base}.candidates.{c}.clusters", f"the shard reports' (shards {shards})",
                                     "other clusters, positions or KLD sums")
@@ -311,7 +397,7 @@ def flip_message(k: int, base: int, flips: Sequence[Sequence[str]]) -> str:
     return f"ranking flips with the paired 95% difference interval excluding 0 at both windows: {pairs}"
 
 
-def render_window(cmp: Mapping[str, Any], notes: Sequence[str] = ()) -> str:
+def render_window(cmp: WindowComparison, notes: Sequence[str] = ()) -> str:
     """``window.md``: per window, each candidate's mean KLD, interval, positions and relative change."""
     lines = ["# Scoring-window control", "", f"**Verdict: {cmp['verdict']}.**", "",
              f"Base window score_from={cmp['base_window']}; the same scored positions are summarized again "
@@ -350,9 +436,9 @@ def render_window(cmp: Mapping[str, Any], notes: Sequence[str] = ()) -> str:
     return "\n".join(lines) + "\n"
 
 
-def merge_window_payloads(payloads: Sequence[Mapping[str, Any]]) -> tuple[int, dict[int, dict[str, Any]], list[str]]:
+def merge_window_payloads(payloads: Sequence[WindowPayload]) -> tuple[int, dict[int, dict[str, WindowSummary]], list[str]]:
     """Combine the window cases' payloads (``base``, ``k``, ``summaries``, ``base_summaries``, ``notes``)."""
-    by_window: dict[int, dict[str, Any]] = {}
+    by_window: dict[int, dict[str, WindowSummary]] = {}
     notes: list[str] = []
     base = int(payloads[0]["base"])
     for p in payloads:
@@ -364,7 +450,7 @@ def merge_window_payloads(payloads: Sequence[Mapping[str, Any]]) -> tuple[int, d
     return base, by_window, notes
 
 
-def write_window(out_dir: str | Path, payloads: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+def write_window(out_dir: str | Path, payloads: Sequence[WindowPayload]) -> WindowComparison:
     """Write ``window.json`` and ``window.md``; returns the comparison."""
     from pathlib import Path
 
