@@ -452,7 +452,12 @@ class FidelitySession:
                                   key=self.signing_key(), bound=bound, progress=self.progress)
 
         n_reused = len(cache.reused)
-        got = cache.get(stem, bound, compute)
+        try:
+            got = cache.get(stem, bound, compute)
+        except BaseException:  # a failed capture or scoring: its model is not held for the candidate's other cases
+            if cand.name in self._loaded:
+                self._loaded.pop(cand.name).close()
+            raise
         remove_work(work)
         reused = len(cache.reused) > n_reused
         if reused:  # read, not scored: the reference files it was scored from must still hold what the key names
