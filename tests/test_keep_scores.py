@@ -221,3 +221,38 @@ def test_a_run_killed_with_sigkill_resumes_at_the_first_context_without_scores(t
     doc.pop("created")
     assert doc == next(iter(stored["reports"].values()))
     assert not list((tmp_path / "cache" / "scores").glob(".*.parts"))  # the parts go once the entry is kept
+
+
+def test_parts_are_believed_only_when_signed_and_bound(tmp_path: Path, fidelity_project: Path) -> None:
+    """On the tiny project (2 contexts of 31 rows a shard, tiles of 20 rows): a finished shard's parts are read, the
+    model never loaded; a part signed with another key, or bound to other inputs, is not believed: that tile and the
+    ones after it are scored again, capturing again only from the first context without all of its scores."""
+    suite = Suite.load(fidelity_project / "suite")
+    head = load_head(fidelity_project / "lm_head.safetensors")
+    ref = CaptureStore.open(fidelity_project / "reference", suite)
+    loads: list[int] = []
+
+    def run(key: bytes = b"k" * 32, bound: dict[str, Any] | None = None) -> Any:
+        def open_model() -> Any:
+            loads.append(1)
+            return get_engine("transformers").load(fidelity_project / "models" / "good", suite.n_ctx, "hidden_states",
+                                                   EngineOptions())
+        return capture_scored(open_model, model=fidelity_project / "models" / "good", engine="transformers",
+                              suite=suite, shard=1, reference=ref, head=head, cand_head=None, device="cpu",
+                              work=tmp_path / "parts", key=key, bound=bound or {"inputs": 1}, tile_rows=20)
+
+    first = run()
+    indices = list(suite.shard_indices(1))
+    assert first.captured == indices and len(loads) == 1
+    assert sorted(p.name for p in (tmp_path / "parts").iterdir()) == [f"part-{r:09d}.npz" for r in (0, 20, 40, 60)]
+    again = run()
+    assert again.captured == [] and len(loads) == 1 and again.header == first.header
+    for f in SCORE_FIELDS:
+        assert np.array_equal(getattr(again.positions.scores, f), getattr(first.positions.scores, f)), f
+    forged = tmp_path / "parts" / "part-000000040.npz"
+    forged.write_bytes((tmp_path / "parts" / "part-000000020.npz").read_bytes())  # a real part, of other rows
+    resumed = run()
+    assert resumed.captured == indices[1:] and len(loads) == 2  # rows 40.. lie in the second context
+    for f in SCORE_FIELDS:
+        assert np.array_equal(getattr(resumed.positions.scores, f), getattr(first.positions.scores, f)), f
+    assert run(key=b"x" * 32).captured == indices and run(bound={"inputs": 2}).captured == indices

@@ -2,15 +2,13 @@
 
 Each candidate x shard's :class:`~harness.run.shard.ShardPositions` is one entry of a
 :class:`~harness.run.result_cache.ResultCache` in ``<cache_dir>/scores/`` (``<candidate>-shardNN-<key>.npz``),
-signed with this user's capture cache key under the domain :data:`PROTOCOL`. Its binding
-(:func:`score_binding`) is the xdist hand-over's (:func:`harness.run.shared_scores.binding`, without a
-session: the candidate's name and identity, both stores' content sha256 over the shard's context files, the
-suite and shard sha256, the window, the scorer settings with the scoring environment variables, both heads'
-sha256) plus :data:`PROTOCOL`, the runtime's versions, the torch numeric settings and the CPU capability torch
-dispatches for. Anything else changed is another key: scored, never read. On a hit both stores' context files
-of the shard are still content-verified (sha256, as a scoring run does), so a store edited behind its manifest
-is refused exactly as without the cache. A candidate scored while captured (``keep = "scores"``) has no store:
-:func:`live_binding` names its capture instead. docs/performance.md ("Reruns").
+signed with this user's capture cache key under the domain :data:`PROTOCOL`. Its binding (:func:`score_binding`):
+the xdist hand-over's (:func:`harness.run.shared_scores.binding` without a session: candidate, both stores' content
+sha256, suite and shard sha256, window, scorer settings, heads) plus :data:`PROTOCOL`, the runtime, the torch
+numeric settings and the CPU capability; a candidate scored while captured has no store, and :func:`live_binding`
+names its capture instead. Anything else changed is another key: scored, never read. On a hit the stores' context
+files of the shard are still content-verified, so a store edited behind its manifest is refused as without the
+cache. docs/performance.md ("Reruns"), docs/configuration.md ("What a live candidate keeps").
 """
 
 from __future__ import annotations
