@@ -19,10 +19,10 @@ Then, each stage in its own child process (its peak resident memory is that proc
   and the reference model's identity by content (its weight files hashed) timed on its own;
 * ``score``    -- the shard's positions through the shared head (``shard_positions``: the exact scorer);
 * ``report``   -- statistics (10,000-replicate bootstrap) and the shard report written (JSON + Markdown);
-* ``stream``   -- score-while-capturing (``keep = "scores"``): the candidate loaded through the same
-  engine, each context's rows scored in memory against the reference store's rows as they come
-  (never written), the statistics, and what the mode keeps: the signed scored positions (``.npz``)
-  and the metrics; the scores are compared with the store-then-score ones.
+* ``stream``   -- score-while-capturing (``keep = "scores"``, ``harness.run.live_scores.capture_scored``):
+  the candidate loaded through the same engine, its rows scored in memory tile by tile against the
+  reference store's rows as they come (never written), the statistics, and what the mode keeps: the
+  signed scored tiles (``.npz``) and the metrics; the scores are compared with the store-then-score ones.
 
     nice -n 5 python benchmarks/run_wide_model.py --work /tmp/wide --contexts 2 --n-ctx 512 --json wide.json
 
@@ -228,56 +228,10 @@ def stage_score_report(work: Path, device: str = "cpu") -> dict[str, Any]:
             "report_bytes": sum(p.stat().st_size for p in paths), "paths": _paths()}
 
 
-def _live_scores(loaded: Any, work: Path, suite: Any, ref: Any, head: Any, device: str, out: Path) -> tuple[Any, str]:
-    """The candidate's shard scored while it is captured: through ``harness.run.live_scores.capture_scored``
-    (``keep = "scores"``) where this harness has it, else the same in this benchmark -- each context's rows from
-    the engine scored in memory against the reference store's rows. Returns (positions, which ran)."""
-    try:
-        from harness.run.live_scores import capture_scored  # type: ignore[import-not-found, unused-ignore]
-    except ImportError:
-        capture_scored = None
-    if capture_scored is not None:
-        got = capture_scored(lambda: loaded, model=work / "candidate", engine="transformers", suite=suite, shard=0,
-                             reference=ref, head=head, cand_head=None, device=device, work=out / "parts",
-                             key=b"benchmark key", bound={"benchmark": "run_wide_model", "shard": 0})
-        return got.positions, "harness.run.live_scores.capture_scored"
-    import dataclasses
-
-    import numpy as np
-    import torch
-
-    from harness.metrics import ContextLabel
-    from harness.metrics.scores import PositionScores
-    from harness.run.shard import ShardPositions
-    from harness.run.shared_scores import save_positions
-    from harness.scoring.scorer import score_hidden, scorer_run
-
-    indices = list(suite.shard_indices(0))
-    parts: list[PositionScores] = []
-    ran: dict[str, str] = {}
-    for i in indices:
-        cand_rows = loaded.forward(suite.tokens[i], "hidden_states")
-        ref_rows = ref.load(i)  # re-hashed and checked, as every store read is
-        targets = torch.from_numpy(suite.tokens[i, 1:].astype(np.int64))
-        ran = ran or scorer_run(ref_rows, cand_rows, head.weight, device=device).as_dict()
-        parts.append(score_hidden(ref_rows, cand_rows, head.weight, targets, device=device))
-        del cand_rows, ref_rows
-    scores = PositionScores(**{f.name: np.concatenate([getattr(p, f.name) for p in parts])
-                               for f in dataclasses.fields(PositionScores)})
-    rows_per = suite.n_ctx - 1
-    pos = ShardPositions(scores, np.repeat(np.asarray(indices, dtype=np.int64), rows_per),
-                         np.tile(np.arange(rows_per, dtype=np.int64), len(indices)),
-                         [ContextLabel(index=c.index, source_cluster=c.source_cluster, stratum=c.stratum)
-                          for c in (suite.contexts[i] for i in indices)],
-                         "hidden_states", head.sha256, None, 0.0, 0.0, ran)
-    save_positions(out / "positions.npz", pos, {"benchmark": "run_wide_model", "shard": 0}, b"benchmark key")
-    return pos, "this benchmark (per context)"
-
-
 def stage_stream(work: Path, device: str = "cpu") -> dict[str, Any]:
-    """Score-while-capturing: the candidate's rows go from the engine to the scorer in memory; what is written is
-    what the mode keeps (the signed scored positions, the metrics). The reference store's reads are timed apart;
-    scoring is the rest of the loop."""
+    """Score-while-capturing (``harness.run.live_scores.capture_scored``, ``keep = "scores"``): the candidate's rows
+    go from the engine to the scorer in memory; what is written is what the mode keeps (its signed scored tiles,
+    the metrics). The reference store's reads are timed apart; scoring is the rest of the loop."""
     import numpy as np
 
     from harness.capture.store import CaptureStore
@@ -287,6 +241,7 @@ def stage_stream(work: Path, device: str = "cpu") -> dict[str, Any]:
     from harness.inputs.suite import load_suite
     from harness.io.atomic import atomic_write_bytes
     from harness.metrics import summarize
+    from harness.run.live_scores import capture_scored
 
     spent = _timing_patches("transformers")
     reads = {"read_s": [0.0], "read_cpu_s": [0.0]}
@@ -313,8 +268,10 @@ def stage_stream(work: Path, device: str = "cpu") -> dict[str, Any]:
     out.mkdir()
     t1, c1 = time.perf_counter(), time.process_time()
     f0, fc0 = spent["forward_s"][0], spent["forward_cpu_s"][0]
-    try:
-        pos, which = _live_scores(loaded, work, suite, ref, head, device, out)
+    try:  # keep = "scores": the candidate's rows scored tile by tile as the engine gives them, never written
+        pos = capture_scored(lambda: loaded, model=work / "candidate", engine="transformers", suite=suite, shard=0,
+                             reference=ref, head=head, cand_head=None, device=device, work=out / "parts",
+                             key=b"benchmark key", bound={"benchmark": "run_wide_model", "shard": 0}).positions
     finally:
         loaded.close()
     t2, c2 = time.perf_counter(), time.process_time()
@@ -329,7 +286,7 @@ def stage_stream(work: Path, device: str = "cpu") -> dict[str, Any]:
             **{k: v[0] for k, v in reads.items()}, "score_s": score_s, "score_cpu_s": score_cpu_s,
             "report_s": t3 - t2, "report_cpu_s": time.process_time() - c2, "contexts": len(pos.labels),
             "positions": int(pos.scores.kld.size), "mean_kld": float(pos.scores.kld.mean()), "scorer": pos.scorer_run,
-            "live_scores": which, "bytes_written": _dir_bytes(out), "positions_bytes": sum(p.stat().st_size for p in kept),
+            "bytes_written": _dir_bytes(out), "positions_bytes": sum(p.stat().st_size for p in kept),
             "paths": _paths()}
 
 
