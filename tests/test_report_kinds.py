@@ -76,3 +76,18 @@ def test_no_plugin_module_chooses_a_kind_by_name() -> None:
             found += [f"{path.name}:{node.lineno} {x.value!r}" for x in operands
                       if isinstance(x, ast.Constant) and x.value in names]
     assert not found, found
+
+
+def test_a_worker_payload_is_checked_against_its_kinds_record(tmp_path: Path) -> None:
+    """A payload that does not match its kind's record (``ReportKind[P].payload``) is refused, naming the kind and
+    the key, before the kind's writer runs: nothing is written."""
+    import pytest
+
+    from harness.errors import VerificationError
+    from harness.plugin import kind_tails
+    from harness.plugin.registry import write_kind
+
+    with pytest.raises(VerificationError) as e:
+        write_kind(kind_tails.KIND, tmp_path, [{"schema": "fidelity.tails/1", "candidate": "q4"}], None)
+    assert "<tails payload 0 of this run>" in str(e.value) and (e.value.what, e.value.expected) == ("score_from", "present")
+    assert not any(tmp_path.iterdir())

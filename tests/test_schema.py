@@ -40,3 +40,18 @@ def test_schema_of_a_typed_dict_is_recursive() -> None:
         with pytest.raises(VerificationError) as e:
             check(bad, schema_of(_Outer), "f.json")
         assert (e.value.what, e.value.expected) == (where, expected)
+
+
+def test_checked_narrows_a_read_document_only_after_its_records_check() -> None:
+    """checked: the same object back when it matches the record (no copy), a refusal naming the file, the key
+    under ``where`` and what was expected otherwise; a bare ``dict`` record accepts any JSON object only."""
+    from harness.io.schema import checked
+
+    doc: dict[str, object] = {"name": "x", "rows": [], "by": {}, "lo": 0.5, "kind": "b"}
+    assert checked(doc, _Outer, "f.json") is doc
+    with pytest.raises(VerificationError) as e:
+        checked({**doc, "rows": [{"n": 1.5}]}, _Outer, "f.json", "payload")
+    assert (e.value.what, e.value.expected) == ("payload.rows[0].n", "an integer")
+    assert checked({"any": [1, "x"]}, dict, "f.json") == {"any": [1, "x"]}
+    with pytest.raises(VerificationError):
+        checked([1], dict, "f.json")
