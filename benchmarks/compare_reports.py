@@ -10,13 +10,16 @@ listed), 2 when a folder is missing.
 
 What is masked, and why (everything else, every number and every line, must be equal):
 
-* JSON: the value of every key under a ``"timing"`` object (seconds a step took: the machine's load), of
+* JSON: under a ``"timing"`` object, every ``*_s`` value (seconds a step took: the machine's load) and
+  ``scores`` (whether the scores came from the score cache: the cache's state, not the result); the
+  device and GEMM path beside them are compared. Anywhere, the value of
   ``"created"``, ``"started"`` and ``"finished"`` (when a file was written), and in the folder's ledger
   ``fidelity-run.json`` the run ids (random per run: ``latest_run``, the keys of ``runs``, each file's
   ``run``) and each listed file's ``sha256`` (a digest of a file that is itself compared here, and which
   changes with that file's own masked fields).
 * Text (Markdown and any other UTF-8 file) and JSON strings: ISO-8601 timestamps (``2026-12-02T03:17:50Z``,
-  the Markdown footers' "created ...").
+  the Markdown footers' "created ..."); in a shard page's ``Timing:`` line the same ``*_s`` seconds and
+  ``scores`` state as in its JSON.
 * Paths: the project root each folder was written from (``--old-root``/``--new-root``; by default the
   folder of the configuration the ledger names) and the folder's own absolute path become ``<root>`` and
   ``<reports>``: two checkouts in two folders write the same reports except for where they are.
@@ -36,6 +39,10 @@ from typing import Any
 
 #: An ISO-8601 date and time, with optional fraction and zone.
 TIMESTAMP = re.compile(r"\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}:\d{2}(?:\.\d+)?(?:Z|[+-]\d{2}:?\d{2})?")
+#: In a ``Timing:`` line of a Markdown page: the seconds of a step, and where the scores came from.
+TIMING_LINE = re.compile(r"^Timing: .*$", re.M)
+SECONDS = re.compile(r"\b(\w+_s) [-+0-9.e]+")
+SCORES_STATE = re.compile(r"\bscores \w+")
 #: JSON keys whose value is when something happened.
 TIME_KEYS = frozenset({"created", "started", "finished"})
 #: The report folder's ledger (harness/plugin/report_dir.py): run ids and the listed files' digests.
@@ -58,6 +65,7 @@ class Masker:
     def text(self, s: str) -> str:
         for old, new in self.subs:
             s = s.replace(old, new)
+        s = TIMING_LINE.sub(lambda m: SCORES_STATE.sub("scores <masked>", SECONDS.sub(r"\1 <masked>", m[0])), s)
         return TIMESTAMP.sub("<time>", s)
 
     def json(self, value: Any, key: str | None = None, timing: bool = False) -> Any:
@@ -65,7 +73,7 @@ class Masker:
             return {self.text(k): self.json(v, k, timing or k == "timing") for k, v in value.items()}
         if isinstance(value, list):
             return [self.json(v, key, timing) for v in value]
-        if timing or key in TIME_KEYS:
+        if (timing and key is not None and (key.endswith("_s") or key == "scores")) or key in TIME_KEYS:
             return "<masked>"
         if isinstance(value, str):
             return self.text(value)

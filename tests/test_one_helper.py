@@ -168,3 +168,52 @@ def test_a_table_keeps_its_shape_whatever_its_cells() -> None:
     assert cells == ["name", "value", "a|b", "1.5", "line break", "", "already | escaped", "x|y"]  # the code span holds x|y
     with pytest.raises(ValueError, match="expected 2 cells, found 1"):
         md_table(["name", "value"], [["only one"]])
+
+
+def test_aligned_table_pads_every_column() -> None:
+    """The ladder's form: each column as wide as its widest cell, the rule as wide (two spaces of padding)."""
+    from harness.io.md_table import md_table
+
+    assert md_table(["name", "v"], [["a", "10.5"], ["bcdef", ""]], aligned=True) == [
+        "| name  | v    |", "|-------|------|", "| a     | 10.5 |", "| bcdef |      |"]
+
+
+def _hand_tables(tree: ast.AST, rel: str) -> list[str]:
+    """Lines of a Markdown table assembled by hand: a string that opens a row (``"| "``) or a rule (``"|---"``),
+    one that closes a row (``" |"``), or cells joined with ``" | "``. Docstrings are prose and not looked at."""
+    docstrings = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant)}
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings \
+                and (node.value.startswith(("| ", "|-", "|:")) or node.value.endswith(" |")):
+            found.append(f"{rel}:{node.lineno}: a Markdown table line built by hand: {node.value[:40]!r} "
+                         "(use harness.io.md_table.md_table)")
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "join" \
+                and isinstance(node.func.value, ast.Constant) and str(node.func.value.value).strip() == "|":
+            found.append(f"{rel}:{node.lineno}: Markdown cells joined by hand (use harness.io.md_table.md_table)")
+    return found
+
+
+def test_one_markdown_table_helper() -> None:
+    offences = []
+    for path in sorted(ROOT.rglob("*.py")):
+        rel = path.relative_to(ROOT).as_posix()
+        if rel != "io/md_table.py":
+            offences += _hand_tables(ast.parse(path.read_text(), str(path)), rel)
+    assert not offences, "\n".join(offences)
+
+
+@pytest.mark.parametrize("source", [
+    'def f(a, b):\n    return [f"| {a} | {b} |", "|---|---|"]\n',
+    'def f(a, b):\n    return f"{a} | {b} |"\n',
+    'def f(cells):\n    return "| " + " | ".join(cells) + " |"\n',
+    'def f(cells):\n    return "|".join(cells)\n',
+    'RULE = "|:---|---:|"\n',
+])
+def test_the_table_scan_sees_each_kind(source: str) -> None:
+    assert _hand_tables(ast.parse(source), "x.py")
+
+
+def test_the_table_scan_leaves_prose_and_types_alone() -> None:
+    source = '"""A table: ``| a | b |``."""\nX = "int | None"\nY = "auto | inductor | eager"\n'
+    assert _hand_tables(ast.parse(source), "x.py") == []

@@ -17,6 +17,7 @@ from harness.allocation.outputs import llmcompressor_recipe
 from harness.allocation.records import AllocationCheck, AllocationResult
 from harness.attribution.effects import Estimate
 from harness.io.atomic import atomic_write_files
+from harness.io.md_table import md_table
 from harness.reports.plot import kld_vs_size_figure
 
 
@@ -47,28 +48,27 @@ def render_markdown(r: AllocationResult, check: AllocationCheck | None = None) -
         (f"Proxy ({r['proxy']['definition']}; {r['proxy']['contexts']} contexts) against the measured effects over "
          f"{ra['n']} (group, choice) pairs: Spearman ρ = {_g(ra['spearman'])}, Kendall τ = {_g(ra['kendall'])}."), "",
         "## Measured effects (each choice with the other groups at the base, paired with the base)", "",
-        "| group | choice | ΔKLD [95% CI] | bytes | Δbytes vs base | proxy |", "|---|---|---|---|---|---|",
     ]
-    for e in r["effects"]:
-        lines.append(f"| {e['group']} | {e['choice']} | {_ci(e['delta_kld'])} | {e['bytes']} | "
-                     f"{e['bytes'] - e['base_bytes']:+d} | {_g(e['proxy'])} |")
-    lines += ["", "## Proposals (in process, on the search's shards)", "",
-              "| budget | bytes (budget) | predicted KLD | measured in process | interaction (measured − predicted) | groups |",
-              "|---|---|---|---|---|---|"]
-    for p in r["proposals"]:
-        groups = ", ".join(f"{g}: {c}" for g, c in p["groups"].items())
-        lines.append(f"| {p['budget_spec']} | {p['predicted_bytes']} ({p['budget_bytes']}) | {_ci(p['predicted_kld'])} | "
-                     f"{_ci(p['in_process_kld'])} | {_ci(p['interaction'])} | {groups} |")
+    lines += md_table(["group", "choice", "ΔKLD [95% CI]", "bytes", "Δbytes vs base", "proxy"],
+                      [[e["group"], e["choice"], _ci(e["delta_kld"]), e["bytes"], f"{e['bytes'] - e['base_bytes']:+d}",
+                        _g(e["proxy"])] for e in r["effects"]])
+    lines += ["", "## Proposals (in process, on the search's shards)", ""]
+    lines += md_table(["budget", "bytes (budget)", "predicted KLD", "measured in process",
+                       "interaction (measured − predicted)", "groups"],
+                      [[p["budget_spec"], f"{p['predicted_bytes']} ({p['budget_bytes']})", _ci(p["predicted_kld"]),
+                        _ci(p["in_process_kld"]), _ci(p["interaction"]), ", ".join(f"{g}: {c}" for g, c in p["groups"].items())]
+                       for p in r["proposals"]])
     if check is not None:
-        lines += ["", f"## Built and scored as ordinary candidates ({check['engine']}, shards {check['shards']})", "",
-                  "| candidate | on-disk bytes | predicted KLD | measured KLD [95% CI] | versus | its KLD | paired diff [95% CI] | verdict |",
-                  "|---|---|---|---|---|---|---|---|"]
+        lines += ["", f"## Built and scored as ordinary candidates ({check['engine']}, shards {check['shards']})", ""]
+        rows = []
         for q in check["proposals"]:
             c = q.get("comparator")
-            pair = ("| — | — | — | — |" if c is None else
-                    f"| {c['candidate']} ({c['on_disk_bytes']} bytes, ×{c['size_ratio']:.4f}) | {_ci(c['measured_kld'])} | "
-                    f"{_ci({'value': c['paired']['diff'], 'ci95': c['paired']['ci95']})} | {c['paired']['verdict']} |")
-            lines.append(f"| {q['candidate']} | {q['on_disk_bytes']} | {_ci(q['predicted_kld'])} | {_ci(q['measured_kld'])} " + pair)
+            pair = (["—", "—", "—", "—"] if c is None else
+                    [f"{c['candidate']} ({c['on_disk_bytes']} bytes, ×{c['size_ratio']:.4f})", _ci(c["measured_kld"]),
+                     _ci({"value": c["paired"]["diff"], "ci95": c["paired"]["ci95"]}), c["paired"]["verdict"]])
+            rows.append([q["candidate"], q["on_disk_bytes"], _ci(q["predicted_kld"]), _ci(q["measured_kld"]), *pair])
+        lines += md_table(["candidate", "on-disk bytes", "predicted KLD", "measured KLD [95% CI]", "versus", "its KLD",
+                           "paired diff [95% CI]", "verdict"], rows)
         for q in check["proposals"]:
             b = q.get("predicted_kld_on_measured_base")
             if b is not None:
@@ -79,14 +79,14 @@ def render_markdown(r: AllocationResult, check: AllocationCheck | None = None) -
             if c is not None and h is not None:
                 lines.append(f"- {q['candidate']} vs {c['candidate']} on the shards the search did not see "
                              f"({h['shards']}): {_ci({'value': h['diff'], 'ci95': h['ci95']})}, {h['verdict']}")
-        lines += ["", "Every proposal against every uniform layout at least as large (paired, same positions):", "",
-                  "| proposed | versus | bytes (proposed / versus) | diff [95% CI] | verdict |", "|---|---|---|---|---|"]
-        for w in check["pairs"]:
-            lines.append(f"| {w['proposed']} | {w['versus']} | {w['proposed_bytes']} / {w['versus_bytes']} | "
-                         f"{_ci({'value': w['diff'], 'ci95': w['ci95']})} | {w['verdict']} |")
-        lines += ["", "Measured candidates:", "", "| candidate | on-disk bytes | mean KLD [95% CI] |", "|---|---|---|"]
-        for n, m in sorted(check["candidates"].items(), key=lambda kv: kv[1]["on_disk_bytes"]):
-            lines.append(f"| {n} | {m['on_disk_bytes']} | {_ci({'value': m['mean_kld'], 'ci95': m['ci95']})} |")
+        lines += ["", "Every proposal against every uniform layout at least as large (paired, same positions):", ""]
+        lines += md_table(["proposed", "versus", "bytes (proposed / versus)", "diff [95% CI]", "verdict"],
+                          [[w["proposed"], w["versus"], f"{w['proposed_bytes']} / {w['versus_bytes']}",
+                            _ci({"value": w["diff"], "ci95": w["ci95"]}), w["verdict"]] for w in check["pairs"]])
+        lines += ["", "Measured candidates:", ""]
+        lines += md_table(["candidate", "on-disk bytes", "mean KLD [95% CI]"],
+                          [[n, m["on_disk_bytes"], _ci({"value": m["mean_kld"], "ci95": m["ci95"]})]
+                           for n, m in sorted(check["candidates"].items(), key=lambda kv: kv[1]["on_disk_bytes"])])
     return "\n".join(lines) + "\n"
 
 

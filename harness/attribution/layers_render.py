@@ -10,6 +10,7 @@ from typing import Any
 
 from harness.attribution.render import write_rendered
 from harness.io.figure import png_bytes
+from harness.io.md_table import md_table
 
 __all__ = ["render_layers_markdown", "render_layers_plot", "write_layers"]
 
@@ -33,27 +34,27 @@ def render_layers_markdown(r: dict[str, Any]) -> str:
         "rel = ‖c − r‖_F / ‖r‖_F, cos err = 1 − mean cos(r_t, c_t), SQNR = 10 log10(‖r‖² / ‖c − r‖²). "
         "Teacher-forced: each candidate layer (module) fed the reference's input; free-running: each model on its own. "
         "Distances of hidden states, not effects on the output: `fidelity attribute` measures those.", "",
-        "| layer | type | rel (teacher-forced) | cos err | SQNR dB | rel (free-running) | cos err | SQNR dB |",
-        "|---|---|---|---|---|---|---|---|",
     ]
-    for row in r["layers"]:
-        t, f = row["teacher_forced"], row["free_running"]
-        lines.append(f"| {row['layer']} | {row.get('layer_type', 'decoder')} | {_g(t['rel_frobenius'])} | {_g(t['cosine_error'])} | {_db(t['sqnr_db'])} | "
-                     f"{_g(f['rel_frobenius'])} | {_g(f['cosine_error'])} | {_db(f['sqnr_db'])} |")
+    lines += md_table(["layer", "type", "rel (teacher-forced)", "cos err", "SQNR dB", "rel (free-running)", "cos err",
+                       "SQNR dB"],
+                      [[row["layer"], row.get("layer_type", "decoder"), _g(t["rel_frobenius"]), _g(t["cosine_error"]),
+                        _db(t["sqnr_db"]), _g(f["rel_frobenius"]), _g(f["cosine_error"]), _db(f["sqnr_db"])]
+                       for row in r["layers"] for t, f in [(row["teacher_forced"], row["free_running"])]])
     lines += ["", f"Worst layers (teacher-forced rel): {', '.join(str(i) for i in r['ranking'])}.", ""]
     if len(r.get("by_layer_type", [])) > 1:
-        lines += ["By layer type (teacher-forced, pooled over the layers of the type):", "",
-                  "| type | layers | rel | cos err (mean) | SQNR dB |", "|---|---|---|---|---|"]
-        lines += [f"| {t['layer_type']} | {', '.join(map(str, t['layers']))} | {_g(t['rel_frobenius'])} | "
-                  f"{_g(t['cosine_error'])} | {_db(t['sqnr_db'])} |" for t in r["by_layer_type"]]
+        lines += ["By layer type (teacher-forced, pooled over the layers of the type):", ""]
+        lines += md_table(["type", "layers", "rel", "cos err (mean)", "SQNR dB"],
+                          [[t["layer_type"], ", ".join(map(str, t["layers"])), _g(t["rel_frobenius"]),
+                            _g(t["cosine_error"]), _db(t["sqnr_db"])] for t in r["by_layer_type"]])
         lines.append("")
-    lines += ["By module kind (teacher-forced, pooled over layers):", "",
-              "| kind | modules | rel | cos err (mean) | SQNR dB |", "|---|---|---|---|---|"]
-    for k in sorted(r["by_kind"], key=lambda k: -k["rel_frobenius"]):
-        lines.append(f"| {k['kind']} | {k['n_modules']} | {_g(k['rel_frobenius'])} | {_g(k['cosine_error'])} | {_db(k['sqnr_db'])} |")
-    lines += ["", "Per module (teacher-forced):", "", "| layer | module | rel | cos err | SQNR dB |", "|---|---|---|---|---|"]
-    for m in r["modules"]:
-        lines.append(f"| {m['layer']} | {m['name']} | {_g(m['rel_frobenius'])} | {_g(m['cosine_error'])} | {_db(m['sqnr_db'])} |")
+    lines += ["By module kind (teacher-forced, pooled over layers):", ""]
+    lines += md_table(["kind", "modules", "rel", "cos err (mean)", "SQNR dB"],
+                      [[k["kind"], k["n_modules"], _g(k["rel_frobenius"]), _g(k["cosine_error"]), _db(k["sqnr_db"])]
+                       for k in sorted(r["by_kind"], key=lambda k: -k["rel_frobenius"])])
+    lines += ["", "Per module (teacher-forced):", ""]
+    lines += md_table(["layer", "module", "rel", "cos err", "SQNR dB"],
+                      [[m["layer"], m["name"], _g(m["rel_frobenius"]), _g(m["cosine_error"]), _db(m["sqnr_db"])]
+                       for m in r["modules"]])
     return "\n".join(lines) + "\n"
 
 

@@ -12,6 +12,7 @@ from typing import Any
 from harness.attribution.groups import KIND_ROLES
 from harness.io.atomic import atomic_write_bytes, atomic_write_json, atomic_write_text
 from harness.io.figure import png_bytes
+from harness.io.md_table import md_table
 
 
 def _g(x: float | None) -> str:
@@ -56,18 +57,13 @@ def render_markdown(r: dict[str, Any]) -> str:
     ]
     for g in r["groupings"]:
         routed = any("routing" in row for row in g["groups"])
-        lines += [f"## By {g['rule']}", "",
-                  "| rank | group | params | bytes | share of bytes | ΔKLD restore [95% CI] | share of whole | KLD only [95% CI] | ΔKLD per MiB |"
-                  + (" routed (share of the layer's top-k picks) |" if routed else ""),
-                  "|---|---|---|---|---|---|---|---|---|" + ("---|" if routed else "")]
-        for row in g["groups"]:
-            share = (row.get("routing") or {}).get("share")
-            lines.append(
-                f"| {row['rank']} | {row['group']} | {row['n_params']} | {row['bytes']} | "
-                f"{_pct(row['byte_share'])} | {_ci(row.get('restore'))} | "
-                f"{_pct(row.get('restore_share_of_whole'))} | {_ci(row.get('only'))} | {_g(row.get('restore_per_mib'))} |"
-                + (f" {_pct(share)} |" if routed else "")
-            )
+        lines += [f"## By {g['rule']}", ""]
+        lines += md_table(
+            ["rank", "group", "params", "bytes", "share of bytes", "ΔKLD restore [95% CI]", "share of whole",
+             "KLD only [95% CI]", "ΔKLD per MiB"] + (["routed (share of the layer's top-k picks)"] if routed else []),
+            [[row["rank"], row["group"], row["n_params"], row["bytes"], _pct(row["byte_share"]), _ci(row.get("restore")),
+              _pct(row.get("restore_share_of_whole")), _ci(row.get("only")), _g(row.get("restore_per_mib"))]
+             + ([_pct((row.get("routing") or {}).get("share"))] if routed else []) for row in g["groups"]])
         roles = [f"`{row['group']}`: {KIND_ROLES[row['group']]}" for row in g["groups"]
                  if g["rule"] == "kind" and row["group"] in KIND_ROLES]
         if roles:

@@ -20,6 +20,8 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from harness.io.md_table import md_table
+
 TAGS = ("fidelity", "kl-divergence", "quantization")
 UNKNOWN = "unknown"
 #: The Hub's size buckets (upper bounds, exclusive) and their names.
@@ -40,9 +42,7 @@ def licences(documents: Mapping[str, Mapping[str, Any]]) -> list[str]:
 def provenance_lines(documents: Mapping[str, Mapping[str, Any]]) -> list[str]:
     """A Markdown table: documents per (licence, source), ``unknown`` where none was recorded."""
     counts = Counter((str(r.get("licence") or UNKNOWN), _source(r.get("source"))) for r in documents.values())
-    lines = ["| licence | source | documents |", "|---|---|---|"]
-    lines += [f"| {lic} | {src} | {n} |" for (lic, src), n in sorted(counts.items())]
-    return lines
+    return md_table(["licence", "source", "documents"], [[lic, src, n] for (lic, src), n in sorted(counts.items())])
 
 
 def _source(source: Any) -> str:

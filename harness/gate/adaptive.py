@@ -46,6 +46,7 @@ import numpy as np
 from harness.errors import VerificationError
 from harness.gate.baselines import load_baseline_or_none
 from harness.io.atomic import atomic_write_files, dumps_json
+from harness.io.md_table import md_table
 from harness.io.schema import Closed, Nullable, OneOf, check
 from harness.metrics.bootstrap import SMALL_SAMPLE_CLUSTERS, draw_cluster_weights, effective_clusters, ratio_intervals
 
@@ -291,8 +292,7 @@ def check_adaptive(doc: Any, path: Any, rows: Mapping[str, Mapping[int, Sequence
 def render_adaptive(records: Sequence[AdaptiveRecord]) -> str:
     """``adaptive.md``: the rule and each candidate's looks."""
     lines = ["# Adaptive ladder", "", RULE, ""]
-    lines += ["| candidate | shard | look | clusters | mean KLD | one-sided bounds | alpha per side | max_mean_kld | decision |",
-              "|---|---|---|---|---|---|---|---|---|"]
+    rows = []
     for r in sorted(records, key=lambda r: (r["candidate"], r["look"])):
         t = "—" if r["threshold"] is None else f"{r['threshold']:.4g}"
         dec = {"below": "stop: passes", "above": "stop: fails"}.get(r["side"] or "", "continue")
@@ -301,8 +301,10 @@ def render_adaptive(records: Sequence[AdaptiveRecord]) -> str:
             bounds, a, dec = "—", "—", "continue (may not stop at this look)"
         else:
             bounds, a = f"[{ci[0]:.4g}, {ci[1]:.4g}]", f"{r['alpha_k']:.4g}"
-        lines.append(f"| {r['candidate']} | {r['shard']:02d} | {r['look']}/{r['looks']} | {r.get('clusters', '—')} | "
-                     f"{r['mean_kld']:.4g} | {bounds} | {a} | {t} | {dec} |")
+        rows.append([r["candidate"], f"{r['shard']:02d}", f"{r['look']}/{r['looks']}", r.get("clusters", "—"),
+                     f"{r['mean_kld']:.4g}", bounds, a, t, dec])
+    lines += md_table(["candidate", "shard", "look", "clusters", "mean KLD", "one-sided bounds", "alpha per side",
+                       "max_mean_kld", "decision"], rows)
     return "\n".join(lines) + "\n"
 
 

@@ -26,6 +26,7 @@ import numpy as np
 from harness.inputs.interchange_layout import REPORT_FULL, REPORT_WINDOWED
 from harness.interchange.bootstrap_method import percentile_bootstrap
 from harness.interchange.report_format import bin_edges, identity_block, tail_block, window_block
+from harness.io.md_table import md_table
 
 if TYPE_CHECKING:
     import torch
@@ -174,13 +175,15 @@ def render_method_markdown(doc: dict[str, Any]) -> str:
     lines = [
         f"# {doc['candidate']} vs {doc['reference']}: published method (not this project's measurement)", "",
         doc["fidelity_method"]["text"] + ".", "",
-        "| figure | published method | exact (this project) | difference |", "|---|---|---|---|",
-        f"| token mean KLD | {doc['token_mean_kld']:.6f} | {ex['token_mean_kld']:.6f} | {d['token_mean_kld']:+.6f}"
-        + (f" ({100 * rel:+.1f}%)" if rel is not None else "") + " |",
-        f"| 95% interval | [{boot['ci95_low']:.6f}, {boot['ci95_high']:.6f}] (percentile, context means) | "
-        + (f"[{ci[0]:.6f}, {ci[1]:.6f}]" if ci else "not estimable") + f" ({ex['interval_method']}) | |",
-        f"| top-1 agreement | {doc['top1_agreement']:.4f} | {ex['top1_agreement']:.4f} | {d['top1_agreement']:+.4f} |",
-        f"| context macro mean | {doc['context_macro_mean_kld']:.6f} | {ex['context_macro_mean_kld']:.6f} | |", "",
+        *md_table(["figure", "published method", "exact (this project)", "difference"], [
+            ["token mean KLD", f"{doc['token_mean_kld']:.6f}", f"{ex['token_mean_kld']:.6f}",
+             f"{d['token_mean_kld']:+.6f}" + (f" ({100 * rel:+.1f}%)" if rel is not None else "")],
+            ["95% interval", f"[{boot['ci95_low']:.6f}, {boot['ci95_high']:.6f}] (percentile, context means)",
+             (f"[{ci[0]:.6f}, {ci[1]:.6f}]" if ci else "not estimable") + f" ({ex['interval_method']})", ""],
+            ["top-1 agreement", f"{doc['top1_agreement']:.4f}", f"{ex['top1_agreement']:.4f}",
+             f"{d['top1_agreement']:+.4f}"],
+            ["context macro mean", f"{doc['context_macro_mean_kld']:.6f}", f"{ex['context_macro_mean_kld']:.6f}", ""],
+        ]), "",
         f"{doc['contexts']} contexts, {doc['scored_positions']} positions, score_from "
         f"{doc['scored_position_window']['score_from']}; schema {doc['schema']}.", "",
     ]

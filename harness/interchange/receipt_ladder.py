@@ -21,6 +21,7 @@ from harness.interchange.manifest_read import SuiteManifest, read_manifest
 from harness.interchange.receipt_figures import candidate_figures, check_inputs, paired_figures
 from harness.io.atomic import atomic_write_files, dumps_json
 from harness.io.figure import png_bytes
+from harness.io.md_table import md_table
 from harness.reports.aggregate import LadderLine, ladder_files
 from harness.reports.plot import SizePoint, kld_vs_size_figure
 from harness.reports.units import GIB
@@ -45,37 +46,33 @@ def _ci(ci: Sequence[float] | None, method: str = "exact", sign: str = "") -> st
 
 def headline_lines(figs: Sequence[Mapping[str, Any]], method: str) -> list[str]:
     """The headline rows as a Markdown table: the published method's figures, and (``exact``) this project's interval."""
-    head = "| candidate | contexts | positions | clusters | token mean KLD | top-1 | published 95% (percentile, context means) |"
-    rule = "|---|---|---|---|---|---|---|"
+    head = ["candidate", "contexts", "positions", "clusters", "token mean KLD", "top-1",
+            "published 95% (percentile, context means)"]
     if method == "exact":
-        head += " this harness 95% (studentized, token mean) |"
-        rule += "---|"
-    out = [head, rule]
+        head.append("this harness 95% (studentized, token mean)")
+    rows = []
     for f in figs:
         top1 = repr(f["top1_agreement"]) if method == "published" else f"{f['top1_agreement']:.4f}"
-        line = (f"| {f['candidate']} | {f['contexts']} | {f['scored_positions']} | {f['source_clusters']} | "
-                f"{_num(f['token_mean_kld'], method)} | {top1} | {_ci(f['published_ci95'], method)} |")
-        out.append(line + (f" {_ci(f['own_ci95'])} |" if method == "exact" else ""))
-    return out
+        row = [f["candidate"], f["contexts"], f["scored_positions"], f["source_clusters"],
+               _num(f["token_mean_kld"], method), top1, _ci(f["published_ci95"], method)]
+        rows.append(row + ([_ci(f["own_ci95"])] if method == "exact" else []))
+    return md_table(head, rows)
 
 
 def paired_lines(rows: Sequence[Mapping[str, Any]], method: str) -> list[str]:
     """The paired rows as a Markdown table (published columns; with ``exact`` this project's interval and verdict)."""
-    head = "| a - b | contexts | difference | published 95% (percentile) | a wins | b wins | clusters |"
-    rule = "|---|---|---|---|---|---|---|"
+    head = ["a - b", "contexts", "difference", "published 95% (percentile)", "a wins", "b wins", "clusters"]
     if method == "exact":
-        head += " this harness 95% (studentized, token means) | verdict (margin) |"
-        rule += "---|---|"
-    out = [head, rule]
+        head += ["this harness 95% (studentized, token means)", "verdict (margin)"]
+    out = []
     for r in rows:
-        line = (f"| {r['a']} - {r['b']} | {r['contexts']} | {_num(r['difference_a_minus_b'], method, '+')} | "
-                f"{_ci(r['published_ci95'], method, '+')} | {r['a_wins']} | {r['b_wins']} | {r['clusters']} |")
+        row = [f"{r['a']} - {r['b']}", r["contexts"], _num(r["difference_a_minus_b"], method, "+"),
+               _ci(r["published_ci95"], method, "+"), r["a_wins"], r["b_wins"], r["clusters"]]
         if method == "exact":
-            iv = _ci(r["own_ci95"], method, "+")
             v = "no margin given" if r["verdict"] is None else f"{r['verdict']} (±{r['margin']:g})"
-            line += f" {iv} | {v} |"
-        out.append(line)
-    return out
+            row += [_ci(r["own_ci95"], method, "+"), v]
+        out.append(row)
+    return md_table(head, out)
 
 
 class ReceiptRow(LadderLine):

@@ -27,11 +27,18 @@ def md_row(cells: Sequence[object]) -> str:
     return "|" + "|".join(f" {t} " if (t := md_cell(c)) else " " for c in cells) + "|"
 
 
-def md_table(header: Sequence[object], rows: Iterable[Sequence[object]]) -> list[str]:
-    """The lines of a table: header, rule, one line per row (each row as long as the header)."""
-    lines = [md_row(header), "|" + "---|" * len(header)]
-    for row in rows:
+def md_table(header: Sequence[object], rows: Iterable[Sequence[object]], *, aligned: bool = False) -> list[str]:
+    """The lines of a table: header, rule, one line per row (each row as long as the header).
+
+    ``aligned``: every column padded to its widest cell and the rule as wide (``| a   | bb |``, ``|-----|----|``),
+    for a table read as plain text too (the ladder)."""
+    body = [list(row) for row in rows]
+    for row in body:
         if len(row) != len(header):
             raise ValueError(f"Markdown table row: expected {len(header)} cells, found {len(row)}: {row!r}")
-        lines.append(md_row(row))
-    return lines
+    if not aligned:
+        return [md_row(header), "|" + "---|" * len(header)] + [md_row(row) for row in body]
+    cells = [[md_cell(c) for c in row] for row in [list(header), *body]]
+    widths = [max(len(c) for c in col) for col in zip(*cells)]
+    lines = ["| " + " | ".join(c.ljust(w) for c, w in zip(row, widths)) + " |" for row in cells]
+    return [lines[0], "|" + "|".join("-" * (w + 2) for w in widths) + "|", *lines[1:]]

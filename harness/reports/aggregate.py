@@ -32,6 +32,7 @@ import numpy as np
 from harness.errors import VerificationError
 from harness.io.atomic import atomic_write_files, dumps_json
 from harness.io.jsonio import read_json
+from harness.io.md_table import md_table
 from harness.io.schema import checked
 from harness.metrics.bootstrap import MEAN_METHOD, MEAN_METHOD_TEXT, MIN_CLUSTERS, draw_cluster_weights, ratio_intervals
 from harness.metrics.diagnostics import diagnostics_from_totals
@@ -634,12 +635,7 @@ def format_ladder(rows: Sequence[LadderLine]) -> list[str]:
                 r["verdict"],
             ]
         )
-    widths = [max(len(x) for x in col) for col in zip(head, *body)]
-
-    def fmt(cells: Sequence[str]) -> str:
-        return "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths)) + " |"
-
-    return [fmt(head), "|" + "|".join("-" * (w + 2) for w in widths) + "|"] + [fmt(b) for b in body]
+    return md_table(head, body, aligned=True)
 
 
 def not_measured_lines(not_measured: Sequence[NotMeasured]) -> list[str]:

@@ -38,6 +38,7 @@ from harness.inputs.suite import Suite
 from harness.io.atomic import atomic_write_files, atomic_write_text, dumps_json, staged_directory
 from harness.io.hashing import sha256_file
 from harness.io.jsonio import read_json
+from harness.io.md_table import md_table
 from harness.io.schema import MapOf, Nullable, Optional, check, checked
 from harness.metrics.records import ContextRow
 from harness.reports.aggregate import (
@@ -332,40 +333,43 @@ def render_candidate(name: str, agg: Aggregate, shards: Sequence[ShardReport], t
              f"{agg['bootstrap']['n_boot']} replicates, seed {agg['bootstrap']['seed']}) against "
              f"`{comp['reference']['name']}`, over {agg['n_positions']} positions in {agg['n_contexts']} contexts "
              f"({agg['n_clusters']} source clusters), shards {shard_list}, "
-             f"score_from={agg['score_from']}.", "",
-             "| metric | value |", "|---|---|",
-             f"| top-1 agreement | {agg['top1']['agreement']:.4f} "
-             + (f"[{agg['top1']['ci95'][0]:.4f}, {agg['top1']['ci95'][1]:.4f}] |" if agg["top1"]["ci95"] else "[not estimable] |"),
-             f"| EAR | {fmt_opt(agg['ear']['mean'])} |",
-             f"| mean JSD (bits) | {fmt_opt(agg['jsd_bits']['mean'])} |",
-             f"| PPL ref / cand | {agg['ppl']['ref']:.4f} / {agg['ppl']['cand']:.4f} |",
-             f"| max KLD | {fmt_opt(k['max'])} |",
-             f"| on-disk size | {page_size(size)} |",
-             f"| bits per weight (quantized linears / whole checkpoint) | {bpw_text(comp['candidate'].get('bits_per_weight'))} |",
-             ""]
+             f"score_from={agg['score_from']}.", ""]
+    top1 = agg["top1"]
+    lines += md_table(["metric", "value"], [
+        ["top-1 agreement", f"{top1['agreement']:.4f} "
+         + (f"[{top1['ci95'][0]:.4f}, {top1['ci95'][1]:.4f}]" if top1["ci95"] else "[not estimable]")],
+        ["EAR", fmt_opt(agg["ear"]["mean"])],
+        ["mean JSD (bits)", fmt_opt(agg["jsd_bits"]["mean"])],
+        ["PPL ref / cand", f"{agg['ppl']['ref']:.4f} / {agg['ppl']['cand']:.4f}"],
+        ["max KLD", fmt_opt(k["max"])],
+        ["on-disk size", page_size(size)],
+        ["bits per weight (quantized linears / whole checkpoint)", bpw_text(comp["candidate"].get("bits_per_weight"))],
+    ]) + [""]
     lines += ["## Tails", ""]
     if tails:
         cum = tails["cumulative"]
-        lines += ["| | p50 | p90 | p99 | p99.9 | CVaR1% | max |", "|---|---|---|---|---|---|---|",
-                  "| exact (all positions) | " + " | ".join(fmt_opt(cum["percentiles"][p]) for p in ("p50", "p90", "p99", "p99.9"))
-                  + f" | {fmt_opt(cum['cvar1'])} | {fmt_opt(cum['max'])} |", ""]
+        lines += md_table(["", "p50", "p90", "p99", "p99.9", "CVaR1%", "max"],
+                          [["exact (all positions)", *(fmt_opt(cum["percentiles"][p]) for p in ("p50", "p90", "p99", "p99.9")),
+                            fmt_opt(cum["cvar1"]), fmt_opt(cum["max"])]]) + [""]
     else:
         toml = str(repro["config"]) if repro is not None else "fidelity.toml"
         lines += [f"Bin-bounded percentiles from the summed histograms (exact tails: run "
-                  f"`pytest {shlex.quote(toml)} -m fidelity_tails --fidelity-candidates {name}`):", "",
-                  "| percentile | bracket (nats) |", "|---|---|"]
-        lines += [f"| {q} | [{fmt_opt(b[0])}, {fmt_opt(b[1])}] |" for q, b in k["quantile_bounds"].items()]
+                  f"`pytest {shlex.quote(toml)} -m fidelity_tails --fidelity-candidates {name}`):", ""]
+        lines += md_table(["percentile", "bracket (nats)"],
+                          [[q, f"[{fmt_opt(b[0])}, {fmt_opt(b[1])}]"] for q, b in k["quantile_bounds"].items()])
         lines.append("")
     lines += ["Exceedance counts (exact): " + ", ".join(f"KLD > {t}: {c}" for t, c in agg["exceedance"].items()) + ".", ""]
     if "diagnostics" in agg:
         lines += diagnostics_lines(agg["diagnostics"])
     if window:
-        lines += ["## Scoring-window control", "", f"Verdict: {window['verdict']}.", "", "| score_from | mean KLD | change |", "|---|---|---|"]
+        lines += ["## Scoring-window control", "", f"Verdict: {window['verdict']}.", ""]
+        rows = []
         for kk, w in sorted(window["windows"].items(), key=lambda t: int(t[0])):
             d = w["candidates"].get(name)
             if d:
                 rel = "—" if d["rel_change_mean_kld"] is None else f"{100 * d['rel_change_mean_kld']:+.1f}%"
-                lines.append(f"| {kk} | {fmt_opt(d['mean_kld'])} | {rel} |")
+                rows.append([kk, fmt_opt(d["mean_kld"]), rel])
+        lines += md_table(["score_from", "mean KLD", "change"], rows)
         lines.append("")
     if pairs:
         lines += ["## Paired comparisons", ""]
@@ -374,10 +378,10 @@ def render_candidate(name: str, agg: Aggregate, shards: Sequence[ShardReport], t
             lines.append(f"- {p['a']} vs {p['b']}: **{p['verdict_named']}** (difference {fmt_opt(p['kld_mean']['diff'])}, "
                          f"95% [{fmt_opt(plo)}, {fmt_opt(phi)}], margin ±{p['margin']:g})")
         lines.append("")
-    lines += ["## Identity", "", "| field | value |", "|---|---|"]
-    for key in ("protocol_version", "harness_version", "suite_token_sha256", "reference", "candidate", "head_sha256",
-                "cand_head_sha256", "engine", "scorer"):
-        lines.append(f"| {key} | `{json.dumps(comp.get(key), sort_keys=True)}` |")
+    lines += ["## Identity", ""]
+    lines += md_table(["field", "value"], [[key, f"`{json.dumps(comp.get(key), sort_keys=True)}`"] for key in (
+        "protocol_version", "harness_version", "suite_token_sha256", "reference", "candidate", "head_sha256",
+        "cand_head_sha256", "engine", "scorer")])
     lines += ["", "Shard hashes: " + ", ".join(f"{s['index']:02d} `{s['sha256'][:16]}…`" for s in agg["shards"]) + ".", "",
               "## How to reproduce", ""] + _reproduce(name, agg, repro) + [""]
     return "\n".join(lines)

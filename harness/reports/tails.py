@@ -34,6 +34,7 @@ import numpy as np
 from harness.errors import VerificationError
 from harness.gate.baselines import load_baseline_or_none
 from harness.io.atomic import atomic_write_files, dumps_json
+from harness.io.md_table import md_table
 from harness.io.schema import Closed, MapOf, Nullable, OneOf, Optional
 from harness.metrics.histogram import EDGES, LogHistogram, exceedance_counts
 from harness.metrics.positions import ScoredPositions, layout
@@ -275,17 +276,17 @@ def render_tails(reports: Sequence[TailReport]) -> str:
         thr = list(cum["exceedance"])
         lines += [f"## {rep['candidate']} (score_from={rep['score_from']})", ""]
         head = ["shard", "positions"] + [n for n, _ in PERCENTILES] + ["CVaR1%", "max"] + [f">{t}" for t in thr]
-        lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        rows = []
         for s in rep["shards"]:
             cells = [f"{s['shard']:02d}", str(s["n_positions"])] + [fmt_g(s["percentiles"][n]) for n, _ in PERCENTILES]
             cells += [fmt_g(s["cvar1"]), fmt_g(s["max"])] + [str(s["exceedance"][t]) for t in thr]
-            lines.append("| " + " | ".join(cells) + " |")
+            rows.append(cells)
         cells = ["**all**", str(cum["n_positions"])]
         for n, _ in PERCENTILES:
             lo, hi = cum["quantile_bounds"][n]
             cells.append(f"{fmt_g(cum['percentiles'][n])} [{fmt_g(lo)}, {fmt_g(hi)}]")
         cells += [fmt_g(cum["cvar1"]), fmt_g(cum["max"])] + [str(cum["exceedance"][t]) for t in thr]
-        lines += ["| " + " | ".join(cells) + " |", ""]
+        lines += md_table(head, [*rows, cells]) + [""]
         if rep.get("problems"):
             lines += ["Problems:", ""] + [f"- {p}" for p in rep["problems"]] + [""]
     lines += ["Plot: `tails.png` (KLD complementary CDF, log-log, all candidates).", ""]

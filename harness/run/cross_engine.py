@@ -37,6 +37,7 @@ import numpy as np
 from harness.errors import FidelityError, VerificationError
 from harness.io.atomic import atomic_write_files, dumps_json
 from harness.io.jsonio import JSONObject
+from harness.io.md_table import md_table
 from harness.io.schema import check, schema_of
 from harness.metrics.tails import quantile
 from harness.reports.numbers import fmt_g
@@ -197,15 +198,9 @@ def score_pair(*, suite: Suite, shard: int, reference: CaptureStore, candidate: 
 
 
 def _grid(m: FloorMatrix, title: str, value: Callable[[Cell], str]) -> list[str]:
-    head = f"| {title} (row R = reference P, column C = candidate Q) | " + " | ".join(m.engines) + " |"
-    lines = [head, "|---" * (len(m.engines) + 1) + "|"]
-    for r in m.engines:
-        row = []
-        for c in m.engines:
-            cell = m.cell(r, c)
-            row.append("skipped" if cell is None else value(cell))
-        lines.append(f"| **{r}** | " + " | ".join(row) + " |")
-    return lines
+    return md_table([f"{title} (row R = reference P, column C = candidate Q)", *m.engines],
+                    [[f"**{r}**", *("skipped" if (cell := m.cell(r, c)) is None else value(cell) for c in m.engines)]
+                     for r in m.engines])
 
 
 def matrix_lines(m: FloorMatrix) -> list[str]:
@@ -229,20 +224,17 @@ def net_lines(m: FloorMatrix, rows: Sequence[NetRow]) -> list[str]:
     """The candidates' table: own mean KLD, the floor of their engine beside it, and the net value."""
     lines = [f"Candidates, shard {m.shard}: KL({m.floor_row} reference || candidate); floor_E = KL({m.floor_row} || E on the "
              "same bf16 weights); net of floor = mean KLD − floor_E (a label, not a correction: rounding noise "
-             "changes with the weights, and the rounding all bf16 engines share is the precision floor, not in floor_E)", "",
-             "| candidate | engine | config | mean KLD | floor_E | net of floor | p99 KLD | top-1 | bytes |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "changes with the weights, and the rounding all bf16 engines share is the precision floor, not in floor_E)", ""]
 
     def opt(x: float | None, signed: bool = False) -> str:
         if x is None:
             return "—"
         return f"{x:+.3e}" if signed else fmt_g(x)
 
-    for r in rows:
-        top1 = "—" if r.top1 is None else f"{r.top1:.4f}"
-        size = "—" if r.size_bytes is None else str(r.size_bytes)
-        lines.append(f"| {r.candidate} | {r.engine} | {r.config} | {opt(r.mean_kld)} | {opt(r.floor)} | "
-                     f"{opt(r.net_of_floor, signed=True)} | {opt(r.p99)} | {top1} | {size} |")
+    lines += md_table(["candidate", "engine", "config", "mean KLD", "floor_E", "net of floor", "p99 KLD", "top-1", "bytes"],
+                      [[r.candidate, r.engine, r.config, opt(r.mean_kld), opt(r.floor), opt(r.net_of_floor, signed=True),
+                        opt(r.p99), "—" if r.top1 is None else f"{r.top1:.4f}",
+                        "—" if r.size_bytes is None else r.size_bytes] for r in rows])
     notes = [r for r in rows if r.note]
     if notes:
         lines.append("")

@@ -47,6 +47,7 @@ from harness.inputs.head import load_head
 from harness.inputs.suite import Suite
 from harness.io.atomic import atomic_write_files, dumps_json
 from harness.io.jsonio import JSONObject
+from harness.io.md_table import md_table
 from harness.metrics import ContextLabel, summarize
 from harness.metrics.scores import PositionScores
 from harness.run.verify import check_reference_identity
@@ -201,10 +202,9 @@ def render_precision_floor(r: PrecisionFloor) -> str:
         "",
         f"Definition: {r['definition']} ({r['compute']['dtype']} compute).",
         "",
-        "| positions | contexts | clusters | mean KLD [95% CI] | median | p99 | max | top-1 |",
-        "|---|---|---|---|---|---|---|---|",
-        f"| {r['n_positions']} | {r['n_contexts']} | {r['n_clusters']} | {_fmt(k['mean'])} {ci} | {_fmt(k['median'])} | "
-        f"{_fmt(k['p99'])} | {_fmt(k['max'])} | {r['top1']:.4f} |",
+        *md_table(["positions", "contexts", "clusters", "mean KLD [95% CI]", "median", "p99", "max", "top-1"],
+                  [[r["n_positions"], r["n_contexts"], r["n_clusters"], f"{_fmt(k['mean'])} {ci}", _fmt(k["median"]),
+                    _fmt(k["p99"]), _fmt(k["max"]), f"{r['top1']:.4f}"]]),
         "",
         f"Interval: {r['bootstrap']['method_text']}, {r['bootstrap']['n_boot']} replicates, seed {r['bootstrap']['seed']}.",
         "",
