@@ -157,7 +157,7 @@ def test_render_round_trip_and_write(stores: dict[str, Any], tmp_path: Path, sto
     m2, rows2 = from_json_dict(doc)
     assert m2.cells == m.cells and m2.skipped == m.skipped and rows2 == rows
     md = render_markdown(m, rows)
-    assert "KL(P_R || Q_C)" in md and "| **gone** | skipped | skipped | skipped |" in md
+    assert "KL(P_R ‖ Q_C)" in md and "| **gone** | skipped | skipped | skipped |" in md
     assert "- skipped KL(gone || ref): gone is not importable" in md
     assert "| bad | good_l | x.toml |" in md and f"{rows[0].net_of_floor:+.3e}" in md
     with pytest.raises(FidelityError, match="schema"):
@@ -167,4 +167,4 @@ def test_render_round_trip_and_write(stores: dict[str, Any], tmp_path: Path, sto
     lines = write_extras(tmp_path, {"cross_engine": [doc]})
     assert (tmp_path / "cross_engine.md").read_text("utf-8") == md
     assert json.loads((tmp_path / "cross_engine.json").read_text("utf-8")) == doc
-    assert any("KL(P_R || Q_C)" in line for line in lines) and any("| bad | good_l |" in line for line in lines)
+    assert any("KL(P_R ‖ Q_C)" in line for line in lines) and any("| bad | good_l |" in line for line in lines)

@@ -207,8 +207,8 @@ def matrix_lines(m: FloorMatrix) -> list[str]:
     """The matrix as three Markdown grids (mean KLD, p99, top-1) plus the skipped pairs' reasons."""
     n = sorted({c.n_positions for c in m.cells.values()})
     lines = [f"Floor matrix, shard {m.shard}" + (f", {'/'.join(map(str, n))} positions" if n else "") + f". {DIRECTION}.", ""]
-    lines += _grid(m, "mean KL(P_R || Q_C), nats", lambda c: fmt_g(c.mean_kld))
-    lines += [""] + _grid(m, "p99 KL(P_R || Q_C), nats", lambda c: fmt_g(c.p99))
+    lines += _grid(m, "mean KL(P_R ‖ Q_C), nats", lambda c: fmt_g(c.mean_kld))
+    lines += [""] + _grid(m, "p99 KL(P_R ‖ Q_C), nats", lambda c: fmt_g(c.p99))
     lines += [""] + _grid(m, "top-1 agreement", lambda c: f"{c.top1:.4f}")
     if m.skipped:
         lines.append("")
