@@ -1,20 +1,6 @@
 """The choices a layout search picks from, and the tensor groups it assigns them to.
 
-A *unit* is one quantized weight (a linear module of the reference model, named by its module path,
-``model.layers.0.self_attn.q_proj``). A *group* is a set of units that always get the same choice; the
-groupings (:func:`make_groups`):
-
-* ``module`` -- one group per unit;
-* ``block`` -- per decoder layer, its attention projections (``layer 0 attn``: q/k/v/o) and its MLP
-  (``layer 0 mlp``: gate/up/down);
-* ``layer`` -- per decoder layer, every unit in it.
-
-A *choice* is one quantization of a unit, named as the family spells it:
-
-* the project's own format (``family = "project"``): symmetric round-to-nearest integers, ``int<b>_g<g>``
-  (``b`` bits, one bf16 scale per ``g`` consecutive inputs of a row) or ``int<b>`` (one scale per row);
-  the codes and scales of :mod:`harness.engines.quant_weights`;
-* GGUF (``family = "gguf"``): a ggml tensor type that llama.cpp quantizes to (``Q4_0``, ``Q5_0``, ``Q8_0``, ...).
+Reasoning: docs/allocation.md §"Choices and groups".
 """
 
 from __future__ import annotations
@@ -103,7 +89,7 @@ def layer_of(unit: str) -> int:
 
 
 def make_groups(units: Sequence[str], grouping: str) -> list[Group]:
-    """The groups of ``grouping`` (module docstring), in layer order; every unit in exactly one group."""
+    """The groups of ``grouping`` (docs/allocation.md §"Choices and groups"), in layer order; every unit in exactly one group."""
     if grouping not in GROUPINGS:
         raise FidelityError(f"grouping {grouping!r}: expected one of {', '.join(GROUPINGS)}")
     named: dict[str, list[str]] = {}

@@ -1,20 +1,6 @@
 """GGUF layouts: llama.cpp quantizes a BF16 GGUF with one ggml type per tensor; read back what it wrote.
 
-* Names: a unit ``model.layers.N.self_attn.q_proj`` is the GGUF tensor ``blk.N.attn_q.weight`` (k, v ->
-  ``attn_k``/``attn_v``, o -> ``attn_output``, gate/up/down -> ``ffn_gate``/``ffn_up``/``ffn_down``).
-* Building: ``llama_cpp.llama_model_quantize`` (llama-cpp-python) from the BF16 GGUF with
-  ``llama_model_quantize_params.tt_overrides``: one ``llama_model_tensor_override`` per unit, the pattern
-  ``^blk\\.N\\.attn_q\\.weight$`` (llama.cpp applies the first pattern that ``std::regex_search`` finds in the
-  tensor's name) and the unit's ggml type; the token embedding gets ``token_embedding_type`` (the tied output
-  head). llama.cpp may still fall back to another type when a row does not fit the type's blocks: the types
-  this module reports are always the ones read back from the written file, never the ones asked for.
-* Effective weights: the written tensor's bytes decoded by ``gguf`` (llama.cpp's own Python package,
-  ``gguf.quants.dequantize``) to float32 ``[out, in]``: the values llama.cpp multiplies by (its kernels also
-  round the activations to 8 bits for quantized products, which an in-process weight swap does not do).
-* Bytes: the tensors' data bytes as the file's tensor table gives them (``n_bytes``); the file adds its
-  metadata and the alignment padding between tensors.
-
-``llama-quantize`` takes the same overrides as ``--tensor-type PATTERN=TYPE`` lines (:func:`tensor_type_lines`).
+Reasoning: docs/allocation.md §"GGUF layouts".
 """
 
 from __future__ import annotations
@@ -39,7 +25,7 @@ TOKEN_EMBEDDING = "token_embd.weight"
 
 
 def gguf_name(unit: str) -> str:
-    """The GGUF tensor name of a unit (module docstring)."""
+    """The GGUF tensor name of a unit (docs/allocation.md §"GGUF layouts")."""
     m = _UNIT_RE.match(unit)
     if not m or m.group(2) not in _KINDS:
         raise FidelityError(f"unit {unit!r}: no GGUF tensor name known for it (decoder-layer linears only)")

@@ -7,10 +7,7 @@ A *layout* is applied by copying each unit's effective weight under its choice
 the same way (:func:`harness.attribution.ablation.capture`) and scored against the reference through the
 shared head (:func:`harness.scoring.scorer.score_hidden`): per-context KLD sums.
 
-The effect of choice ``c`` for group ``g`` is measured *with every other group at the base layout*:
-``Δ(g, c) = KLD(base with g at c) − KLD(base)``, a difference of two token means over the same positions,
-with the paired studentized cluster interval of :class:`harness.attribution.effects.PairedMeans` (common
-random numbers: the same cluster draws for every variant).
+Reasoning: docs/allocation.md §"Measuring effects".
 """
 
 from __future__ import annotations

@@ -3,26 +3,7 @@
 Inputs: the reference model, a family of choices (:mod:`harness.allocation.family`), a grouping
 (:func:`harness.allocation.choices.make_groups`), a base layout, the suite's shards to measure on, and budgets.
 
-**Effects** (``effects = "measured"``, the default): every (group, choice) that changes the base is measured in
-process (:mod:`harness.allocation.measure`): ``Δ(g, c)`` with the others at the base, paired with the base. With
-``effects = "proxy"`` the knapsack uses the per-module teacher-forced error instead
-(:mod:`harness.allocation.proxy`), scaled to nats by one factor ``k = KLD(base) / Σ_u e(u, base_u)`` (the
-base's measured KLD over its proxy energy); the measured effects are still taken, to state the proxy's rank
-agreement with them and to report what the proxy's layout really does. In both modes ``predicted_kld`` of a
-proposal is the measured effects' prediction; ``objective`` is what the knapsack minimised (the summed measured
-effects, or the scaled proxy).
-
-**Additivity assumption.** The predicted mean KLD of a layout ``L`` is ``KLD(base) + Σ_g Δ(g, L_g)``: each group's
-effect measured alone is taken to hold whatever the other groups hold. The knapsack (:mod:`harness.allocation.knapsack`)
-minimises that sum under the budget. The assumption is then measured: each proposed layout is scored in the
-same process, and ``interaction = KLD(L) − predicted`` is reported with its paired interval (zero: the effects
-add up; positive: errors compound; negative: they overlap).
-
-**Budgets**: a number of bytes, ``base`` (the base layout's bytes) or a choice's name (the bytes of the layout
-with every unit at that choice). Bytes are the stored tensor bytes (:func:`harness.allocation.family.layout_bytes`).
-
-Nothing is built or written here: :mod:`harness.allocation.outputs` writes the layouts in the formats people
-quantize with, and :mod:`harness.run.allocation_check` builds them and scores them as ordinary candidates.
+Reasoning: docs/allocation.md §"The search's steps".
 """
 
 from __future__ import annotations
@@ -92,7 +73,7 @@ def budget_key(spec: str, family: Family) -> str:
 
 
 def resolve_budget(spec: str, family: Family, base: dict[str, str]) -> tuple[int, str]:
-    """``(bytes, what it is)`` of one budget (module docstring)."""
+    """``(bytes, what it is)`` of one budget (docs/allocation.md §"The search's steps")."""
     s = budget_key(spec, family)
     if s.isascii() and s.isdigit():  # ASCII digits only: '²' or '٣' are not a byte count
         return int(s), f"{int(s)} bytes"
@@ -109,7 +90,7 @@ def _estimate(pm: PairedMeans, per_context: np.ndarray, nonnegative: bool = Fals
 
 
 def allocate(req: AllocationRequest) -> AllocationResult:
-    """Run the search (module docstring); returns the JSON-ready result (schema :data:`SCHEMA`)."""
+    """Run the search (docs/allocation.md §"The search's steps"); returns the JSON-ready result (schema :data:`SCHEMA`)."""
     if req.effects not in EFFECTS:
         raise FidelityError(f"effects {req.effects!r}: expected one of {', '.join(EFFECTS)}")
     t0 = time.perf_counter()

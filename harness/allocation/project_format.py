@@ -8,9 +8,7 @@ layout built here holds the committed candidates' bytes exactly (``tests/test_al
 are the base choice and whose ``layer_schemes`` name every unit quantized otherwise
 (:mod:`harness.engines.quant_manifest`).
 
-Bytes are the stored tensor bytes of the checkpoint (what ``harness.attribution.sizes`` counts: safetensors
-data, not its header or ``config.json``): per unit ``ceil(out * in * b / 8)`` code bytes plus two bytes per
-scale; every other tensor at its stored bf16 size.
+Reasoning: docs/allocation.md §"The project's format".
 """
 
 from __future__ import annotations

@@ -1,24 +1,6 @@
 """Weight-swap ablations on one model in memory: capture, score, per-context KLD sums.
 
-The candidate is loaded once (through :func:`harness.engines.transformers.load_model`: plain
-transformers folders, the project's simulated format of :mod:`harness.engines.quant_weights`, and
-compressed-tensors checkpoints that transformers loads decompressed) and the reference's weights
-once. Both must have the same parameters (names and shapes); the parameters whose values differ
-are the ones an attribution can act on. A *variant* is the candidate model with a chosen set of
-those parameters set to the reference's values; every variant is made by copying tensors in place
-(no reload), captured on the suite's contexts and scored against the reference -- which is itself
-the variant with every differing parameter restored, captured by the same module in the same
-process, so engine and kernel differences cannot enter the comparison.
-
-* leave-one-in (``restore``) for group g: restore g, keep the rest quantized;
-* leave-one-out (``only``) for group g: restore everything except g (the reference with only g's
-  weights taken from the candidate: for a quantized candidate, its dequantized weights).
-
-Capture point: the input of the LM head (the project's capture point); the forward stops there
-(the head GEMM is not run), and the variant is scored through its own head
-(:func:`harness.scoring.scorer.score_hidden` with ``cand_head`` when the head differs).
-Computation runs in ``dtype`` (default float32: the weights keep their stored values exactly,
-activations are not rounded to bf16 between layers, and CPUs run it several times faster).
+Reasoning: docs/diagnostics.md §"Weight-swap ablations".
 """
 
 from __future__ import annotations

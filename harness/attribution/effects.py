@@ -7,23 +7,7 @@ two token means over the same positions and its interval applies the *same* clus
 numerator is a sum ``d_c`` and the positions ``n_c`` are shared, so the effect is the ratio mean
 ``sum d_c / sum n_c`` of the bootstrap's own ratio machinery.
 
-Fields (KLD in nats, token means over the scored positions):
-
-* ``whole`` -- KLD(candidate): the reference with every differing parameter restored scores 0;
-* per group, ``restore`` -- ΔKLD = KLD(candidate) - KLD(candidate with the group restored to the
-  reference's weights) (leave-one-in: how much drift goes away when this group gets its bits back);
-* per group, ``only`` -- KLD(reference with only this group quantized) (leave-one-out: the drift this
-  group causes on its own);
-* ``additivity`` (partitions only) -- ``sum_restore`` = Σ ΔKLD and ``interaction_restore`` =
-  whole - Σ ΔKLD (interval included): zero when the groups' effects add up, positive when restoring
-  one group alone recovers less than its part of the whole (errors that compound), negative when
-  they overlap (errors that partly cancel or saturate); likewise ``sum_only`` / ``interaction_only``;
-  ``explained_restore`` = Σ ΔKLD / whole;
-* per group, ``bytes`` -- the group's stored bytes in the candidate, ``byte_share`` of the candidate's
-  stored bytes, ``restore_cost_bytes`` = the reference's bytes of the group minus the candidate's,
-  ``restore_per_mib`` = ΔKLD per MiB of the group's candidate bytes;
-* ``bits_to_spend`` -- groups whose ΔKLD interval lies above zero, by ``restore_per_mib`` (highest
-  first): where extra bits buy the most KLD.
+Reasoning: docs/diagnostics.md §"Group effects and their intervals".
 """
 
 from __future__ import annotations
@@ -115,7 +99,7 @@ class PairedMeans:
 
 def grouping_effects(pm: PairedMeans, candidate_sum_kld: np.ndarray, rule: str, partition: bool,
                      groups: Sequence[GroupData], candidate_bytes: int) -> dict[str, Any]:
-    """Effects, ranking, additivity and bits-to-spend of one grouping (see the module docstring)."""
+    """Effects, ranking, additivity and bits-to-spend of one grouping (see docs/diagnostics.md §"Group effects and their intervals")."""
     cand = np.asarray(candidate_sum_kld, dtype=np.float64)
     whole = pm.estimate(cand, nonnegative=True)
     rows = []

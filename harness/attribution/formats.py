@@ -1,25 +1,6 @@
 """Which candidate checkpoints ``fidelity attribute`` can take apart, and their effective weights.
 
-An attribution swaps each module's weight between the candidate's and the reference's values, so it
-needs the candidate's *effective* weight of every module as a dense tensor of the reference's shape:
-the weight the candidate's forward actually multiplies by. Formats:
-
-* plain transformers folders and the project's simulated format (:mod:`harness.engines.quant_weights`):
-  loaded as they are (the simulated format loads dequantized);
-* **compressed-tensors** (llm-compressor's checkpoints): loaded through transformers with
-  ``dequantize=True``, which decompresses every module's packed weight into a dense ``weight``; the
-  quantization parameters it leaves beside it (``weight_scale``, ``weight_zero_point``,
-  ``weight_global_scale``, ``weight_shape``, ``weight_g_idx``) are not weights and are dropped. A scheme
-  that also quantizes activations (or the KV cache) is refused: a weight swap cannot reproduce what
-  it does to activations, so the attribution would measure another model;
-* **torchao** weight-only configurations (``quant_type`` ``Int8WeightOnlyConfig``, ``Int4WeightOnlyConfig``,
-  ...): loaded through transformers (torchao installed); each weight is a torchao tensor subclass whose
-  ``dequantize()`` is the effective weight. A configuration that quantizes activations (its name says
-  ``Activation``) is refused, as above;
-* every other ``quantization_config.quant_method`` (AutoRound, GPTQ, AWQ, bitsandbytes, ...) is
-  refused in one line naming it: their weights live in packed buffers behind their own kernels,
-  which this tool does not decompress. Export such a model as compressed-tensors (or dequantize it
-  to a plain folder) to attribute it.
+Reasoning: docs/diagnostics.md §"Checkpoint formats".
 """
 
 from __future__ import annotations

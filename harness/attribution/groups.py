@@ -4,33 +4,7 @@ A *parameter* is a name of ``model.named_parameters()`` (e.g. ``model.layers.2.m
 Only the parameters whose values differ between the reference and the candidate (the quantized
 ones) are grouped; identical parameters cannot contribute drift.
 
-Groupings:
-
-* ``layer`` -- one group per decoder layer (``layer 2`` holds every differing parameter whose name
-  contains ``.layers.2.``); a differing parameter outside the layers (embedding, final norm, LM head)
-  forms its own group named after its module (``embed_tokens``).
-* ``kind`` -- one group per module kind, the module's own name (``q_proj``, ``k_proj``, ``v_proj``,
-  ``o_proj``, ``gate_proj``, ``up_proj``, ``down_proj``; ``embed_tokens``, ``norm`` ...). A parameter
-  that is not a ``weight``/``bias`` is its own kind (the linear-attention ``A_log``, ``dt_bias``), and
-  the gated RMSNorm inside a linear-attention block is ``linear_attn.norm`` (not the final ``norm``).
-  :data:`KIND_ROLES` says what each known kind is (and its GGUF tensor name).
-* ``expert`` -- mixtures of experts: one group per routed expert of each layer (``layer 2 expert 5``)
-  plus one group of every other differing parameter (``outside the routed experts``: attention, router,
-  shared expert ...). Experts stored fused (one 3-D tensor per projection and layer,
-  ``mlp.experts.gate_up_proj`` ``[experts, out, in]``) are split into *slices*: a group's members are
-  then units ``<param>[<expert>]`` (see :func:`split_unit`), which the ablation restores row block by
-  row block. Per layer, not per expert index across layers: expert 5 of layer 0 and of layer 2 share
-  nothing but a number, each layer's router picks among its own.
-* globs -- one group per user pattern (:func:`fnmatch.fnmatchcase` on the parameter name; the
-  pattern is the group's name). Globs may overlap and may leave parameters out.
-
-Kinds of mixture-of-experts modules (:func:`moe_kind`): ``router`` (``mlp.gate``, the per-layer top-k
-router), ``experts.gate_up_proj`` / ``experts.down_proj`` (the routed experts, per projection; fused or
-one linear per expert alike: ``experts.gate_proj`` ...), ``shared_expert.<proj>`` (the always-on shared
-expert) and ``shared_expert_gate`` (its sigmoid gate).
-
-``layer``, ``kind`` and ``expert`` are *partitions*: every differing parameter is in exactly one group, so the
-group effects can be compared with the whole (see :mod:`harness.attribution.effects`).
+Reasoning: docs/diagnostics.md §"Tensor groups".
 """
 
 from __future__ import annotations
@@ -117,7 +91,7 @@ def fused_experts(param: str) -> bool:
 
 
 def moe_kind(param: str) -> str | None:
-    """The mixture-of-experts kind of a parameter or unit (module docstring), or None for other modules."""
+    """The mixture-of-experts kind of a parameter or unit (docs/diagnostics.md §"Tensor groups"), or None for other modules."""
     name = split_unit(param)[0]
     if name.endswith(".mlp.shared_expert_gate.weight"):
         return "shared_expert_gate"
@@ -159,7 +133,7 @@ def _collect(names: dict[str, list[str]], order: dict[str, tuple[int, str]]) -> 
 
 
 def by_layer(params: Sequence[str]) -> Grouping:
-    """One group per decoder layer (see the module docstring)."""
+    """One group per decoder layer (see docs/diagnostics.md §"Tensor groups")."""
     names: dict[str, list[str]] = {}
     order: dict[str, tuple[int, str]] = {}
     for p in params:
@@ -181,7 +155,7 @@ def by_kind(params: Sequence[str]) -> Grouping:
 
 
 def by_expert(params: Sequence[str], experts: dict[str, int]) -> Grouping:
-    """One group per routed expert of each layer plus :data:`NON_EXPERT` (module docstring).
+    """One group per routed expert of each layer plus :data:`NON_EXPERT` (docs/diagnostics.md §"Tensor groups").
 
     ``experts`` gives the number of experts of every fused tensor among ``params`` (its first
     dimension); such a tensor contributes one unit ``p[e]`` to each expert's group.

@@ -1,17 +1,6 @@
 """Bytes of a model's stored tensors, read from the safetensors headers (no tensor is loaded).
 
-A stored tensor belongs to the module its name starts with: ``m.qweight``, ``m.scales``,
-``m.zeros`` (the project's simulated format), ``m.weight_packed``, ``m.weight_scale`` ...
-(compressed-tensors) and ``m.weight`` (plain folders) all count for module ``m``. A group's bytes
-are the bytes of every stored tensor of its modules; the candidate's bytes are all its stored
-tensor bytes (the headers themselves and ``config.json`` are not counted). A fused routed-experts
-parameter ``...mlp.experts.gate_up_proj`` counts the tensors stored under that name (fused) and those
-of the per-expert linears it stands for (``...mlp.experts.<e>.gate_proj`` / ``up_proj``, as Hugging
-Face checkpoints store them); one expert's slice ``p[e]`` counts expert ``e``'s linears and a
-``1 / experts`` share of the fused tensors (:func:`unit_bytes`).
-
-The header format is safetensors' own: 8 bytes little-endian header length, then a JSON object
-mapping each tensor name to ``{"dtype", "shape", "data_offsets": [begin, end]}``.
+Reasoning: docs/diagnostics.md §"Stored bytes".
 """
 
 from __future__ import annotations
@@ -43,13 +32,13 @@ def folder_tensor_bytes(model_dir: Path) -> dict[str, int]:
 
 
 def module_bytes(stored: dict[str, int], modules: set[str]) -> int:
-    """Bytes of the stored tensors that belong to any of ``modules`` (see the module docstring)."""
+    """Bytes of the stored tensors that belong to any of ``modules`` (see docs/diagnostics.md §"Stored bytes")."""
     return sum(b for name, b in stored.items() if name.rsplit(".", 1)[0] in modules)
 
 
 def unit_bytes(stored: dict[str, int], unit: str, experts: dict[str, int]) -> int:
     """Bytes of one attribution unit: a parameter's module, or a fused experts tensor / one expert's
-    slice of it (module docstring; ``experts``: the expert count of each fused tensor)."""
+    slice of it (docs/diagnostics.md §"Stored bytes"; ``experts``: the expert count of each fused tensor)."""
     p, e = split_unit(unit)
     if not fused_experts(p):
         return module_bytes(stored, {module_of(p)})

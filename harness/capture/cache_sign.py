@@ -8,19 +8,7 @@ manifest's other fields (which list every context file's sha256, so the signatur
 the store). A cached store whose signature is missing or made with another key is not believed: it is
 captured again in place (the cache is only a cache).
 
-The key: 32 random bytes in the file named by the environment variable ``FIDELITY_CACHE_KEY``, else
-``$XDG_CACHE_HOME/fidelity/cache-key``, else ``~/.cache/fidelity/cache-key``. It is created on first use
-(mode 0600, atomically: concurrent first users -- xdist workers -- all read the one that won) and must
-be a regular file of 32 bytes owned by this user and readable by nobody else; a key file inside the
-cache folder is refused. Ray workers on other machines get the driver's key in memory, in the task
-payload (:class:`harness.run.cluster.task.TaskSpec`), never through a file.
-
-Stores given explicitly in a configuration (the reference store, a candidate's ``store =``, published
-capture folders) are inputs, not cache: they are verified by content as before and never need a signature.
-
-``cache_signature`` fields: ``alg`` (``"hmac-sha256"``), ``mac`` (hex digest of
-``fidelity.capture-cache/1\\n`` followed by the manifest without ``cache_signature`` as canonical JSON:
-sorted keys, ``(",", ":")`` separators, ASCII).
+Reasoning: docs/design.md §"The capture cache's signature".
 """
 
 from __future__ import annotations
@@ -50,7 +38,7 @@ class UntrustedCacheWarning(UserWarning):
 
 
 def key_path() -> Path:
-    """Where this user's cache key lives (module docstring)."""
+    """Where this user's cache key lives (docs/design.md §"The capture cache's signature")."""
     env = os.environ.get(ENV)
     if env:
         return Path(env).expanduser()

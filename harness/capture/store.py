@@ -1,32 +1,6 @@
 """The capture store (docs/design.md, sections 3-4): one safetensors file per context plus a manifest.
 
-Layout of a store folder::
-
-    capture.json              manifest, schema "fidelity.capture/1"
-    ctx-000000.safetensors    one tensor per context, named after the store's kind
-    ctx-000001.safetensors
-    .lock                     the writers' lock file (filelock)
-
-``capture.json`` fields:
-
-schema: ``"fidelity.capture/1"``.
-kind: ``"hidden_states"`` (post-final-norm hidden states, bf16, ``[n_ctx-1, hidden_size]``) or
-    ``"logits"`` (``[n_ctx-1, vocab_size]``, float32 or bf16) for engines that expose only logits.
-suite_token_sha256, n_ctx: the suite the contexts come from.
-hidden_size / vocab_size: the row width (``hidden_size`` for hidden states, ``vocab_size`` for logits).
-dtype: ``"bfloat16"`` or ``"float32"``.
-model: ``harness.engines.identity.model_identity`` of the captured model (identity by content).
-engine: ``{"name", "version"}`` of the engine that ran it.
-runtime: ``harness.engines.identity.runtime_identity()``.
-device: the device it ran on, e.g. ``"cpu"`` or ``"cuda:0"``.
-files: ``{file name: {"index", "sha256"}}``; the name must be ``ctx-{index:06d}.safetensors``.
-
-Fail-closed rules on opening: manifest missing or not JSON; wrong schema or kind; suite hash or
-n_ctx mismatch; a file name that is not a plain ``ctx-NNNNNN.safetensors`` name inside the folder
-(``..``, ``/``, absolute paths, symlinks resolving outside); duplicate or out-of-range index; a
-listed file missing; an unlisted ``ctx-*.safetensors`` present. On loading a context: sha256
-mismatch, truncated/corrupt safetensors, wrong tensor name, dtype or shape, NaN/Inf. Each raises
-``VerificationError`` naming the file, the expected and the found value.
+Reasoning: docs/design.md §"The capture store".
 """
 
 from __future__ import annotations

@@ -1,17 +1,6 @@
 """The dataset folder's ``README.md`` as a Hugging Face dataset card (``fidelity dataset build``).
 
-Written through huggingface_hub's :class:`~huggingface_hub.DatasetCard` and
-:class:`~huggingface_hub.DatasetCardData`, so the Hub reads its YAML metadata block:
-
-* ``license`` -- the licences the suite records for its documents (``suite.json`` ``documents``), lower-cased
-  as the Hub spells licence ids; a document without one counts as ``unknown`` (never invented);
-* ``tags`` -- ``fidelity``, ``kl-divergence``, ``quantization``;
-* ``task_categories: text-generation``;
-* ``size_categories`` -- the Hub's bucket for the number of contexts (``n<1K``, ``1K<n<10K``, ...);
-* ``pretty_name`` -- the suite's hash prefix.
-
-The body says what the folder holds, its sizes, the documents per source and licence (``unknown`` where
-none was recorded), how to verify and how to replay.
+Reasoning: docs/reports.md §"Cards the Hugging Face Hub reads".
 """
 
 from __future__ import annotations

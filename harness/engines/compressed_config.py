@@ -1,34 +1,7 @@
 """A compressed-tensors checkpoint's ``quantization_config`` checked against its stored tensors, before any
 engine loads it.
 
-compressed-tensors believes the configuration: a checkpoint whose ``num_bits`` says 3 while its tensors are
-packed 4 bits a value loads without a word and computes with garbage weights. The harness reads the
-configuration the way compressed-tensors does and refuses, naming the file, the tensor, the expected and the
-found value, where the stored tensors contradict it:
-
-* ``pack-quantized`` (integers packed into int32): ``weight_packed`` is ``I32`` of shape
-  ``[out, ceil(in * num_bits / 32)]`` where ``weight_shape`` holds ``[out, in]``; a ``group`` strategy's
-  ``weight_scale`` is ``[out, ceil(in / group_size)]``, a ``channel`` one ``[out, 1]``;
-* ``nvfp4-pack-quantized`` (two 4-bit floats a byte): ``num_bits`` 4, ``weight_packed`` ``U8``, and
-  ``weight_scale`` ``[out, 2 * packed columns / group_size]``;
-* ``float-quantized`` with 8 bits: ``weight`` is ``F8_E4M3`` or ``F8_E5M2``.
-
-* ``naive-quantized`` / ``int-quantized`` / ``float-quantized`` of ``type`` int: ``weight`` is ``I8`` of
-  ``[out, in]`` with ``num_bits`` <= 8; of ``type`` float: ``F8_E4M3`` or ``F8_E5M2`` with 8 bits; a ``channel``
-  ``weight_scale`` is ``[out, 1]``, a ``group`` one ``[out, ceil(in / group_size)]``.
-
-A configuration of several ``config_groups`` (a scheme per set of modules) is checked module by module, the
-way compressed-tensors assigns schemes: a target ``re:PATTERN`` matches module names from their start
-(``re.match``), any other target matches the module of that exact name or, for a class name such as
-``Linear``, every module holding quantized tensors; the most specific kind of match wins (exact name, then
-pattern, then class), and a module matched by two groups at that same level is refused as ambiguous (which
-scheme applies would depend on the order of the targets). ``ignore`` (names and patterns) removes modules.
-Then every module holding quantized tensors must be matched by exactly one group and not ignored, and every
-module a group names or matches by pattern must hold that group's quantized tensors (a plain ``bf16`` weight
-there would be replaced by an uninitialised one at load). A class target other than ``Linear`` is taken to
-match the modules holding quantized tensors.
-
-Only the safetensors headers are read (and the two integers of each ``weight_shape``).
+Reasoning: docs/engines.md §"compressed-tensors checks".
 """
 
 from __future__ import annotations
@@ -124,8 +97,8 @@ def _tensors_of(module: str, heads: dict[str, tuple[Path, str, list[int]]]) -> s
 
 
 def check_compressed_tensors(root: Path) -> None:
-    """Refuse a compressed-tensors checkpoint whose stored tensors contradict its configuration (module
-    docstring); other checkpoints pass untouched."""
+    """Refuse a compressed-tensors checkpoint whose stored tensors contradict its configuration
+    (docs/engines.md §"compressed-tensors checks"); other checkpoints pass untouched."""
     cfg_path = root / "config.json"
     cfg = read_json(cfg_path)
     qc = cfg.get("quantization_config")
@@ -169,7 +142,7 @@ def check_compressed_tensors(root: Path) -> None:
 
 def _check_module(module: str, fmt: str | None, w: WeightsScheme, where: str,
                   heads: dict[str, tuple[Path, str, list[int]]], cfg_path: Path) -> None:
-    """One quantized module's tensors against the scheme ``w`` of format ``fmt`` (module docstring)."""
+    """One quantized module's tensors against the scheme ``w`` of format ``fmt`` (docs/engines.md §"compressed-tensors checks")."""
     bits, gsize, strategy = w["num_bits"], w.get("group_size"), w.get("strategy")
     scale = heads.get(f"{module}.weight_scale")
     packed, plain = heads.get(f"{module}.weight_packed"), heads.get(f"{module}.weight")

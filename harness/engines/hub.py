@@ -1,19 +1,6 @@
 """Models by name: ``model = "hf://org/repo@revision"`` resolved to a local snapshot with huggingface_hub.
 
-``hf://<org>/<name>[@<revision>]`` (revision: a branch, a tag or a commit; ``main`` when absent) is resolved
-with :func:`huggingface_hub.snapshot_download`, which honours ``HF_HUB_OFFLINE`` (no network: the snapshot
-must already be in the cache, found through ``refs/<revision>`` or by its commit) and the local cache
-(``HF_HUB_CACHE`` / ``HF_HOME``): a model already downloaded is never fetched again. The result is the
-snapshot folder ``.../models--<org>--<name>/snapshots/<commit>``, used as any local model folder, and the
-candidate's identity (:func:`harness.engines.identity.model_identity`) records the repository and the
-resolved commit beside the files' sha256 (:func:`hub_origin`), so "the model I measured" is a commit of a
-named repository, not a path on someone's disk. Pin a commit for a measurement that can be repeated.
-
-Before a snapshot is used, every file in it is checked against the name of the blob it links to
-(:func:`verify_snapshot`): the cache names a Git-LFS file by its sha256 and any other file by its Git blob
-hash (sha1 of ``blob <size>\\0<content>``), so a snapshot whose files were replaced is refused naming the
-file, the digest its blob name promises and the one found. Repository ids and revisions are validated
-before huggingface_hub sees them (:func:`parse_hub_spec`). docs/refuses.md ("Models from the Hub").
+Reasoning: docs/engines.md §"Models by name".
 """
 
 from __future__ import annotations
@@ -127,7 +114,7 @@ def snapshot_blobs(snap: Path) -> dict[str, str]:
 
 
 def verify_snapshot(snap: Path, known_sha256: dict[str, str] | None = None) -> dict[str, str]:
-    """Check every file of the snapshot ``snap`` against the digest its blob is named by (module docstring);
+    """Check every file of the snapshot ``snap`` against the digest its blob is named by (docs/engines.md §"Models by name");
     ``known_sha256`` (``{file: sha256}`` already computed) saves reading those files again. Returns
     :func:`snapshot_blobs`."""
     blobs = snapshot_blobs(snap)

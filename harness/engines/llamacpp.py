@@ -1,23 +1,6 @@
 """Capture adapter for GGUF models through llama.cpp (llama-cpp-python).
 
-Captures are logits-mode stores by default (kind ``"logits"``, float32, ``[n_ctx-1, vocab]``,
-row r predicts token r+1), scored against the reference's logits (a hidden-state reference goes
-through the shared head). ``kind="hidden_states"`` instead stores llama.cpp's per-token
-embeddings without pooling -- the output of the final norm, the LM head's input -- as bf16, so a
-GGUF candidate can be scored through the shared BF16 head like any other candidate. Every suite
-context is evaluated on its own, from an empty KV cache, as one batch (``n_batch = n_ubatch =
-n_ctx``), exactly the tokens stored in the suite: no BOS is added (llama-perplexity substitutes
-a BOS at position 0 only when the GGUF says ``add_bos_token``; ``fixtures/make_gguf.py``
-writes ``false``).
-
-Identity: the GGUF file's sha256 (by content), its name and size; the engine identity carries
-the llama-cpp-python version, the ggml/llama.cpp system info (CPU features used) and whether
-weight repacking ("extra buffer types") was on. ``use_extra_bufts`` is switched off where the
-model params have it: the native AMX repack path crashed with SIGILL on this project's machine;
-a portable build (``CMAKE_ARGS="-DGGML_NATIVE=OFF"``) never did.
-
-Install: ``CMAKE_ARGS="-DGGML_NATIVE=OFF" pip install llama-cpp-python==0.3.36`` (builds llama.cpp
-from source: ~11 min on 2 cores the first time, then from pip's wheel cache).
+Reasoning: docs/llamacpp.md §"The capture adapter".
 """
 
 from __future__ import annotations

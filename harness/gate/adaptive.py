@@ -7,30 +7,7 @@ token-mean KLD. When the upper bound lies below the candidate's threshold ``T`` 
 ``max_mean_kld``) the candidate *passes* early; when the lower bound lies above ``T`` it *fails*
 early; the remaining shard cases are skipped with the decision as the reason.
 
-Rule (stated in every report), each side controlled separately:
-
-* **Levels.** An early wrong *pass* (stopping below ``T`` while the true mean is >= ``T``) has
-  probability at most :data:`ALPHA_SIDE` = 0.025; an early wrong *fail* at most 0.025 as well
-  (``alpha = 0.05`` in all).
-* **No early stop below** :data:`MIN_EARLY_CLUSTERS` source clusters (cumulative), and never at
-  the last look (every shard was scored: the ordinary gate decides).
-* **The whole budget.** The looks that may stop are ``k0 .. K-1``, ``k0`` the first look with at
-  least :data:`MIN_EARLY_CLUSTERS` clusters (a property of the suite, not of the scores). Each of
-  them tests each side at ``alpha_k = 0.025 / (K - k0)`` (Bonferroni over the looks that can
-  stop), so by the union bound each side's error is at most 0.025 whatever the correlation
-  between looks.
-* **The bound** is the studentized cluster bootstrap of :func:`harness.metrics.bootstrap.ratio_intervals`,
-  one-sided at ``alpha_k``: the lower bound's quantile read at ``alpha_k``, the upper bound's at the level
-  :func:`harness.metrics.bootstrap.side_levels` sets from the look's clusters (smaller than ``alpha_k``).
-  Each look draws at least ``20 / a'`` replicates for the level ``a'`` of a spread-out, unskewed suite of as
-  many clusters (a skewed one extends them inside ``ratio_intervals``): at least 20 lie beyond each bound.
-
-``tests/test_adaptive.py`` and the ``slow`` tier (``tests/test_coverage.py``) measure each side's
-error rate in simulation at the worst case (true mean = ``T``), under a skewed model.
-
-Threshold ``T``: the baseline's ``default.max_mean_kld`` when present, else the mean of the
-per-shard ``max_mean_kld`` entries of the planned shards (all must exist); without one the
-candidate is scored in full.
+Reasoning: docs/statistics.md §"The adaptive ladder's stopping rule".
 """
 
 from __future__ import annotations
@@ -185,7 +162,7 @@ def decide(rows: Sequence[dict[str, Any]], look: int, looks: int, threshold: flo
 
 
 def threshold_for(baselines_dir: Any, candidate: str, shards: Sequence[int]) -> float | None:
-    """``T`` of a candidate (see the module docstring), or None."""
+    """``T`` of a candidate (see docs/statistics.md §"The adaptive ladder's stopping rule"), or None."""
     b = load_baseline_or_none(baselines_dir, candidate)
     if b is None:
         return None

@@ -1,28 +1,6 @@
 """Corpora people already have, turned into a corpus folder a suite is cut from (``fidelity suite build``).
 
-A suite is cut from a *corpus folder* of UTF-8 text documents (:mod:`harness.inputs.suite`), because every
-later check -- the documents' sha256 in ``suite.json``, ``suite verify --corpus``, the corpus copied into a
-dataset by ``fidelity dataset build`` -- reads documents as files. The sources here are written into such a
-folder first (``--corpus-out``), one ``.txt`` per document, with a ``provenance.json`` sidecar giving each
-document's source and licence, and ``suite.json`` records how (``corpus_source``):
-
-* **a Hugging Face ``datasets`` source** (:func:`from_datasets`): a dataset folder written by
-  ``Dataset.save_to_disk`` (a ``DatasetDict`` folder with ``--split``), or ``.parquet``, ``.jsonl`` /
-  ``.json`` or ``.arrow`` files (a file, or a folder of them), read with the ``datasets`` package and no
-  network. One row is one document: its text from ``--text-column``, its name from ``--id-column`` (else
-  its row number). Recorded: the source's name, its revision (``--source-revision``, e.g. the Hub commit it
-  was downloaded at), the dataset's fingerprint and the sha256 of every data file, the columns, the split.
-* **one long file** (:func:`from_long_file`) split into documents by a stated rule: ``blank-lines`` (blocks
-  separated by one or more empty lines), ``lines`` (every non-empty line), or ``regex:PATTERN`` (a new
-  document starts at every match of PATTERN, multi-line mode, e.g. ``regex:^# ``). Recorded: the file's
-  sha256 and the rule.
-* **optionally the tokenizer's chat template** (``--chat-template MODEL_DIR``, :func:`chat_formatter`): each
-  document becomes ``apply_chat_template`` of its conversation (a column of ``{role, content}`` messages as
-  is; a text as one user message), so the contexts are chat-formatted as the model sees them. Recorded: the
-  template's sha256 and the tokenizer configuration it came from.
-
-Licences: ``--licence`` for every document, else the dataset's own ``info.license``; a document with none is
-recorded with ``licence: null`` and the build warns (the dataset card shows it as ``unknown``).
+Reasoning: docs/design.md §"Corpus sources".
 """
 
 from __future__ import annotations
@@ -175,7 +153,7 @@ def from_datasets(path: Path, out: Path, *, text_column: str, id_column: str | N
 
 # ----------------------------------------------------------------------------- one long file
 def split_text(text: str, rule: str) -> list[str]:
-    """``text`` cut into documents by ``rule`` (see the module docstring); empty pieces are dropped."""
+    """``text`` cut into documents by ``rule`` (see docs/design.md §"Corpus sources"); empty pieces are dropped."""
     if rule == "blank-lines":
         pieces = re.split(r"\n[ \t]*\n", text)
     elif rule == "lines":

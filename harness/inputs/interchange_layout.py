@@ -1,24 +1,6 @@
 """The published fidelity-suite layout: file names, schema strings, and what a folder of it supplies.
 
-The layout (a dataset folder)::
-
-    suite/suite-manifest.json          parent suite: ``context_index`` (index, stratum, file, token_sha256,
-                                         tokens, source_cluster), ``suite_token_sha256`` = sha256 of the
-                                         concatenated per-context ``token_sha256`` hex strings, in order
-    suite/tokens/context-NNNN.json     one JSON list of token ids per context; its ``token_sha256`` is
-                                         sha256 of ``json.dumps(ids)``
-    suite/shard-NNNN/suite-manifest.json
-                                       shard views: the same rows for a consecutive slice of the parent,
-                                         ``suite_token_sha256`` over those rows in parent order
-    suite/ladder-pin.json              what a ladder was pinned to (``head_sha256``, shard size)
-    reference/<folder>/                BF16 reference hidden states: ``hidden_NNNN.safetensors`` (tensor
-                                         ``hidden_states``, bf16 ``[n_ctx - 1, hidden]``) + capture-manifest.json
-                                         (``complete``, ``contexts``, ``captures``: index, sha256, shape)
-    captures/shard-NNNN/hidden-<name>/ candidate capture folders of the same form
-    lm-head/weight.safetensors         the shared head: one tensor ``[vocab, hidden]``, whatever its key
-    reports/<set>/shard-NNNN/report-<name>.json
-                                       ``qwen38-fidelity-report/1`` (no tail), ``/2`` (``kld_tail``,
-                                         ``per_context_all``) or ``/3`` (``/2`` with a scored-position window)
+Reasoning: docs/interchange.md §"The layout".
 """
 
 from __future__ import annotations

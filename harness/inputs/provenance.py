@@ -5,21 +5,7 @@ A suite records, for every document it was cut from, a :class:`DocumentRecord` i
 texts can prove they are the same texts, check contamination against their own training data, and
 see under which licence each text may be redistributed.
 
-Source and licence come from a small sidecar in the corpus folder, ``provenance.json``
-(schema ``fidelity.corpus-provenance/1``; never itself a document)::
-
-    {"schema": "fidelity.corpus-provenance/1",
-     "default": {"source": "...", "licence": "..."},            # optional: every document
-     "documents": {"faq/design.txt": {"source": "...", "licence": "..."}}}   # optional: per document
-
-or from the ``suite build`` flags ``--source`` / ``--licence`` (which fill what the sidecar leaves
-open). A document with neither is recorded with ``null`` source/licence: nothing is invented.
-
-Re-derivation (:func:`rederive_contexts`): given the texts and the tokenizer, every context is cut
-again from its document at its recorded offset and compared with the authoritative token ids.
-Tokenizers do not always round-trip (normalisation, a different ``tokenizers`` version), so a
-context that does not match is *reported*, not refused; a document whose sha256 differs is a
-different text and is refused.
+Reasoning: docs/design.md §"Provenance of the suite's documents".
 """
 
 from __future__ import annotations
@@ -187,7 +173,7 @@ def rederive_contexts(suite: Any, corpus_dir: str | Path, tokenizer_json: str | 
     """Re-tokenize every context's document and compare the window with the suite's ids.
 
     The tokenizer file must be the suite's (``tokenizer.sha256``); documents must match their
-    sha256. Mismatching windows are listed, never refused (see the module docstring)."""
+    sha256. Mismatching windows are listed, never refused (see docs/design.md §"Provenance of the suite's documents")."""
     from tokenizers import Tokenizer
 
     tok_path = Path(tokenizer_json)

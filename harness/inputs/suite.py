@@ -1,34 +1,6 @@
 """The suite: fixed token contexts, their provenance, shards and hashes (docs/design.md, sections 2-3).
 
-A suite is a folder holding
-
-* ``suite.json`` (schema ``fidelity.suite/1``): geometry, tokenizer identity, one entry per
-  context (index, source cluster, stratum, document, first token offset), the shards with their
-  own sha256, ``suite_token_sha256`` and ``manifest_sha256`` (sha256 of the canonical JSON of
-  every other field, so a hand edit of any field is caught);
-* ``tokens.npy``: a plain numpy ``.npy`` array, dtype ``<u4``, shape ``[n_contexts, n_ctx]``,
-  loaded with ``allow_pickle=False``.
-
-The token ids are authoritative: nothing is re-tokenized at scoring time.
-
-Selection rules (``build_suite``):
-
-* documents are the text files below the corpus folder (recursively), sorted by relative path;
-  hidden files/folders, ``LICENSE*``/``COPYING*`` files and the provenance sidecar
-  (``provenance.json``) are skipped, as are files that are not UTF-8 text;
-* the first path component below the corpus folder is the *stratum* (``"root"`` for files
-  directly in it);
-* the *source cluster* is the document's relative path unless a grouping file maps it to a name;
-* every document is tokenized once (no special tokens); its candidate windows are the
-  non-overlapping ``n_ctx`` windows starting at token 0, so a context never spans two documents;
-* with a seeded RNG, documents are shuffled within each stratum, strata are interleaved
-  round-robin, and windows are taken one per document per round (each document's windows in a
-  seeded order) until ``n_contexts`` are chosen: contexts are spread across documents and strata;
-* contexts keep that selection order (deterministic given the seed) and are split into shards of
-  ``ceil(n_contexts / n_shards)`` contexts; the last shard may be shorter;
-* every document the suite was cut from is recorded in ``suite.json`` ``documents`` with its
-  sha256, size, source and licence (:mod:`harness.inputs.provenance`); the record does not change
-  the token ids or any token/shard hash.
+Reasoning: docs/design.md §"The suite".
 """
 
 from __future__ import annotations
@@ -376,7 +348,7 @@ def build_suite(
     licence: str | None = None,
     corpus_source: dict[str, Any] | None = None,
 ) -> Suite:
-    """Cut a suite from a corpus folder and write it to ``out`` (see the module docstring).
+    """Cut a suite from a corpus folder and write it to ``out`` (see docs/design.md §"The suite").
 
     ``documents`` restricts the suite to the listed relative paths (a file with one per line, or a
     list), e.g. a held-out split. ``provenance``/``source``/``licence`` attribute the documents

@@ -1,19 +1,6 @@
 """A published capture folder (``hidden_NNNN.safetensors`` + ``capture-manifest.json``) read in place.
 
-:class:`PublishedStore` is a :class:`~harness.capture.store.CaptureStore` over one or more such
-folders (a reference published one folder per shard is one store), so the scorer, the joins and the
-session use it unchanged. Verified on opening, per folder (the first disagreement raises
-:class:`~harness.errors.VerificationError` naming the file):
-
-* the manifest: ``complete`` is true; ``captures`` a list of ``{index, sha256, shape}`` with unique
-  integer indices of the suite; ``contexts`` equal to its length; ``suite_token_sha256`` the
-  published digest of exactly those contexts in suite order (the view it was captured over);
-* the files: each listed file present, no unlisted ``hidden_*.safetensors``; ``shape`` of every
-  record ``[n_ctx - 1, hidden]`` with one hidden size across the store;
-* folders of one store: one recorded model identity, no context in two folders.
-
-On loading a context: sha256 against the manifest, one tensor ``hidden_states``, bf16, the shape,
-all values finite.
+Reasoning: docs/interchange.md §"Capture folders".
 """
 
 from __future__ import annotations
@@ -110,7 +97,7 @@ def read_folder(folder: Path, suite: Suite) -> tuple[dict[str, Any], dict[int, s
 
 @dataclass
 class PublishedStore(CaptureStore):
-    """Hidden states of published capture folders under ``root``, verified as the module docstring says.
+    """Hidden states of published capture folders under ``root``, verified as docs/interchange.md §"Capture folders" says.
 
     custody: per folder (relative to ``root``), the sha256 of its ``capture-manifest.json`` and the
     ``suite_token_sha256`` it declares.

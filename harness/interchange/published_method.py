@@ -1,17 +1,6 @@
 """The published tool's method, reproduced on request so a published figure can be checked to its digits.
 
-``fidelity replay --method published`` scores as the published ``replay`` does, from its
-description: logits are the bf16 operands' product **rounded to bf16** (its ``(hidden @ head.T).float()``
-on bf16 tensors returns a bf16 product; computed here the same way, so a run on the same machine
-gives the same bits), in two passes over vocabulary chunks: normalizers as float32 log-sum-exps, per-position KL and
-Jensen-Shannon divergence are float32 sums over vocabulary chunks of 24,832 added in float64, top-1
-is the first maximal logit; per context the mean, the lower median, the maximum; the interval is the
-percentile bootstrap over context means (:mod:`harness.interchange.bootstrap_method`). This is not
-this project's measurement: the bf16 rounding of every logit alone adds a KLD floor (about 1e-4
-nats at the seed scale) and biases the mean upward. A report made this way is a
-``qwen38-fidelity-report/2`` (``/3`` with a window) whose ``fidelity_method`` says so and carries the
-exact figures of the same positions beside it with the difference; it is never a
-``fidelity.shard-report``, so no ladder, aggregate or baseline of this project reads it.
+Reasoning: docs/interchange.md §"The published method, on request".
 """
 
 from __future__ import annotations

@@ -8,12 +8,7 @@ in two reports; a report whose ``suite_token_sha256`` is not the published diges
 contexts it scored, in suite order (a report of another suite); a context the suite lacks, or one
 whose source cluster differs from the suite's; summed tails of different edges.
 
-The aggregate's figures: token mean and top-1 weighted by positions (sums of the rows), the
-context-macro mean and the published percentile interval over the union of rows in suite order,
-the summed tail histogram and the exact maximum. The paired figures: the mean over shared contexts
-of ``a - b``, with the published percentile interval over those differences (contexts in index
-order, clusters in order of first appearance), wins and ties; the same numbers the published tool
-derives from the same two reports.
+Reasoning: docs/interchange.md §"Reading published reports".
 """
 
 from __future__ import annotations
@@ -100,7 +95,7 @@ def check_against_suite(report: PublishedReport, suite: Suite) -> None:
 
 
 def aggregate_published(paths: Sequence[Path], suite: Suite | None = None) -> dict[str, Any]:
-    """Aggregate one candidate's published reports (module docstring)."""
+    """Aggregate one candidate's published reports (docs/interchange.md §"Reading published reports")."""
     reports = [read_published_report(p) for p in paths]
     if not reports:
         raise VerificationError("<none>", "reports", "at least one qwen38-fidelity-report", "none")
@@ -147,7 +142,7 @@ def aggregate_published(paths: Sequence[Path], suite: Suite | None = None) -> di
 
 
 def paired_published(a: Sequence[Path], b: Sequence[Path], suite: Suite | None = None) -> dict[str, Any]:
-    """A minus B over the contexts both report sets scored (module docstring)."""
+    """A minus B over the contexts both report sets scored (docs/interchange.md §"Reading published reports")."""
     ra = [read_published_report(p) for p in a]
     rb = [read_published_report(p) for p in b]
     if not ra or not rb:

@@ -7,12 +7,7 @@
 published tool, whose method is ``published`` (bf16-rounded logits); readers never combine reports
 of two methods.
 
-Reading (:func:`read_published_report`) refuses, naming the file: another schema; a missing field;
-a ``/3`` without a window or a ``/2`` with one; per-context rows that lack a field, repeat an index,
-or do not add up to the report's own ``scored_positions``, ``contexts``, ``token_mean_kld``,
-``context_macro_mean_kld`` or ``top1_agreement`` (relative 1e-6); a ``kld_tail`` whose counts do not sum to
-the scored positions; any number outside its domain (:mod:`harness.io.domain`: a negative KLD or JSD, a
-count that is not a positive integer, a top-1 share outside [0, 1], a value not finite or beyond 1e15).
+Reasoning: docs/interchange.md §"The report schemas".
 """
 
 from __future__ import annotations
@@ -165,7 +160,7 @@ def _check_bootstrap(path: Path, boot: Any) -> None:
 
 
 def read_published_report(path: Path) -> PublishedReport:
-    """Read and check one published report (module docstring)."""
+    """Read and check one published report (docs/interchange.md §"The report schemas")."""
     doc = read_json(path)
     schema = doc.get("schema")
     if schema not in (REPORT_LEGACY, REPORT_FULL, REPORT_WINDOWED):

@@ -1,21 +1,6 @@
 """The published suite read in place: the parent manifest, its token files and its shard views.
 
-Verified, in this order (the first disagreement raises :class:`~harness.errors.VerificationError`
-naming the file, what was checked, the expected and the found value):
-
-* the parent ``suite-manifest.json``: schema, ``context_length``, ``contexts`` equal to the rows of
-  ``context_index``, each row's ``index`` equal to its position, a ``file`` inside the suite folder,
-  a 64-hex ``token_sha256``;
-* every token file: a JSON list of ``context_length`` non-negative integers whose sha256 of
-  ``json.dumps(ids)`` is the row's ``token_sha256``;
-* the parent digest: sha256 of the concatenated ``token_sha256`` strings in manifest order;
-* every shard view ``shard-NNNN/suite-manifest.json``: rows that are, field for field, a
-  consecutive slice of the parent's, the views in order covering every context exactly once, and
-  the view's ``suite_token_sha256`` the digest of its rows.
-
-The result is an ordinary :class:`~harness.inputs.suite.Suite` (its ``suite_token_sha256`` and shard
-hashes are this project's, over the same token ids, so captures made by ``fidelity capture`` on the
-same tokens replay against it) and the published digests, kept as the custody record.
+Reasoning: docs/interchange.md §"The suite read in place".
 """
 
 from __future__ import annotations
@@ -153,7 +138,7 @@ def _views(root: Path, rows: list[dict[str, Any]], n_ctx: int) -> tuple[list[tup
 
 
 def load_published_suite(root: Path) -> PublishedSuite:
-    """Read and verify the published suite folder ``root`` in place (module docstring)."""
+    """Read and verify the published suite folder ``root`` in place (docs/interchange.md §"The suite read in place")."""
     mf = root / SUITE_MANIFEST
     checked = read_manifest(mf)  # the manifest's own fields (counts, partitions, leaks) before any token file is opened
     doc = read_json(mf)

@@ -1,23 +1,6 @@
 """Writes that cannot half-happen (docs/design.md, section 4).
 
-* :func:`atomic_write_bytes` — one file: a temporary file in the same folder, fsync, then
-  ``os.replace``. An interrupted run never leaves a half-written file under the final name.
-* :func:`atomic_writer` — the same for a file written in pieces (a ``.kld``), never whole in memory.
-* :func:`atomic_write_files` — several files that belong together (a shard report's ``.json`` and
-  ``.md``, ``ladder.md`` and ``ladder.json``, aggregates): every file is staged (written and
-  fsynced under a temporary name) before the first one is renamed into place. A failure while
-  staging (disk full, read-only folder, permission denied) leaves none of them; a failure while
-  renaming removes the files this call created and restores nothing else. Before the first rename
-  the list of renames is written to a journal (``.fidelity-pending.*.json`` in the files' common
-  folder) and removed after the last: a process killed between two renames (``kill -9``) leaves the
-  journal, and :func:`finish_pending` (run by the next write into that folder, and by a pytest run
-  on its report folder) completes the renames, so the set is whole again.
-* :func:`staged_directory` — a whole folder (a published set) is built under a temporary sibling
-  name and renamed into place in one step.
-
-Every operating-system error becomes an :class:`~harness.errors.OutputError` naming the file and
-the reason. Files get the permissions ordinary files get (``0o666`` less the process umask), not
-the ``0o600`` of a temporary file.
+Reasoning: docs/design.md §"Atomic writes".
 """
 
 from __future__ import annotations
@@ -133,7 +116,7 @@ def atomic_write_text(path: str | Path, text: str) -> None:
 
 
 def atomic_write_files(files: Mapping[_P, bytes | str]) -> list[Path]:
-    """Write several files as one unit: all staged first, then all renamed (module docstring)."""
+    """Write several files as one unit: all staged first, then all renamed (docs/design.md §"Atomic writes")."""
     items = [(Path(p), d.encode("utf-8") if isinstance(d, str) else d) for p, d in files.items()]
     for folder in sorted({p.parent for p, _d in items}):
         finish_pending(folder)  # a killed earlier write into this folder is completed first

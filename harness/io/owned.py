@@ -1,18 +1,9 @@
 """Removing files: only what is provably the harness's own.
 
-Every place the harness deletes a file (the report folder's previous summaries, a store's
-interrupted writes, the workers' hand-over files) goes through :func:`owned_file`, which accepts a
-path only when
+Every deletion goes through :func:`owned_file`: a path relative to a base folder, no symbolic link on the
+way, a regular file; what proves the file the harness's own (a ledger's sha256, a signature) is the caller's.
 
-* it is given relative to a base folder, as plain ``/``-separated names: no absolute path, no ``..``,
-  no ``.``, no empty name, no backslash;
-* no folder on the way from the base to it, and not the file itself, is a symbolic link (the base
-  itself is the user's choice and is not checked);
-* it is a regular file (not a folder, a device, a socket).
-
-What the caller proves on top (a ledger's sha256, an embedded identity, a session's signature) is the
-caller's. A path that fails is an :class:`~harness.errors.VerificationError` naming the file that
-listed it, the entry, what was expected and what was found; nothing is deleted.
+Reasoning: docs/design.md §"Removing files".
 """
 
 from __future__ import annotations
@@ -25,7 +16,7 @@ from harness.errors import VerificationError
 
 
 def check_relative(rel: str, listed_in: str | Path, what: str) -> None:
-    """Refuse ``rel`` unless it is a plain relative path below its base (module docstring)."""
+    """Refuse ``rel`` unless it is a plain relative path below its base (docs/design.md §"Removing files")."""
     parts = rel.split("/")
     if not rel or rel.startswith("/") or "\\" in rel or "\x00" in rel or any(p in ("", ".", "..") for p in parts):
         raise VerificationError(listed_in, what, "a path relative to the folder, without '..', '.' or '\\'", repr(rel))
@@ -44,7 +35,7 @@ def symlink_on_path(base: Path, rel: str) -> Path | None:
 
 def owned_file(base: Path, rel: str, listed_in: str | Path, what: str) -> Path | None:
     """``base/rel`` when it is a regular file reached without a symbolic link; None when nothing is
-    there. Anything else there (a link on the way, a folder, a device) is refused (module docstring)."""
+    there. Anything else there (a link on the way, a folder, a device) is refused (docs/design.md §"Removing files")."""
     check_relative(rel, listed_in, what)
     link = symlink_on_path(base, rel)
     if link is not None:

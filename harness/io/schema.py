@@ -1,26 +1,6 @@
 """Schemas for the JSON files the harness reads: one declaration per file, checked by :func:`check`.
 
-A schema is plain data:
-
-* ``int``, ``float``, ``str``, ``bool`` -- that JSON type (``int`` is never a bool; ``float`` is any finite
-  number);
-* ``{"key": schema, ...}`` -- an object holding every key (other keys are allowed and not checked);
-  :class:`Optional` marks a key that may be absent;
-* ``[schema]`` -- an array whose every item matches ``schema``;
-* :class:`MapOf` -- an object whose every value matches (keys are strings, any);
-* :class:`Nullable` -- ``null`` or the inner schema;
-* :class:`Closed` -- an object like ``{...}`` that holds no other key (a closed file format: an unknown key is
-  a lie or a newer writer, refused either way);
-* :class:`OneOf` -- exactly one of the listed JSON values (a version string, an enumeration);
-* ``object`` -- anything.
-
-:func:`schema_of` derives the schema of a ``TypedDict`` record, recursively (its nested records, lists,
-string-keyed maps, ``X | None`` and ``Literal`` values), so a record's one declaration is also its check
-when it is read back.
-
-A value that does not match is a :class:`~harness.errors.VerificationError` naming the file, the dotted key
-(``metrics.totals.histogram.counts[3]``), what was expected and what was found: a lying file ends in a
-named refusal, never in a ``KeyError`` or ``TypeError`` deep inside a consumer.
+Reasoning: docs/design.md §"Schemas of the files read".
 """
 
 from __future__ import annotations
@@ -103,7 +83,7 @@ def _found(value: Any) -> str:
 
 
 def check(value: Any, schema: Any, path: str | Path, where: str = "") -> None:
-    """Refuse ``value`` unless it matches ``schema`` (module docstring); ``where`` is its dotted key."""
+    """Refuse ``value`` unless it matches ``schema`` (docs/design.md §"Schemas of the files read"); ``where`` is its dotted key."""
     at = where or "top level"
     if schema is object:
         return
@@ -168,7 +148,7 @@ def check(value: Any, schema: Any, path: str | Path, where: str = "") -> None:
 
 
 def schema_of(record: object) -> Any:
-    """The schema (module docstring) of a type as a record declares it: a ``TypedDict`` is an object with its
+    """The schema (docs/design.md §"Schemas of the files read") of a type as a record declares it: a ``TypedDict`` is an object with its
     required keys and its ``NotRequired`` keys as :class:`Optional` (other keys allowed), each checked
     recursively; ``int``, ``float``, ``str``, ``bool`` are themselves; ``list[X]`` is ``[X]``;
     ``dict[str, X]`` is :class:`MapOf`; ``X | None`` is :class:`Nullable`; ``Literal[...]`` is

@@ -1,31 +1,6 @@
 """llama.cpp's ``.kld`` file: the base model's quantized log-probs (``llama-perplexity --kl-divergence-base``).
 
-Byte layout (little-endian), as written by ``perplexity()`` and read by ``kl_divergence()`` in
-llama.cpp ``tools/perplexity/perplexity.cpp`` (checked against llama-cpp-python 0.3.36's vendored
-copy)::
-
-    char[8]   "_logits_"
-    int32     n_ctx
-    int32     n_vocab
-    int32     n_chunk
-    int32     tokens[n_chunk * n_ctx]           the evaluated tokens (the originals: a BOS that
-                                                llama.cpp substitutes at position 0 is not stored)
-    then, for every chunk, n_ctx - 1 - n_ctx/2 rows (positions first = n_ctx/2 .. n_ctx - 2; row j
-    predicts token first + j + 1) of nv = 2*ceil(n_vocab/2) + 4 uint16 each:
-        float32   scale          (max - min') / 65535, min' = max(min logit, max logit - 16)
-        float32   min_log_prob   min' - max - float32(log(sum exp(logit - max)))
-        uint16    q[n_vocab]     nearest_int((1/scale) * (logit - min')) for logit > min', else 0
-        uint16    0              padding when n_vocab is odd
-
-The writer's arithmetic is float32 (``expf`` terms summed in double, ``log`` in double then
-rounded to float); ``nearest_int`` adds 1.5 * 2^23 in float32 (round half to even). The decoded
-base log-prob of token i is ``scale * q[i] + min_log_prob`` (float32); llama.cpp's KLD then sums
-only the entries whose decoded log-prob is > -16 (see :mod:`harness.llamacpp.stats`).
-
-This module reproduces the writer bit for bit up to the rounding of ``expf`` (computed here as
-float64 ``exp`` rounded to float32, i.e. correctly rounded; glibc's ``expf`` is within 0.502 ulp)
-and the order of the double-precision sum (pairwise here, sequential in llama.cpp): either can
-flip the last bit of ``min_log_prob`` on rare rows, never a quantized value by more than one.
+Reasoning: docs/llamacpp.md §"The format".
 """
 
 from __future__ import annotations

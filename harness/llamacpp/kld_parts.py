@@ -1,20 +1,6 @@
 """A ``.kld`` file published split into parts, read in order without being joined on disk.
 
-Large base log-prob files are published as ``<name>.kld.part-000``, ``-001``, ... beside a manifest
-``<name>.kld.parts.json`` (schema ``fidelity.kld-parts/1``):
-
-file: the name of the whole file the parts make up, in order.
-bytes: its size; sha256: its sha256 (of the parts' bytes, in order).
-parts: ``[{"name", "bytes", "sha256"}]`` in file order; names are plain file names beside the manifest,
-each listed once; a part may not be a symbolic link out of the manifest's folder.
-
-Every key is required and no other is allowed (:data:`MANIFEST_SCHEMA`): a digest of another type, or
-none, is refused rather than skipped.
-
-Opening checks every part's presence and byte count against the manifest, the total against the
-size the ``.kld`` header implies, and (:func:`parts_sha256`, used where a content identity is
-recorded) every part's sha256 and the whole file's. Rows are read chunk by chunk with positioned
-reads that may straddle two parts (:class:`ChunkRows`); no joined copy is ever written.
+Reasoning: docs/llamacpp.md §"Files in parts".
 """
 
 from __future__ import annotations

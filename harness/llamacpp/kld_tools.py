@@ -1,16 +1,6 @@
 """Bridges between the harness's files and llama.cpp's ``.kld`` file.
 
-* :func:`export_kld` — a reference capture (logits store, or hidden states x the shared head,
-  fp32 logits) over a suite -> a ``.kld`` file (one chunk per context, ``n_ctx`` = the suite's),
-  so ``llama-perplexity --kl-divergence --kl-divergence-base ref.kld -m cand.gguf -c n_ctx``
-  scores a GGUF candidate against *our* reference.
-* :func:`import_kld` — a ``.kld`` file -> a suite (one context per chunk) and a logits-mode
-  reference store holding the decoded base log-probs. Only rows ``n_ctx/2 .. n_ctx-2`` exist in
-  the file: the earlier rows are stored as zeros (a uniform distribution) and must be dropped
-  with the window ``score_from = n_ctx/2`` (``--window``); the store's model identity records
-  ``scored_from_row``.
-* :func:`llamacpp_positions` — llama.cpp's per-position values of a candidate store against a ``.kld``
-  base; :mod:`harness.llamacpp.stats` turns them into llama-perplexity's statistics block.
+Reasoning: docs/llamacpp.md §"Bridges to llama.cpp's file".
 """
 
 from __future__ import annotations

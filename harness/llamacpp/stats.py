@@ -1,31 +1,6 @@
 """The statistics block of ``llama-perplexity --kl-divergence``, with llama.cpp's own formulas.
 
-Source: ``kl_divergence()`` and ``log_softmax(n_vocab, logits, base_log_prob, tok, kld)`` in
-llama.cpp ``tools/perplexity/perplexity.cpp`` (llama-cpp-python 0.3.36's vendored copy). Per
-scored position (rows ``n_ctx/2 .. n_ctx-2`` of every chunk) llama.cpp computes, in float32:
-
-* ``nll = (max + float(log(sum expf(x - max)))) - x[tok]`` of the candidate (Q) logits x;
-* ``nll_base = -(scale * q[tok] + min_log_prob)`` from the ``.kld`` row of the base model;
-* ``kld = sum over i with p_log_base_i > -16 of expf(p_log_base_i) * ((p_log_base_i - x_i) + (max + lse))``
-  (float32 terms, double sum), ``p_log_base_i = scale * q_i + min_log_prob``;
-* ``p_diff = expf(-nll) - expf(-nll_base)``; "same top" = first argmax of x equals first argmax
-  of the decoded base log-probs.
-
-Sums run in double, but ``nll*nll``, ``nll_base*nll_base``, ``nll*nll_base`` and ``p_diff*p_diff``
-are float32 products. Uncertainties are i.i.d.: ``mean_and_uncertainty`` gives
-``sqrt((E[x^2] - E[x]^2) / (n - 1))`` (0 when n <= 10), the covariance of the two log-PPLs is
-``(E[ab] - E[a]E[b]) / (n - 1)`` (0 when n < 10). Percentiles interpolate linearly in float32
-over the float32-sorted values (``fraction * (n - 1)`` in float32), the median is
-``0.5f * (a + b)`` for even n. No block is printed for fewer than 100 positions.
-
-This module reproduces those numbers from
-
-* a ``.kld`` file plus candidate logits (:func:`positions_from_kld`): llama.cpp's approximate
-  KLD (uint16 base log-probs, entries below -16 dropped), bit-compatible up to summation order;
-* the harness's own per-position scores (:func:`positions_from_scores`): the *exact* KLD and
-  NLLs pushed through the same formulas,
-
-and prints them in llama.cpp's text format (:func:`print_block`).
+Reasoning: docs/llamacpp.md §"The formulas".
 """
 
 from __future__ import annotations

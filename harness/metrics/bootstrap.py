@@ -7,23 +7,7 @@ position of every context in them; cluster ``c`` drawn ``W[b, c]`` times contrib
 all replicates come at once as an integer matrix ``W [B, C]`` (each row a Multinomial(C, 1/C) draw)
 from ``numpy.random.default_rng(seed)``.
 
-* Means (KLD, top-1, EAR, JSD) are ratios of sums: ``(W @ cluster_sums) / (W @ cluster_counts)``:
-  vectorized, O(B * C).
-* Tail statistics (p99, CVaR1) use the same multiplicities as position weights on the pooled
-  positions (never per-context quantiles); only the descending-sorted top of the data is
-  needed, see :mod:`harness.metrics.tails`. They use ``n_boot_tails`` replicates (default 2,000,
-  the first rows of the same draw matrix) because each costs O(tail size).
-* Intervals of means (and of mean differences) are **studentized** (:func:`ratio_intervals`): each
-  replicate's ratio divided by its own cluster-robust standard error (bootstrap-t), each side's quantile
-  read at a level that follows the data (:func:`side_levels`: the stated level, smaller with few clusters
-  of spread-out or skewed size); ``docs/statistics.md`` has the simulations that chose it. Below
-  :data:`MIN_CLUSTERS` source clusters no interval is estimable and ``None`` is returned, never a
-  zero-width interval.
-* Tail statistics (p99, CVaR1) keep percentile intervals: no cluster-robust standard error of a
-  quantile exists per replicate without a second bootstrap level. Their misses are almost all on the
-  upper side and shrink slowly with clusters, so below :data:`TAIL_MIN_CLUSTERS` clusters they are
-  not estimable (``None``).
-* Paired comparisons apply the same ``W`` to both candidates (common random numbers).
+Reasoning: docs/statistics.md §"The bootstrap as implemented".
 """
 
 from __future__ import annotations

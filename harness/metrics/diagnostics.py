@@ -3,32 +3,7 @@
 All of them come from per-position scores the scorer already computes from its logits tiles
 (:class:`harness.metrics.scores.PositionScores`); none needs another GEMM.
 
-Additive part (:func:`diagnostic_totals`, merged across shards by :func:`merge_diagnostic_totals`):
-
-* ``sum_kld_rev`` — Σ KL(q‖p) (nats); ``sum_entropy_ref`` — Σ H(p) (nats); ``sum_p_ref_top`` —
-  Σ p(argmax p), the reference's confidence; ``sum_q_ref_top`` — Σ q(argmax p), the candidate's
-  probability of the reference's top token; ``top5_shared`` / ``top10_shared`` — Σ over positions of
-  the number of token ids in both sides' top-5 / top-10 sets.
-* ``by_confidence`` — positions in fixed buckets of the reference's top probability
-  (:data:`CONFIDENCE_EDGES`; bucket i holds ``edges[i] <= p < edges[i+1]``, the last one closed at
-  1): counts, KLD sums and top-1 agreement counts per bucket.
-* ``by_entropy`` — a fixed log-spaced histogram of the reference entropy (:data:`ENTROPY_SPEC`:
-  ``lo`` … ``hi`` nats, ``bins_per_decade`` bins a decade, an underflow bin ``[0, lo)`` first and an
-  overflow bin ``[hi, ∞)`` last) with counts and KLD sums per bin.
-
-**Entropy deciles with fixed edges.** Exact deciles of one shard do not combine across shards
-(quantiles do not add). So the reports keep the fixed fine histogram above, which adds exactly,
-and the deciles are formed from it wherever they are shown (a shard report or any aggregate):
-:func:`entropy_deciles` gives each fine bin to decile ``floor(10 * m / N)`` where ``m`` is the
-number of positions below the bin's middle position (clipped to 0…9), so a decile is a run of whole bins.
-Each decile is reported with its actual edges (fine-bin edges), its actual position count (about
-N/10, not exactly: a bin is never split) and the exact mean KLD of its positions. A decile that
-receives no bin (one bin holding more than a tenth of the positions) is omitted.
-
-Derived part (:func:`diagnostics_from_totals`): means, llama-perplexity's "same top" (the top-1
-agreement with its i.i.d. binomial standard error sqrt(p(1-p)/(n-1)), as that tool prints it), the
-bucket and decile tables. Shard reports add cluster-bootstrap intervals
-(:mod:`harness.metrics.bootstrap`) for the reverse KL and the top-k overlaps.
+Reasoning: docs/design.md §"The diagnostics block".
 """
 
 from __future__ import annotations
@@ -133,7 +108,7 @@ def merge_diagnostic_totals(parts: Sequence[DiagnosticTotals]) -> DiagnosticTota
 
 
 def entropy_deciles(bins: EntropyBins) -> list[DecileRow]:
-    """Deciles of the reference entropy formed from the fixed fine histogram (module docstring)."""
+    """Deciles of the reference entropy formed from the fixed fine histogram (docs/design.md §"The diagnostics block")."""
     counts = np.asarray(bins["counts"], dtype=np.int64)
     sums = np.asarray(bins["sum_kld"], dtype=np.float64)
     n = int(counts.sum())

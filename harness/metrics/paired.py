@@ -1,19 +1,6 @@
 """Paired comparison of two candidates on the same positions (docs/design.md, section 2).
 
-Differences are ``a - b`` (for KLD, p99 and CVaR1 negative means *a* is closer to the reference;
-for top-1 and EAR positive means *a* is closer). Each interval applies the *same* cluster draws to
-both candidates (common random numbers), so shared difficulty cancels and the interval is that of
-the difference, not of two independent estimates. The mean differences (KLD, top-1, EAR) get the
-studentized interval of :func:`harness.metrics.bootstrap.ratio_intervals` (the heavy side of a difference is
-not known in advance, so both ends get the few-cluster term of :func:`~harness.metrics.bootstrap.side_levels`);
-the tail differences (p99, CVaR1) keep percentile intervals under the single-candidate tails' rule:
-read at :data:`~harness.metrics.bootstrap.TAIL_ALPHA` per side and ``None`` (not estimable) below
-:data:`~harness.metrics.bootstrap.TAIL_MIN_CLUSTERS` source clusters. Below
-:data:`~harness.metrics.bootstrap.MIN_CLUSTERS` source clusters every interval is ``None`` (not
-estimable). The equivalence test built on it lives in :mod:`harness.reports.paired`.
-
-Context wins are decided by each context's mean KLD: ``a_wins`` counts contexts where a's mean is
-lower, ``b_wins`` where b's is lower, ``ties`` where they are equal.
+Reasoning: docs/statistics.md §"The paired difference".
 """
 
 from __future__ import annotations

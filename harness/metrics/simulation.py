@@ -4,22 +4,7 @@ Used by the ``slow`` test tier (``tests/test_coverage.py``) and by ``benchmarks/
 (the table in ``docs/statistics.md``). Only what the interval methods see is simulated: per source
 cluster the sum of the per-position KLD and the number of positions.
 
-Model (a *cluster multiplier* × *context multiplier* × *position* model of per-position KLD):
-
-* every cluster holds ``contexts_per_cluster`` contexts of ``positions`` scored positions;
-* position KLD is lognormal with log-sd ``sigma_position``; a context's mean of ``positions`` such
-  values is drawn from the moment-matched lognormal (Fenton-Wilkinson), so its skew is kept;
-* every context has a lognormal multiplier (log-sd ``sigma_context``) and every cluster a multiplier
-  drawn from ``cluster_law``: ``lognormal`` (log-sd ``sigma_cluster``), ``pareto`` (Lomax with
-  shape ``pareto_shape``: heavy right tail, finite variance for shape > 2) or ``mixture`` (lognormal
-  with log-sd ``sigma_cluster``, and a fraction ``hard_fraction`` of clusters ``hard_ratio`` times harder);
-* every multiplier has expectation 1, so the true token-mean KLD is exactly ``mean``.
-
-:data:`FIXTURE` is fitted to the embedded default's shard reports (per-context rows: the log-sd
-of the context means between clusters is about 0.10, within a cluster about 0.08; position
-median / mean about 0.7, i.e. a position log-sd of about 0.9). :data:`HEAVY` is the heavier-tailed
-variant the intervals must also cover (the percentile interval covers about 88 % of it at 16
-clusters); :data:`EXTREME` (Pareto cluster effects) shows where 16 clusters stop being enough.
+Reasoning: docs/statistics.md §"The simulation model".
 """
 
 from __future__ import annotations
@@ -34,7 +19,7 @@ from harness.metrics.bootstrap import effective_clusters, extended_weights
 
 @dataclass(frozen=True)
 class ClusterModel:
-    """A synthetic per-position KLD model (see the module docstring for each field's meaning)."""
+    """A synthetic per-position KLD model (each field's meaning: docs/statistics.md §"The simulation model")."""
 
     name: str
     sigma_cluster: float

@@ -7,16 +7,7 @@ of the pilot's average size ``nbar`` is ``se(C) = sigma / (nbar sqrt(C))`` (the 
 linearized variance). A paired comparison of two candidates on the same positions uses the same
 formula on the per-cluster *differences* ``d_c = s_a,c - s_b,c``.
 
-* precision: the fewest clusters ``C`` with ``t_(C-1, 1 - alpha/2) se(C) <= eps * r`` (the 95%
-  interval's half-width within ``±eps`` relative);
-* difference: the fewest ``C`` with ``(t_(C-1, 1 - alpha/2) + t_(C-1, power)) se_d(C) <= delta``
-  (a two-sided test at level ``alpha`` detects a true difference ``delta`` with that power);
-* the reverse at the pilot's own ``C``: the achievable ``eps``, the *resolvable delta* (the
-  difference detected with 80% power at 95% confidence) and the power for a given ``delta``.
-
-Contexts needed = clusters x the pilot's contexts per cluster. Predictions assume new clusters are
-like the pilot's (same sizes and spread); ``tests/test_planning.py`` checks them by resampling the
-pilot's clusters.
+Reasoning: docs/diagnostics.md §"Sample sizes".
 """
 
 from __future__ import annotations

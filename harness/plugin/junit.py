@@ -1,17 +1,6 @@
 """A candidate x shard case's headline numbers in ``--junitxml`` output, without warnings under pytest's defaults.
 
-pytest's default ``junit_family`` is ``xunit2``, whose schema has no per-test ``<properties>``: pytest's
-``record_property`` fixture warns once per case there (and errors under ``-W error``). The plugin therefore
-chooses the place by the family of the run:
-
-* ``xunit1`` / ``legacy`` (``-o junit_family=xunit1``): the numbers are properties of the case's own
-  ``<testcase>`` (``fidelity_mean_kld``, ``fidelity_ci_low``, ``fidelity_ci_high``, ``fidelity_p99``,
-  ``fidelity_top1``), as ``record_property`` would write them;
-* ``xunit2`` (the default): they are properties of the ``<testsuite>``, which that schema allows, named by the
-  case: ``<case id>:fidelity_mean_kld`` (``int8-shard00:fidelity_mean_kld``), recorded by the controller as each
-  case's report arrives, so a pytest-xdist run records every worker's numbers.
-
-Without ``--junitxml`` nothing is recorded.
+Reasoning: docs/reports.md §"JUnit XML".
 """
 
 from __future__ import annotations
@@ -43,7 +32,7 @@ def headline_numbers(headline: object) -> list[tuple[str, object]]:
 
 
 def record_on_case(config: pytest.Config, item: pytest.Item, numbers: list[tuple[str, object]]) -> None:
-    """Per-testcase properties, where the run's family allows them (see the module docstring)."""
+    """Per-testcase properties, where the run's family allows them (see docs/reports.md §"JUnit XML")."""
     if junit_family(config) in PER_CASE_FAMILIES:
         item.user_properties.extend(numbers)
 

@@ -1,23 +1,6 @@
 """What a report kind is: one class behind :class:`ReportKind`, listed once in :mod:`harness.plugin.registry`.
 
-A *report kind* is a report beside the candidate x shard cases (tails, scoring windows, paired
-comparisons, adaptive records, cross-engine floors, attribution). Everything the plugin does with
-one comes from its class, and the plugin loops over the registry for each step:
-
-=============== ============================================================================
-step            member of the kind
-=============== ============================================================================
-markers         ``marker`` and ``marker_doc`` (registered by ``pytest_configure``)
-parametrization ``param_fixture`` and ``params(plan)`` (one case per parameter)
-fixtures        ``fixture`` (its value: ``case(run, request, param)``)
-collection      ``test`` and ``test_doc`` (a case function collected from a ``fidelity.toml``)
-check           the case's ``check()`` (raises ``AssertionError`` with a readable message)
-writer          ``write(out, payloads, palette_names)``: the run's artifacts and its terminal lines
-=============== ============================================================================
-
-A member that does not apply is ``None`` (adaptive records have no marker and no case of their own;
-the cross-engine floor is sent by ``fidelity_tests/test_cross_engine.py``). Adding a report kind is
-one module defining its class and one line in the registry.
+Reasoning: docs/design.md §"Report kinds".
 """
 
 from __future__ import annotations
@@ -143,7 +126,7 @@ class Written:
 
 
 class ReportKind(Protocol[P]):
-    """One report kind (module docstring); ``P``: its payload record, what :meth:`case` sends home and
+    """One report kind (docs/design.md §"Report kinds"); ``P``: its payload record, what :meth:`case` sends home and
     :meth:`write` reads."""
 
     @property

@@ -5,25 +5,7 @@ keeps a ledger of the files the harness wrote there: for each, its path relative
 sha256 and the run that wrote it (``runs`` names each run: when it finished and its command line),
 and the sub-folders a run created (``folders``).
 
-Two kinds of files, two rules:
-
-* **Shard reports** (``<candidate>/shard-NN.json`` and ``.md``) accumulate: shards of several runs (one
-  machine's share each, ``--fidelity-shards``; or one candidate at a time) are aggregated together later.
-  The ledger keeps naming the run that wrote each, so a reader can tell this run's from earlier ones'.
-* **Run summaries** (``ladder.*``, ``tails.*``, ``window.*``, ``paired/*``, ``adaptive.*``,
-  ``cross_engine.*``) describe one run. A run that writes anything removes the previous runs' summaries
-  first, so every summary in the folder is the latest run's. Only files the ledger lists with an unchanged
-  sha256 are removed: never a user's file, never one edited since the harness wrote it (such a file is
-  kept, dropped from the ledger and named on the terminal).
-
-Report folders travel (people download other people's), so the ledger is an input like any other and is
-checked before anything is removed (:func:`check_ledger`): every entry must be a name this project's
-writers produce (the two patterns above), below the folder without ``..``, an absolute path or a symbolic
-link on the way (:mod:`harness.io.owned`), with a sha256 and a run; a folder is removed only when the
-ledger says a run created it and it is empty. A ledger naming anything else is refused as tampered,
-naming the file and the entry, and nothing is deleted. Files the ledger does not list (a user's, or
-written by an older harness) are never touched. Only the controller writes here (never a pytest-xdist
-worker).
+Reasoning: docs/reports.md §"The report folder's ledger".
 """
 
 from __future__ import annotations
@@ -89,7 +71,7 @@ def is_shard_report(rel: str) -> bool:
 
 
 def check_ledger(report_dir: Path) -> Stamp | None:
-    """The folder's stamp, checked (module docstring); None when there is none. A stamp that is a
+    """The folder's stamp, checked (docs/reports.md §"The report folder's ledger"); None when there is none. A stamp that is a
     symbolic link, not strict JSON, of another schema, or whose ledger names anything this project does
     not write is a :class:`~harness.errors.VerificationError` naming the stamp, the entry, the expected
     and the found value."""

@@ -1,21 +1,6 @@
 """One experiment tracker, optional: a run's numbers, ladder and plots logged to MLflow (``--fidelity-mlflow URI``).
 
-At the end of a run the controller logs one MLflow run (experiment ``fidelity``, run name the configuration's
-file name) to the tracking URI given (a server ``http://...``, ``sqlite:///mlflow.db``, a ``file:`` store):
-
-* **per-shard metrics**: for every candidate x shard report of the run, ``<candidate>/mean_kld``,
-  ``/ci_low``, ``/ci_high``, ``/p99``, ``/top1`` with the shard number as the step (an interval that is not
-  estimable has no ``ci_low`` / ``ci_high`` point);
-* **the ladder**: ``<candidate>/ladder_mean_kld``, ``/ladder_ci_low``, ``/ladder_ci_high``,
-  ``/ladder_top1``, ``/size_bytes`` (aggregated over the run's shards), and ``ladder.md`` / ``ladder.json`` as
-  artifacts;
-* **the plots**: every ``.png`` the run wrote into the report folder (``tails.png``, ...) under ``plots/``;
-* tags: the configuration's path, the suite's ``suite_token_sha256``, the pytest command, each candidate's
-  verdict (``verdict/<candidate>``).
-
-MLflow metric keys allow letters, digits, ``_ - . /`` and spaces: a ``+`` in a candidate name is written
-``-plus-``. The package is optional (``pip install 'fidelity-harness[mlflow]'``): the option is refused at
-start-up when it is missing, and a tracking failure is one named error at the end of the run.
+Reasoning: docs/reports.md §"The MLflow tracker".
 """
 
 from __future__ import annotations
@@ -40,7 +25,7 @@ def available() -> bool:
 
 
 def metric_name(candidate: str, key: str) -> str:
-    """``<candidate>/<key>`` in MLflow's alphabet (see the module docstring)."""
+    """``<candidate>/<key>`` in MLflow's alphabet (see docs/reports.md §"The MLflow tracker")."""
     return f"{candidate.replace('+', '-plus-')}/{key}"
 
 
@@ -73,7 +58,7 @@ def ladder_metrics(rows: Sequence[LadderLine]) -> list[tuple[str, float]]:
 
 def log_run(uri: str, *, run_name: str, tags: Mapping[str, str], reports: Sequence[ShardReportJSON],
             rows: Sequence[LadderLine], files: Sequence[Path]) -> str:
-    """Log one MLflow run (see the module docstring); returns its run id. ``files``: the report folder's files
+    """Log one MLflow run (see docs/reports.md §"The MLflow tracker"); returns its run id. ``files``: the report folder's files
     this run wrote (the ladder files and the plots among them are logged as artifacts)."""
     import time
 

@@ -1,23 +1,6 @@
 """Aggregation of one candidate's shard reports into a ladder entry (fail closed).
 
-Rules (docs/design.md, section 4), each a :class:`~harness.errors.VerificationError` naming the report:
-
-* all reports are of one candidate and agree on every comparability field except the shard
-  (schema, protocol, harness version, suite hash, window, reference, candidate, heads, engine, scorer);
-* no shard appears twice and no context appears in two reports (overlap);
-* when a complete set is asked for, every shard of the suite is present (missing shards named);
-* every report's per-context rows agree with its own summary (positions, KLD sum, top-1 count);
-* histogram specs are identical (counts only add when the edges are the same).
-
-What is combined, and how:
-
-* position-weighted means (KLD, top-1, EAR, JSD, NLL) are exact sums over all positions;
-* the 95% interval is the studentized source-cluster bootstrap over the union of the per-context
-  rows (clusters merged by name across shards; same seed and replicate count as the shards;
-  ``null`` below the minimum number of clusters);
-* tail quantiles (p50 ... p99.99) come from the summed fixed-edge histograms and are therefore
-  *bin-bounded*: ``[lo, hi]`` brackets that must contain the exact quantile;
-* exceedance counts add exactly, the max is the max.
+Reasoning: docs/reports.md §"Aggregation".
 """
 
 from __future__ import annotations
@@ -230,7 +213,7 @@ def _first_difference(a: Mapping[str, object], b: Mapping[str, object], prefix: 
 
 
 def check_comparable(reports: Sequence[ShardReport]) -> None:
-    """Refuse reports that may not be combined (see the module docstring)."""
+    """Refuse reports that may not be combined (see docs/reports.md §"Aggregation")."""
     if not reports:
         raise VerificationError("<aggregate>", "reports", "at least one shard report", "none")
 

@@ -1,25 +1,6 @@
 """The published set's ``README.md`` as a Hugging Face model card (``fidelity publish``).
 
-The card is written through huggingface_hub's own classes (:class:`huggingface_hub.ModelCard`,
-:class:`~huggingface_hub.ModelCardData`, :class:`~huggingface_hub.EvalResult`), so the Hub reads its
-YAML metadata block:
-
-* ``license`` -- ``[card] license`` of the configuration, else ``unknown``;
-* ``tags`` -- ``fidelity``, ``kl-divergence``, ``quantized`` and every candidate's tags;
-* ``pipeline_tag: text-generation``;
-* ``base_model`` and ``base_model_relation: quantized`` when the configuration names the BF16 original on
-  the Hub (``[card] base_model``, else the repository of a reference given as ``hf://org/repo@revision``);
-* ``model-index``: one evaluation result per candidate -- metric type ``kl_divergence``, name
-  ``mean KL divergence vs BF16 (<candidate>)``, value the token-mean KLD in nats, ``config`` the candidate
-  and ``args`` its 95% interval (studentized source-cluster bootstrap), positions, shards and window --
-  on the suite as the dataset (``revision``: its ``suite_token_sha256``).
-
-The body shows the ladder table and embeds the plots of the set by relative links (``kld-vs-size.png``;
-``tails.png`` when the set has tail reports), then the protocol, the files and how to verify.
-
-``fidelity verify`` re-derives the card: :func:`split_card` parses a card back with huggingface_hub into
-its metadata (compared as data, so another YAML spelling of the same numbers is not a difference) and
-its body (compared as text).
+Reasoning: docs/reports.md §"Cards the Hugging Face Hub reads".
 """
 
 from __future__ import annotations

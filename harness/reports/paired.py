@@ -1,26 +1,6 @@
 """Paired comparisons of two candidates (``pytest fidelity.toml -m fidelity_paired``, ``fidelity paired``).
 
-Both candidates are scored on the *same* positions; :func:`harness.metrics.paired` bootstraps the
-difference ``a - b`` of mean KLD, p99, CVaR1%, top-1 and EAR with common random numbers (the same
-cluster draws for both). The verdict is decided on the mean-KLD difference ``d = a - b``, its 95%
-studentized interval ``[lo, hi]`` and the pair's equivalence margin ``m`` (nats, ``[[pairs]]
-margin`` in ``fidelity.toml``), checked in this order:
-
-* ``not estimable`` — fewer source clusters than an interval needs (no verdict);
-* ``equivalent`` — ``-m <= lo`` and ``hi <= m``: the **TOST** equivalence test (two one-sided
-  tests) at level :data:`ALPHA_SIDE` = 0.05 per side: when the true difference is ``+m`` (or
-  ``-m``), "equivalent" is said with probability at most 5 %. The rule reads the *95 %* interval
-  (a 2.5 % bound per side), not the 90 % one an exact TOST at 5 % would read: differences of KLD are
-  skewed, and with few clusters the margin side of even a studentized bound misses more often
-  than stated (measured up to 3.8 % for a 2.5 % bound at 16 clusters, ``docs/statistics.md``);
-  the stricter bound keeps the stated 5 % with room to spare;
-* ``A better`` — ``hi < 0`` (a's KLD is lower), not equivalent: a two-sided test of ``d = 0`` at 5 %;
-* ``B better`` — ``lo > 0``, not equivalent;
-* ``inconclusive`` — otherwise (the interval straddles 0 but is wider than the margin allows).
-
-Every report also gives ``certifiable_margin = max(-lo, hi)``: the smallest margin at which these
-data would be called equivalent. When it exceeds ``m``, "not equivalent" may only mean that the
-suite is too small to certify ``m``. ``A``/``B`` are printed with the candidates' names.
+Reasoning: docs/statistics.md §"Paired comparisons".
 """
 
 from __future__ import annotations

@@ -7,19 +7,7 @@ A *report folder* is what a pytest run (``--fidelity-report-dir``) or ``fidelity
 shards) may be passed together: their shard reports are grouped per candidate and each group is
 aggregated under the fail-closed rules of :mod:`harness.reports.aggregate`.
 
-The publishable set (``fidelity publish``)::
-
-    README.md            a Hugging Face model card (:mod:`harness.reports.card`): metadata with model-index
-                         results per candidate, the ladder, the plots, the protocol in brief, how to verify
-    ladder.md            one row per candidate, sorted by mean KLD
-    results.json         every measurement: aggregates, every shard report, tails, windows, pairs
-    kld-vs-size.json     the points of the plot (on-disk GiB, mean KLD, interval, Pareto flag)
-    kld-vs-size.png      mean KLD (log) versus size, interval bars, Pareto frontier, labels; relative intervals
-    tails.png            the KLD complementary CDF of every candidate (when the reports hold tail reports)
-    <candidate>/report.md  one page per candidate
-    checksums.txt        sha256 of every other file (``sha256sum -c`` compatible)
-
-``fidelity verify DIR`` re-hashes the set and refuses a changed, missing or extra file.
+Reasoning: docs/reports.md §"The publishable report set".
 """
 
 from __future__ import annotations

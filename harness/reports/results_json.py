@@ -1,16 +1,6 @@
 """``results.json``: a ladder as one entry per measured file, for plotting (the GGUF metrics record's form).
 
-Schema ``fidelity.kld-results/1``:
-
-command: the command line that wrote it.
-entries: one per candidate, best mean KLD first: ``name``; ``size_bytes`` (on-disk bytes of the
-    measured file(s), None when unknown) and ``size_gib``; ``bits_per_weight`` (over the quantized linears and
-    the whole checkpoint, with the counts used: :mod:`harness.allocation.bits_per_weight`); ``mean_kld`` and its 95% interval ``ci95``
-    (None: not estimable); ``top1``; ``n_positions``; ``shards``; ``engine`` (the candidate's engine as
-    its reports record it); ``identity`` (the candidate's identity by content); ``command`` (how to
-    re-measure it: the replay of its capture, or the pytest run of its configuration).
-not_measured: the candidates the report folders' runs configured but did not measure (``candidate``,
-    ``status``: ``failed`` / ``skipped``, ``reason``), as their ``ladder.json`` lists them.
+Reasoning: docs/interchange.md §"results.json".
 """
 
 from __future__ import annotations

@@ -1,19 +1,6 @@
 """Shard report (docs/design.md, sections 2-4): one candidate on one shard, as JSON plus a Markdown rendering.
 
-Fields
-------
-* ``schema`` — ``"fidelity.shard-report/1"``; readers refuse any other.
-* ``comparability`` — everything that must match before two reports may be combined or compared:
-  ``protocol_version``, ``harness_version``, ``suite_token_sha256``, ``shard`` (``index``,
-  ``sha256``), ``score_from`` (the window), ``reference`` and ``candidate`` identity, ``head_sha256``,
-  ``cand_head_sha256`` (null when the candidate goes through the shared head), ``engine`` (engine and
-  runtime identity) and ``scorer`` (settings such as GEMM dtype and tile rows). See
-  :meth:`ShardReport.comparable_key` for which of these must be equal to *aggregate* shards.
-* ``candidate`` — the candidate's name (also the file stem).
-* ``metrics`` — the :func:`harness.metrics.summarize` dict.
-* ``timing`` and ``created`` — wall-clock facts; never part of equality or comparability.
-
-Files are written atomically (temporary file + rename) and NaN/Inf are refused on write and on read.
+Reasoning: docs/design.md §"Shard reports".
 """
 
 from __future__ import annotations

@@ -4,21 +4,7 @@ Per shard (exact, from the shard's own positions): numpy "linear" percentiles p5
 p99.9, CVaR1% (mean of the worst 1 %, fractional boundary weight), the exact max and exact
 exceedance counts (``KLD > t`` for t in 1e-4 ... 1 nats).
 
-Cumulative (all selected shards of the candidate together):
-
-* ``quantile_bounds`` — brackets ``[lo, hi]`` from the summed fixed-edge histograms: this is all a
-  consumer holding only shard *reports* can know (percentiles do not add, counts do);
-* ``exact`` — the exact pooled percentiles and CVaR1%, computed here because the positions are at
-  hand; each must lie inside its bracket (checked: :func:`check_tails`);
-* ``exceedance`` — exact counts over all positions; each must lie in the bracket the summed
-  histogram puts on it (``exceedance_histogram_bounds``, an independent computation);
-* ``ccdf`` — fraction of positions with KLD >= each histogram edge (from the summed histogram,
-  exact at the edges): what the tail plot draws.
-
-:func:`check_tails` returns the list of violated invariants (empty = consistent), plus a gate
-against the candidate's committed ``max_p99`` when its baseline has one: the cumulative p99's
-*lower* bin bound above the largest applicable ``max_p99`` means the pooled p99 certainly exceeds
-every shard's limit.
+Reasoning: docs/statistics.md §"Tail reports".
 """
 
 from __future__ import annotations

@@ -8,28 +8,7 @@ at ``k`` in :data:`WINDOWS` (0, 64 and n_ctx/2) and report, per candidate, the m
 run's base window (``--fidelity-window``, default 0). Windows that leave no position
 (``k > n_ctx - 2``) are skipped with a note.
 
-Ranking rule (documented decision): the candidates are ranked by mean KLD at each window. A
-pair whose order flips between the base window and ``k`` is judged by the **paired** difference
-of their mean KLD (both candidates are scored on the same positions, so the same cluster draws
-apply to both and shared difficulty cancels: the interval of
-:func:`harness.metrics.bootstrap.ratio_intervals` over the per-cluster differences):
-
-* a **failure** when the 95% interval of the difference excludes 0 at *both* windows, on opposite
-  sides: the order is real at each window (a two-sided 5 % test at each) and the window reverses
-  it, so the ladder depends on the window;
-* a **warning** otherwise: at one window at least the two are indistinguishable and their order
-  is noise (siblings of one recipe flip freely).
-
-A false failure needs a wrong "real" at one of the two windows, so its probability is at most
-2.5 % (the side of the difference that reverses the true order).
-
-**Power** (:func:`detectable_reversal`, printed in ``window.md``): for each pair of candidates adjacent in
-the base ranking and each window ``k``, the smallest reversal the rule detects with 80 % power at the
-report's own cluster count: a true difference of ``+rho`` times the pair's mean KLD at the base window
-and ``-rho`` times it at ``k`` (or the mirror image, whichever needs more). The power of ``rho`` is the
-fraction of the report's own bootstrap draws (the same draws at both windows, so the correlation of the
-two windows' differences is kept) in which the shifted difference clears the observed interval's
-half-width on the right side at both windows; half-widths are held at their observed values.
+Reasoning: docs/statistics.md §"The scoring-window rule and its power".
 """
 
 from __future__ import annotations
@@ -208,7 +187,7 @@ def detectable_reversal(base_a: WindowSummary, base_b: WindowSummary, k_a: Windo
                         k_b: WindowSummary, power: float = POWER) -> float | None:
     """The smallest ``rho`` (a fraction of the pair's mean KLD) such that a true difference ``a - b`` of
     ``+rho * m_base`` at the base window and ``-rho * m_k`` at window ``k`` (or the mirror image) is flagged
-    as a failure with probability >= ``power`` (module docstring). None: not estimable, or beyond
+    as a failure with probability >= ``power`` (docs/statistics.md §"The scoring-window rule and its power"). None: not estimable, or beyond
     :data:`MAX_REVERSAL`. The four arguments are :func:`window_summary` dicts of the same clusters and draws."""
     for sa, sb in ((base_a, base_b), (k_a, k_b)):
         if sa["clusters"]["names"] != sb["clusters"]["names"]:

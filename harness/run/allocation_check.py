@@ -1,20 +1,6 @@
 """Build what ``fidelity allocate`` proposes and score it as ordinary candidates (the harness's scoring path).
 
-Every proposed layout is built by its family (:meth:`harness.allocation.family.Family.build`) and its stored
-bytes are read back and compared with the bytes the search predicted (a mismatch is a
-:class:`~harness.errors.VerificationError`). The uniform layouts of the chosen choices are built beside them,
-and each comparator (the layout whose bytes set a budget: ``int4_g32`` for a budget named ``int4_g32``, the
-base candidate for ``base``) joins them. All are scored by :class:`harness.run.session.FidelitySession` --
-capture through their engine, the shared head, the shard reports of any other candidate -- on the selected
-shards; each proposal is then compared with its comparator on the same positions
-(:func:`harness.reports.paired.paired_report`: common random numbers).
-
-Per proposal the result holds the predicted mean KLD (the search's base KLD plus the summed effects, measured
-in process on the search's shards; and the same summed effects added to the base layout's KLD as scored here,
-when the base is among the candidates: ``predicted_kld_on_measured_base``), the measured mean KLD with its interval (this module, all shards
-selected), the measured KLD on the search's own shards (in-sample) and the paired comparison with the
-comparator of the same size -- on all selected shards, and on those the search did not measure its effects on
-(``paired_held_out``, when both kinds are selected).
+Reasoning: docs/allocation.md §"Building and scoring proposals".
 """
 
 from __future__ import annotations
@@ -71,7 +57,7 @@ def _on_disk(row: LadderRow) -> int:
 def check_allocation(config: FidelityConfig, result: AllocationResult, family: Family, out: Path, *,
                      uniforms: Sequence[str] = (), shards: str | None = None, device: str = "cpu",
                      engine: str = "transformers", base_model: Path | None = None, margin: float = 1e-4) -> AllocationCheck:
-    """Build, score and compare (module docstring) with the suite and reference of ``config`` (a
+    """Build, score and compare (docs/allocation.md §"Building and scoring proposals") with the suite and reference of ``config`` (a
     :class:`~harness.inputs.config.FidelityConfig`); shard reports go to ``out/reports/<candidate>/``."""
     from harness.run.session import FidelitySession
 

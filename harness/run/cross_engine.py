@@ -3,26 +3,7 @@ candidate's KLD net of the floor of the engine that serves it (``pytest -m fidel
 
 All numbers are over one shard's positions, in nats.
 
-* **Cell (R, C)** of the :class:`FloorMatrix`: per position ``KL(P_R || Q_C)``, where the *row*
-  engine R's next-token distribution is the reference P and the *column* engine C's the candidate
-  Q -- their mean, numpy "linear" p99, and top-1 agreement (the two argmaxes agree). KL is
-  asymmetric: cell (R, C) and cell (C, R) differ. A diagonal cell (E, E) compares two captures by
-  the same engine: its repeatability (0 when the engine is deterministic on one machine).
-* **floor_E** = cell (``floor_row``, E), ``floor_row`` being the engine of the reference the
-  candidates are scored against (``transformers``: the committed bf16 capture). It is the KLD
-  engine E scores on the unquantized weights, from kernels and accumulation order alone.
-* **net of floor** = a candidate's mean KLD − floor_E of the engine E serving it. It is a label
-  beside the candidate's own KLD, with the floor printed next to it, never a replacement for it
-  (:class:`NetRow`): no number here is subtracted silently.
-
-A pair whose engine is missing (not importable, no model file) is *skipped* with its reason,
-never scored as 0; a candidate whose engine's floor is missing has no net value, with the reason.
-
-JSON (``cross_engine.json``, schema :data:`SCHEMA`): ``shard``, ``floor_row``, ``engines``,
-``direction``, ``notes``, ``cells`` (one object per scored pair: ``reference``, ``candidate``, ``direction``,
-``mean_kld``, ``p99``, ``top1``, ``n_positions``, ``mode``), ``skipped`` (``reference``,
-``candidate``, ``reason``) and ``candidates`` (``name``, ``engine``, ``config``, ``mean_kld``,
-``floor``, ``net_of_floor``, ``p99``, ``top1``, ``n_positions``, ``size_bytes``, ``note``).
+Reasoning: docs/engines.md §"Cross-engine floors".
 """
 
 from __future__ import annotations
@@ -250,7 +231,7 @@ def render_markdown(m: FloorMatrix, rows: Sequence[NetRow]) -> str:
 
 
 def to_json_dict(m: FloorMatrix, rows: Sequence[NetRow]) -> JSONObject:
-    """``cross_engine.json`` (module docstring)."""
+    """``cross_engine.json`` (docs/engines.md §"Cross-engine floors")."""
     return {
         "schema": SCHEMA, "shard": m.shard, "floor_row": m.floor_row, "engines": list(m.engines), "direction": DIRECTION,
         "cells": [{"reference": c.reference, "candidate": c.candidate, "direction": c.direction, "mean_kld": c.mean_kld,

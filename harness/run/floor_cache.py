@@ -1,16 +1,12 @@
 """The precision floor beside every ladder: measured once per reference, suite, shards and window, kept in
-the capture cache under its signature (docs/statistics.md, section "The precision floor beside the ladder").
+the capture cache under its signature.
 
 Which contexts: every context of the run's shards while ``parameters x positions`` stays within
 :data:`FLOOR_BUDGET`; beyond it, an evenly spaced sample of them (at least :data:`MIN_SAMPLE`), stated in
 the result's ``sample`` with its interval (the cluster bootstrap of the sampled contexts). The forward is
 float64 up to :data:`FLOAT64_MAX_PARAMS` parameters (8 bytes each), float32 above.
 
-The cache file ``<cache_dir>/precision-floor/<key>.json`` is the result plus ``cache_signature`` (the
-capture cache's HMAC, :mod:`harness.capture.cache_sign`); ``<key>`` hashes what decides the number: the
-reference store's and model's identities, the head's sha256, the suite's token sha256, the shards, the
-window, the measured contexts, the compute dtype and the bootstrap replicates. A file without a valid
-signature is not believed: the floor is measured again.
+Reasoning: docs/statistics.md §"The precision floor beside the ladder".
 """
 
 from __future__ import annotations
@@ -45,7 +41,7 @@ FLOOR_N_BOOT = 10_000
 
 
 def floor_contexts(suite: Suite, shards: str | None, params: int) -> tuple[list[int], JSONObject | None]:
-    """The contexts the floor measures and, for a sample, how they were chosen (module docstring)."""
+    """The contexts the floor measures and, for a sample, how they were chosen (docs/statistics.md §"The floor's cache")."""
     indices = suite.context_indices(suite.parse_shards(shards))
     rows = suite.n_ctx - 1
     if params * len(indices) * rows <= FLOOR_BUDGET:

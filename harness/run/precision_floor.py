@@ -1,33 +1,7 @@
 """The precision floor: how far the reference capture's own arithmetic is from a higher-precision
 forward of the same weights.
 
-The committed reference is a bf16 forward (bf16 activations between every op, the engine's bf16
-kernels). Its weights are bf16 values, and a forward of *those same values* in float64 (or fp32)
-compute is the arithmetic the bf16 capture approximates. Per position this measures
-
-    KL(P_capture ‖ P_high)
-
-with P_capture = softmax of the capture's hidden state through the shared head (fp32 logits of the
-bf16 operands: exactly what every shard report uses for the reference side) and P_high = softmax of
-the high-precision forward's LM-head input through the same head values, multiplied in the same
-high precision (its logits are rounded to fp32 once, for the scorer: ~1e-7 relative, far below the
-effect measured). The capture is the reference distribution, as in the ladder, so the number reads
-as the KLD the ladder would give a candidate whose weights equal the reference's and whose
-arithmetic were exact.
-
-How it relates to the ladder: a candidate's KLD holds its weight error *and* both sides' rounding
-noise, and the rounding noise of a forward depends on the weights it rounds, so it does not cancel
-between two captures of different weights. This floor is therefore no quantity to subtract; it is
-the scale below which a candidate's KLD cannot be told apart from the reference's own arithmetic.
-The cross-engine floor (same bf16 weights, two engines or two machines: :mod:`harness.reports.cross_engine`)
-is a different number: it compares bf16 arithmetic with bf16 arithmetic, and so misses the part of the
-reference's rounding that any bf16 engine shares.
-
-Result (schema :data:`SCHEMA`): ``definition``, ``reference`` (store path and identity), ``model``
-(path and identity), ``compute`` (dtype of the high-precision forward), ``suite`` (hash, shards),
-``n_positions``, ``n_contexts``, ``n_clusters``, ``kld`` (``mean``, ``ci95`` -- the studentized source-cluster
-bootstrap of the shard reports --, ``median``, ``p99``, ``max``), ``kld_rev_mean``, ``top1``,
-``bootstrap`` (method, replicates, seed) and ``timing``.
+Reasoning: docs/statistics.md §"How the floor is measured".
 """
 
 from __future__ import annotations
@@ -77,7 +51,7 @@ class FloorBootstrap(TypedDict):
 
 
 class PrecisionFloor(TypedDict):
-    """``precision_floor.json``: what was measured against what (module docstring), and the result."""
+    """``precision_floor.json``: what was measured against what (docs/statistics.md §"How the floor is measured"), and the result."""
 
     schema: str
     definition: str
@@ -111,7 +85,7 @@ BATCH = 8
 def precision_floor(*, suite_path: str | Path, model_dir: str | Path, store_path: str | Path, head_path: str | Path,
                     shards: str | None = None, dtype: str = "float64", n_boot: int = 10_000,
                     contexts: Sequence[int] | None = None, score_from: int = 0) -> PrecisionFloor:
-    """Measure the precision floor of a reference capture (module docstring); returns the JSON-ready result.
+    """Measure the precision floor of a reference capture (docs/statistics.md §"How the floor is measured"); returns the JSON-ready result.
     ``contexts``: measure only these context indices of ``shards`` (a sample; default: all of them);
     ``score_from``: drop each context's first rows, as the ladder's window does."""
     import torch

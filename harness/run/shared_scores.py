@@ -7,22 +7,7 @@ keeps them in memory. Under ``-n W`` the cases are spread over W processes, and 
 one worker would otherwise re-score every candidate the other worker already scored -- more total
 work than a serial run, so scale-out would lose.
 
-The workers of one session therefore share a folder (``<cache_dir>/scored/<testrunuid>/``, the id
-pytest-xdist gives the session). The first worker to need ``(candidate, shard)`` takes an exclusive
-lock on ``<name>-shardNN.lock``, scores, and writes ``<name>-shardNN.npz`` atomically; a worker that
-needs the same positions meanwhile waits on the lock and then reads the file.
-
-A hand-over file is never believed for its name. Each carries, inside it, what it was computed from
-(:func:`binding`: the session, the candidate's name and identity, the content of both stores' files of
-the shard, the suite and shard sha256, the window, the scorer settings with the environment variables that choose the scoring path
-(:data:`harness.scoring.backends.SCORING_ENV`) and the heads) and a signature
-(HMAC-SHA256) over all of it and every array, keyed by a secret the controller draws for the session and
-hands to its workers in memory (never written to disk). A reader recomputes both: a file of another
-session (a killed run rerun with the same id), of another store or candidate, planted, truncated,
-renamed or pickled is not believed -- the positions are scored again and the file replaced. Arrays are
-read with ``allow_pickle=False``. At the end of the session the controller removes only what the
-session provably wrote (:func:`remove_session_files`: files signed with its key and their locks) and
-the folder only when it created it and it is left empty.
+Reasoning: docs/performance.md §"Scores shared by the xdist workers".
 """
 
 from __future__ import annotations
@@ -97,7 +82,7 @@ def store_content_sha256(store: CaptureStore, indices: list[int]) -> str:
 
 def binding(*, session: str | None, candidate: str, suite: Suite, shard: int, reference: CaptureStore, cand_store: CaptureStore,
             head: HeadTensor | None, cand_head: HeadTensor | None, window: int, device: str) -> JSONObject:
-    """Everything the positions of ``candidate`` x ``shard`` were computed from (module docstring);
+    """Everything the positions of ``candidate`` x ``shard`` were computed from (docs/performance.md §"Scores shared by the xdist workers");
     ``session`` None: bound to no session (the scores cache across runs, :mod:`harness.run.score_cache`)."""
     from harness.run.shard import SCORER_SETTINGS
 

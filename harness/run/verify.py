@@ -1,31 +1,7 @@
 """Identity at every join: the one verification that ``fidelity replay`` and the pytest session
 both run before a single position is scored (docs/design.md, section 4).
 
-Each rule raises :class:`~harness.errors.VerificationError` naming the file, the expected and the
-found value:
-
-* **reference store <-> reference model <-> head.** The model recorded in the reference store's
-  ``capture.json`` must be, by content (config and weight hashes, not the folder name), the
-  configured reference model (when one is configured) and the model the shared head was exported
-  from (the head sidecar's ``source_model``, required for a hidden-state reference). A candidate's
-  capture put in the reference's place is refused here.
-* **candidate <-> reference.** A candidate whose recorded model is the reference's own model is a
-  self-check (KLD 0 by construction), never a passing candidate: it is refused.
-* **candidate <-> suite.** Both stores are of the suite (its token hash and ``n_ctx``; checked by
-  :meth:`~harness.capture.store.CaptureStore.open`) and hold every context of the selected shards.
-* **widths.** The shared head's hidden size equals the hidden-state stores' width; a candidate's
-  own head has the candidate's width and the shared head's vocabulary; a logits candidate scored
-  against a hidden-state reference has the shared head's vocabulary; a hidden-state candidate
-  scored against a logits reference goes through a head (its own, else the shared one) of the
-  candidate's width and the reference's vocabulary; two logits stores have one width; every
-  vocabulary covers the suite's tokenizer vocabulary.
-* **store <-> scoring window.** ``score_from`` leaves a scored row, and a store that holds rows only
-  from some row on (an imported llama.cpp ``.kld`` reference records ``scored_from_row``) is never
-  scored over the rows it does not hold.
-
-:func:`check_scores_finite` is the last join: a finite but huge hidden value that overflows the
-fp32 logits is refused naming the context file it came from, instead of surfacing as a NaN deep
-inside the statistics.
+Reasoning: docs/design.md §"Identity at every join".
 """
 
 from __future__ import annotations
@@ -118,7 +94,7 @@ def _check_head_vocab(head: HeadTensor, suite: Suite) -> None:
 
 def check_widths(suite: Suite, reference: CaptureStore, candidate: CaptureStore, head: HeadTensor | None,
                  cand_head: HeadTensor | None = None) -> None:
-    """Every width and vocabulary at the scorer's joins agrees (module docstring)."""
+    """Every width and vocabulary at the scorer's joins agrees (docs/design.md §"Identity at every join")."""
     rk, ck = reference.kind, candidate.kind
     if rk == "logits" and ck == "hidden_states":
         # the candidate's logits are formed through its own head, else the shared head
@@ -198,7 +174,7 @@ def check_contexts(stores: Sequence[CaptureStore], suite: Suite, shards: Sequenc
 def verify_joins(*, suite: Suite, reference: CaptureStore, candidate: CaptureStore, head: HeadTensor | None,
                  cand_head: HeadTensor | None = None, score_from: int = 0, shards: Sequence[int] | None = None,
                  reference_model: Path | None = None, reference_identity: JSONObject | None = None) -> None:
-    """Run every join check of the module docstring (replay and the pytest session both call this)."""
+    """Run every join check of docs/design.md §"Identity at every join" (replay and the pytest session both call this)."""
     check_window(suite, [reference, candidate], score_from)
     check_reference_identity(reference, reference_model=reference_model, model_identity=reference_identity, head=head)
     check_widths(suite, reference, candidate, head, cand_head)

@@ -1,27 +1,7 @@
 """Scorer benchmark library (docs/design.md, section 6), shared by ``benchmarks/bench_scorer.py`` and
 ``fidelity bench``.
 
-Figures are ratios measured side by side in one run (the machines are noisy; repetitions are
-interleaved and each figure is the median, with min and max): the scorer's time over the two
-bare bf16 GEMMs (bf16 logits: the hardware's fastest product, inexact), over the two bare
-fp32-output GEMMs on the scorer's own GEMM path (:mod:`harness.scoring.gemm`; the difference is
-the metric pass), the two-pass method over the scorer, positions per second, and the peak extra
-memory at N and 4N positions. The default shape (:data:`SHAPES` ``"default"``) is
-Qwen-proportioned: 2,048 positions, hidden 2,048, vocab 65,536.
-
-Peak memory on a CPU is measured in a fresh child process (``python -m harness.scoring.bench
---_child-memory N ...``): with inputs, head and torch resident, the kernel's peak-RSS mark
-(VmHWM) is reset (``echo 5 > /proc/self/clear_refs``, Linux), the scorer runs, and the figure is
-the new VmHWM minus the RSS just before -- the growth of the resident set caused by scoring,
-outputs included; this sees torch's allocations, which tracemalloc does not. Where clear_refs is
-unavailable it falls back to the ``ru_maxrss`` delta. On CUDA the figure is
-``torch.cuda.max_memory_allocated`` above the allocation before the call (also in a child).
-
-Projection: the seed suite scores :data:`SEED_POSITIONS` positions per candidate through a
-``[248320, 5120]`` head. Assuming the scorer is GEMM-bound (time proportional to FLOPs =
-2 * 2 * hidden * vocab per position) and runs at the measured shape's FLOP rate, the time for
-one candidate is ``SEED_POSITIONS / positions_per_s * flops(target) / flops(measured)``. Small CPU
-shapes run below the GEMM's peak rate, so the projection is an upper bound there.
+Reasoning: docs/performance.md §"The benchmark library".
 """
 
 from __future__ import annotations
@@ -99,7 +79,7 @@ def _status_kib(name: str) -> int:
 
 def child_memory(n: int, hidden: int, vocab: int, tile_rows: int | None, threads: int, device: str = "cpu",
                  backend: str | None = None) -> JSONObject:
-    """Run in the child: peak extra memory of one ``score_hidden`` call (module docstring)."""
+    """Run in the child: peak extra memory of one ``score_hidden`` call (docs/performance.md §"The benchmark library")."""
     torch.set_num_threads(threads)
     ref, cand, head, targets = make_inputs(n, hidden, vocab, device=device)
     if device.startswith("cuda"):
@@ -222,7 +202,7 @@ class BenchResult:
         return self.positions / self.score
 
     def projection_s(self, positions: int = SEED_POSITIONS, shape: tuple[int, int] = SEED_SHAPE) -> float:
-        """Seconds for ``positions`` through a ``[vocab, hidden]`` head, scaled by FLOPs (module docstring)."""
+        """Seconds for ``positions`` through a ``[vocab, hidden]`` head, scaled by FLOPs (docs/performance.md §"The benchmark library")."""
         ratio = flops_per_position(shape[1], shape[0]) / flops_per_position(self.hidden, self.vocab)
         return positions / self.positions_per_s * ratio
 

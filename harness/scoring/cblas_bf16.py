@@ -8,15 +8,7 @@ without widening the head to fp32 (a 248,320 x 5,120 head stays 2.5 GB instead o
 without a compiled extension of this project's own: the function is called through
 :mod:`ctypes` on the library torch already loaded.
 
-No torch operator reaches it: ``torch.mm(..., out_dtype=float32)`` has no CPU kernel in torch
-2.13, and oneDNN's bf16 mode for fp32 matmuls (``onednn-bf16``) needs fp32 operands, which it
-converts back to bf16 on every call (measured ~2x slower at hidden 5,120; docs/performance.md).
-
-Availability is decided once per process by :func:`available`: the symbol must resolve and a
-self-test (a small product with leading dimensions larger than the widths, checked exactly
-against float64) must pass -- which also rules out an ILP64 MKL, whose 64-bit integers this
-binding does not pass. Where it is unavailable (a non-MKL build, Arm, macOS) the scorer uses its
-other paths (:mod:`harness.scoring.gemm`).
+Reasoning: docs/performance.md §"MKL's bf16 GEMM".
 """
 
 from __future__ import annotations

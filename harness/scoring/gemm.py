@@ -1,30 +1,6 @@
 """Which GEMM produces the scorer's fp32 logits, and a scoped switch for it.
 
-The scorer needs fp32 logits of bf16 operands: products of the operands' exact values, summed in
-fp32 (docs/performance.md). Four ways to get them, chosen per call by :func:`choose_gemm`:
-
-* ``"cuda-out-dtype"`` -- ``torch.mm(bf16, bf16, out_dtype=float32)`` (CUDA in recent torch).
-* ``"mkl-bf16-f32"`` -- a CPU with native bf16 whose torch build carries MKL: MKL's
-  ``cblas_gemm_bf16bf16f32`` (:mod:`harness.scoring.cblas_bf16`) multiplies the bf16 operands
-  as they are and returns fp32 -- the speed of a bf16 GEMM, no widened copy of the head. Chosen
-  first when all operands are bf16 and the self-test passes.
-* ``"onednn-bf16"`` -- a CPU whose oneDNN has native bf16 (avx512_bf16 / AMX on x86, bf16 on
-  Arm): the operands are widened to fp32 (exact) and multiplied with oneDNN's
-  bf16-convert/fp32-accumulate mode for fp32 matmuls
-  (``torch.backends.mkldnn.matmul.fp32_precision = "bf16"``). Converting a bf16-*valued* fp32
-  number to bf16 is lossless and a bf16 x bf16 product is exact in fp32, so the result is an
-  fp32 accumulation of the exact products -- the same numbers as an fp32 GEMM up to summation
-  order -- at the speed of a bf16 GEMM. Used only when both hidden states and the head are bf16
-  tensors (an fp32 operand would be rounded). The mode is set by :func:`gemm_mode` around the
-  scorer's GEMMs only and the previous setting restored: never a global side effect.
-* ``"fp32"`` -- everywhere else (no native bf16, fp32 operands, ``FIDELITY_GEMM=fp32``): fp32
-  GEMMs on the widened operands (exact, slower).
-
-``FIDELITY_GEMM`` (``auto`` | ``fp32`` | ``onednn-bf16`` | ``mkl-bf16-f32``) overrides the
-choice on a CPU; ``onednn-bf16`` forces the mode even without native bf16 (oneDNN then runs its
-fp32 kernels or emulates -- still exact for bf16-valued operands, which ``tests/test_gemm.py``
-checks), and ``mkl-bf16-f32`` forces MKL's bf16 GEMM where it exists (without native bf16 MKL
-emulates it; exact, speed unmeasured) and falls back to the ``auto`` choice where it does not.
+Reasoning: docs/performance.md §"Choosing the GEMM".
 """
 
 from __future__ import annotations

@@ -1,26 +1,6 @@
 """The scorer's per-row statistics in one fused pass: compiled by torch's inductor (C++) where it pays.
 
-:func:`row_stats` is the same arithmetic as the eager metric pass of
-:mod:`harness.scoring.torch_path` (``_metrics_chunk``: max-shifted exponentials, float64 row sums,
-the normalizers cancelled in float64 before ``d = ln p - ln q`` is rounded, the cancellation-free
-JSD form) written as one pure function, so that ``torch.compile`` fuses its ~30 elementwise ops and
-eleven row reductions into one C++ loop nest (inductor's vectorized CPU code, OpenMP over rows):
-each row's logits are read from memory once and its passes run while the row is in cache, instead
-of ~30 separate passes over buffers. Only the statistics leave the kernel (nine float64 numbers
-and the two maxima per row); the top-k sets, the argmaxes (from the top-k sets) and the gathers at
-the target and argmax columns stay in eager torch (cheap, exact index operations).
-
-When it is used (:func:`use_compiled`): the environment variable ``FIDELITY_METRIC_KERNEL``
-(``auto`` | ``inductor`` | ``eager``); ``auto`` (the default) compiles on a CPU when a C++ compiler
-is on ``PATH`` and a call scores at least :data:`COMPILE_MIN_ELEMENTS` logits per side -- the
-compile takes tens of seconds once per process (inductor caches the C++ on disk across processes),
-which pays at real vocabularies and context lengths, not on the small models of a test suite. The
-first compile is checked against the eager pass on a small input (:func:`available`); a failure
-there (no working compiler, an inductor error) means the eager pass everywhere in the process.
-``inductor`` forces the compiled kernel at any size; ``eager`` never compiles.
-
-Numbers: the same formulas, so the two paths agree to fp32 rounding and float64 summation order
-(inductor sums each row in vector lanes); identical inputs still give d == 0 and KLD == 0 exactly.
+Reasoning: docs/performance.md §"The fused metric pass".
 """
 
 from __future__ import annotations
@@ -147,7 +127,7 @@ def available() -> bool:
 
 
 def use_compiled(rows: int, vocab: int, device: torch.device) -> bool:
-    """Whether the scorer's metric pass over ``rows x vocab`` logits per side runs compiled (see the module docstring)."""
+    """Whether the scorer's metric pass over ``rows x vocab`` logits per side runs compiled (see docs/performance.md §"The fused metric pass")."""
     choice = kernel_choice()
     if device.type != "cpu" or choice == "eager":
         return False

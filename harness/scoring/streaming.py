@@ -8,11 +8,7 @@ scored) are resident at once and the I/O of chunk k+1 overlaps the scoring of ch
 reads go through safetensors (``safe_open`` memory-maps the file; each context is copied once
 into its rows of the chunk, see :meth:`harness.capture.store.CaptureStore.load_rows`).
 
-:func:`score_hidden_streaming` is the scorer over a shard read this way; the per-position
-numbers equal those of one :func:`harness.scoring.scorer.score_hidden` call on the whole shard (the
-scorer is row-wise; only the GEMM's row blocking can move the last fp32 bit).
-:func:`harness.run.shard.shard_positions` uses it for shards larger than
-:data:`STREAM_MIN_BYTES`.
+Reasoning: docs/performance.md §"Streaming reads".
 """
 
 from __future__ import annotations

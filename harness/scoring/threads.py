@@ -1,18 +1,6 @@
 """Torch thread counts that fit the machine: its free cores, split between pytest-xdist workers.
 
-torch starts one thread per core. On a machine whose cores are already busy that is the wrong
-count: every parallel op ends in a barrier where the threads wait for the slowest one, and a
-thread that lost its core to another process holds everybody up (measured: a scorer workload
-ran 1.3-2.4x slower with 2 threads than with 1 on 2 cores at load average ~14;
-docs/performance.md, "Threads"). So the default counts only the *free* cores:
-``free = cores - round(load average over the last minute)`` at start-up, at least 1, at most
-``cores`` (:func:`free_cores`), and ``-n W`` workers get ``max(1, free // W)`` each. On an idle
-machine that is every core, as before.
-
-``FIDELITY_THREADS`` (a positive integer) or an explicit ``OMP_NUM_THREADS`` wins over both.
-:func:`choose_threads` says the count and why (the session header prints :meth:`ThreadChoice.line`);
-:func:`apply_default_threads` is called by the ``fidelity`` command and by the pytest plugin at
-session start (the controller or the single process); :func:`apply_worker_threads` by each xdist worker.
+Reasoning: docs/performance.md §"Thread counts".
 """
 
 from __future__ import annotations

@@ -1,28 +1,6 @@
 """The ladder on a Ray cluster: every candidate x shard is one Ray task; the driver writes every report.
 
-The driver (the pytest process, or ``fidelity ladder``) submits all planned cases at once; each case
-then waits on its own task. A task (:func:`harness.run.cluster.task.run_case`) captures the shard
-when needed, scores it and *returns* its report and positions; the driver checks the result's sha256,
-parses the report with the same strict reader as any report, re-derives the report's per-context rows
-from the positions and its totals from the rows (:func:`rederive_result`), checks the suite, shard,
-window and candidate identity against the task it sent (:func:`check_result_identity`), and hands it to
-the caller, which writes the report files exactly as a serial run does. Workers never
-touch the report folder.
-
-Faults:
-
-* a worker process or node that dies mid-task (SIGKILL, out of memory, a lost machine): Ray runs the
-  task again (``max_retries``); the task is idempotent (capture stores are resumable and written
-  atomically under a lock), and its one result is read once, so no report is duplicated or partial;
-* a task that fails for a reason of its own (a bad candidate: a missing model, a store that does not
-  verify, a resource request the cluster cannot meet) fails that candidate's cases only;
-* a driver killed mid-run leaves no partial file (reports are written atomically); run it again and
-  the captures already in the shared ``cache_dir`` are verified by content and reused.
-
-Addresses (``--fidelity-executor``): ``ray`` starts a local cluster for the run (this machine's CPUs
-and GPUs, object store capped at :data:`LOCAL_OBJECT_STORE_BYTES`); ``ray:auto`` joins the cluster
-this machine belongs to (``ray start``); ``ray:HOST:PORT`` joins the cluster whose head is there;
-``ray://HOST:PORT`` connects through Ray Client.
+Reasoning: docs/ray.md §"What a task does, and what the driver does" and §"Faults".
 """
 
 from __future__ import annotations
@@ -255,7 +233,7 @@ def check_result_identity(report: ShardReport, session: FidelitySession, name: s
 
 @dataclass
 class RayExecutor:
-    """The cases of one run as Ray tasks (see the module docstring)."""
+    """The cases of one run as Ray tasks (see docs/ray.md §"What a task does, and what the driver does")."""
 
     spec: ExecutorSpec
     config: FidelityConfig

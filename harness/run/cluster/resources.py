@@ -1,24 +1,6 @@
 """What one candidate x shard task asks a cluster for: CPUs and GPUs, from the candidate's engine.
 
-A task captures the shard when the candidate is a live model (its engine loads the model) and then
-scores it against the shared head; a replayed store only scores. The request is what the task's
-heaviest step needs, so the scheduler never places two tasks on one GPU or more threads than a
-machine has:
-
-==================== ============================================ =============
-candidate            GPUs on a GPU run (``cuda``, ``auto``+GPUs)   CPUs
-==================== ============================================ =============
-replayed store       1 (the scorer)                               ``threads``
-``transformers``     1; with ``max_memory``: its GPU entries         ``threads``
-``quantized``        1                                            ``threads``
-``llamacpp``         1 (the scorer)                               ``threads``
-``vllm``             ``tensor_parallel_size`` (default 1)          ``threads``
-==================== ============================================ =============
-
-A CPU run asks for no GPU. ``threads`` (llama.cpp's option; the other engines have none) defaults to 1.
-The per-candidate engine settings are read from the candidate's ``options`` when the configuration
-carries them (``tensor_parallel_size``, ``threads``, ``max_memory``); a candidate without them gets the defaults above.
-Ray gives a task of N CPUs ``OMP_NUM_THREADS=N``, so torch inside it runs N threads.
+Reasoning: docs/ray.md §"How a task's resources are chosen".
 """
 
 from __future__ import annotations

@@ -9,23 +9,7 @@ the store's task lock: :func:`_live_store`), or for a candidate with ``keep = "s
 entry (:mod:`harness.run.live_scores`, under the entry's lock), so a task killed at any instant and run again (Ray's retry)
 resumes the capture and scores from scratch: nothing half-written is ever read, and nothing is counted twice.
 
-Every path of the configuration (suite, head, stores, models, ``cache_dir``) must be reachable from
-every node at the same path -- a shared file system -- and every store is verified by content when a
-task opens it (:meth:`harness.capture.store.CaptureStore.open`, ``verify=True``).
-
-A result is a dict of plain values (no object of this package crosses the wire):
-
-=============== ===============================================================================
-key             meaning
-=============== ===============================================================================
-``schema``      ``fidelity.cluster-result/1``
-``report``      the shard report as JSON text (``ShardReport.to_json_dict``, sorted keys); its ``timing``
-                adds ``task_s`` (the task's wall time, capture included) and ``node`` (host name)
-``positions``   the scored positions as ``.npz`` bytes (:func:`harness.run.cluster.positions_wire.positions_to_bytes`)
-``sha256``      sha256 of the report's UTF-8 bytes followed by the positions' bytes
-``node``        host name and process id that ran the task
-``error``       instead of the above: the task's own failure (a ``FidelityError``), one line
-=============== ===============================================================================
+Reasoning: docs/ray.md §"A task's result".
 """
 
 from __future__ import annotations

@@ -1,26 +1,6 @@
 """``fidelity replay``: the command-line twin of one pytest case, on stored captures.
 
-Everything is verified before anything is scored, and nothing is written until every
-selected shard has been scored and its report rendered:
-
-1. the suite (``Suite.load(verify=True)``: manifest, token and shard hashes, ids < vocab);
-2. the reference and candidate stores, every file content-verified (``verify_all``: sha256,
-   embedded index and suite hash, tensor name, dtype, shape, finite values), of one kind;
-3. the shared head (and the candidate's own head, if given): sha256 against its sidecar,
-   ``weight`` bf16 2-D finite, vocab >= the suite's tokenizer vocab, hidden size equal to the
-   hidden-state stores' width (logits stores: equal widths >= the suite's vocab);
-4. the shard list (in range) and that both stores hold every context of every selected shard;
-   the window ``score_from`` leaves at least one scored row per context.
-
-Output (``--out``):
-
-* one shard and ``--out`` ending in ``.json``: that shard's report (``X.json`` + ``X.md``);
-* otherwise ``--out`` is a folder and each selected shard is written as ``shard-NN.json`` +
-  ``shard-NN.md`` in it — the layout the pytest plugin uses for ``<report-dir>/<candidate>/``,
-  so replayed reports can be aggregated with (or diffed against) the plugin's.
-
-Every file is written atomically (temporary file + rename) and only after all reports have been
-rendered, so a refusal — any ``FidelityError`` — leaves no report file behind.
+Reasoning: docs/design.md §"Replay on stored captures".
 """
 
 from __future__ import annotations
@@ -79,7 +59,7 @@ def verify_inputs(
     score_from: int = 0,
     reference_model: str | Path | None = None,
 ) -> ReplayInputs:
-    """Load and verify every input of a replay (module docstring, steps 1-4); the joins between
+    """Load and verify every input of a replay (docs/design.md §"Replay on stored captures", steps 1-4); the joins between
     them are checked by :func:`harness.run.verify.verify_joins`, as in a pytest run."""
     suite = Suite.load(suite_path, verify=True)
     shard_list = suite.parse_shards(shards)
@@ -96,7 +76,7 @@ def verify_inputs(
 
 
 def output_paths(out: str | Path, candidate: str, shards: Sequence[int]) -> list[Path]:
-    """Report JSON paths for ``shards`` under ``--out`` (see the module docstring)."""
+    """Report JSON paths for ``shards`` under ``--out`` (see docs/design.md §"Replay on stored captures")."""
     out = Path(out)
     if out.suffix == ".json":
         if len(shards) != 1:
