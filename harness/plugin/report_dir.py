@@ -53,7 +53,7 @@ class LedgerEntry(TypedDict):
 
 
 class Stamp(TypedDict):
-    """``fidelity-run.json`` (module docstring): the suite the folder's reports measure and the ledger."""
+    """``fidelity-run.json`` (docs/reports.md §"The report folder's ledger"): the suite the folder's reports measure and the ledger."""
 
     schema: str
     files: dict[str, LedgerEntry]
