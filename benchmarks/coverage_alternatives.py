@@ -35,8 +35,8 @@ import harness.metrics.bootstrap as bs
 from harness.metrics.simulation import ALL_MODELS
 
 A = 0.025
-LEVELS = np.array([0.0005, 0.001, 0.0015, 0.002, 0.003, 0.004, 0.005, 0.0065, 0.008, 0.01, 0.0125, 0.015, 0.0175,
-                   0.02, 0.025, 0.03, 0.035])
+LEVELS = np.array([0.00025, 0.0005, 0.001, 0.0015, 0.002, 0.003, 0.004, 0.005, 0.0065, 0.008, 0.01, 0.0125, 0.015,
+                   0.0175, 0.02, 0.025, 0.03, 0.035, 0.04, 0.05, 0.06])
 SETS = {
     "cal": ([Shape(m) for m in ALL_MODELS[:2] + HEAVIER + ALL_MODELS[2:]], 61_000),
     "unseen": (list(SHAPES), 62_000),
@@ -67,12 +67,45 @@ def collect_chunk(sums: np.ndarray, counts: np.ndarray, W: np.ndarray) -> dict[s
     Q = W @ (e * e) - 2 * d * (W @ (e * n[:, None])) + d * d * (W @ (n * n))[:, None]
     seb = np.sqrt(fac * np.maximum(Q, 0)) / Nb[:, None]
     t = np.clip(np.divide(d, seb, out=np.sign(d) * 1e12, where=seb > 0), -1e12, 1e12)
+    # one inner replicate per outer one (fast double bootstrap): clusters redrawn from the outer replicate's
+    W2 = _inner_weights(W, seed=int(W[0].sum() + W[:, 0].sum()))
+    Nb2 = W2 @ n
+    d2 = (W2 @ e) / Nb2[:, None]
+    Q2 = W2 @ (e * e) - 2 * d2 * (W2 @ (e * n[:, None])) + d2 * d2 * (W2 @ (n * n))[:, None]
+    seb2 = np.sqrt(fac * np.maximum(Q2, 0)) / Nb2[:, None]
+    t2 = np.clip(np.divide(d2 - d, seb2, out=np.sign(d2 - d) * 1e12, where=seb2 > 0), -1e12, 1e12)
     t.sort(0)
     d.sort(0)
+    t2.sort(0)
     shape = bs.ClusterShape.of(sums, n)
+    e2 = e * e
+    loo = (sums.sum(0)[None] - sums) / (N - n)[:, None] - r[None]  # r without cluster c, minus r
     return {"r": r, "se": se, "skew": shape.skew, "kurt": shape.kurt, "spread": shape.spread,
-            "tlo": _grid_quantiles(t, LEVELS), "thi": _grid_quantiles(t, 1 - LEVELS),
+            "share_e2": e2.max(0) / np.maximum(e2.sum(0), 1e-300), "share_s": sums.max(0) / np.abs(sums).sum(0),
+            "loo_up": -loo.min(0) / se, "loo_dn": loo.max(0) / se, "hill": _hill(sums / n[:, None]),
+            "t2lo": _grid_quantiles(t2, LEVELS), "t2hi": _grid_quantiles(t2, 1 - LEVELS),
+"tlo": _grid_quantiles(t, LEVELS), "thi": _grid_quantiles(t, 1 - LEVELS),
             "plo": _grid_quantiles(d, LEVELS) + r[:, None], "phi": _grid_quantiles(d, 1 - LEVELS) + r[:, None]}
+
+
+def _hill(means: np.ndarray) -> np.ndarray:
+    """Hill's estimate of the tail index of each column's cluster means from its top ``round(sqrt(C))`` values."""
+    C = means.shape[0]
+    k = max(2, int(round(math.sqrt(C))))
+    top = -np.sort(-np.maximum(means, 1e-300), axis=0)[: k + 1]
+    return np.asarray(1.0 / np.maximum(np.log(top[:k] / top[k]).mean(0), 1e-12), dtype=np.float64)
+
+
+def _inner_weights(W: np.ndarray, seed: int) -> np.ndarray:
+    """Per outer replicate (row of ``W``), one inner replicate: C clusters drawn with replacement from its own."""
+    rng = np.random.default_rng(seed)
+    B, C = W.shape
+    cum = np.cumsum(W, axis=1)
+    u = rng.integers(0, C, size=(B, C))  # position in the outer replicate's list of C drawn clusters
+    idx = np.array([np.searchsorted(cum[b], u[b], side="right") for b in range(B)])
+    out = np.zeros((B, C))
+    np.add.at(out, (np.arange(B)[:, None], idx), 1.0)
+    return out
 
 
 def collect(name: str, reps: int, clusters: list[int], out: str) -> None:
@@ -107,12 +140,32 @@ def _interp(arr: np.ndarray, level: np.ndarray) -> np.ndarray:
     return np.asarray(arr[rows, j] * (1 - f) + arr[rows, j + 1] * f, dtype=np.float64)
 
 
-def _level(o: dict[str, np.ndarray], spread_scaled: bool) -> np.ndarray:
-    """The upper end's level of :func:`harness.metrics.bootstrap.side_levels` (a right-skewed mean)."""
-    m = np.minimum(1.0, o["spread"] / bs.SPREAD_SCALE) ** 2 if spread_scaled else 1.0
+def _main_level(o: dict[str, np.ndarray]) -> np.ndarray:
+    """The upper end's level of the rule before the dominance diagnostic and the raised lower end (a right-skewed mean;
+    its lower end at ``a``)."""
+    m = np.minimum(1.0, o["spread"] / bs.SPREAD_SCALE) ** 2
     ce = o["c_eff"]
     lev = A * ce / (ce + bs.SMALL_SAMPLE_CLUSTERS * m) / (1 + bs.SKEW_WEIGHT * np.maximum(o["skew"], 0) + bs.KURTOSIS_WEIGHT * o["kurt"]) ** 2
     return np.asarray(np.maximum(lev, A * bs.LEVEL_FLOOR), dtype=np.float64)
+
+
+def _shape(o: dict[str, np.ndarray]) -> bs.ClusterShape:
+    """The :class:`harness.metrics.bootstrap.ClusterShape` of every data set of a cell (one per column)."""
+    return bs.ClusterShape(o["skew"], o["kurt"], o["spread"], o["share_s"], float(o["c_eff"][0]), int(o["C"][0]))
+
+
+def _inverse_level(grid: np.ndarray, value: np.ndarray) -> np.ndarray:
+    """Per row, the level at which the monotone quantile ``grid`` [R, len(LEVELS)] reaches ``value`` (log-linear)."""
+    ll = np.log(LEVELS)
+    inc = grid[0, -1] >= grid[0, 0]
+    return np.array([math.exp(np.interp(v, g if inc else g[::-1], ll if inc else ll[::-1])) for g, v in zip(grid, value)])
+
+
+def double_bootstrap_levels(o: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """The fast double bootstrap's levels (lower, upper): the share of inner ``t**`` beyond the outer ``t*`` quantile at
+    ``a`` on each side (the level at which the outer quantile is read so that, in the bootstrap world, it misses ``a``)."""
+    full = np.full(o["r"].shape, A)
+    return _inverse_level(o["t2hi"], _interp(o["thi"], full)), _inverse_level(o["t2lo"], _interp(o["tlo"], full))
 
 
 def candidate_ends(o: dict[str, np.ndarray]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
@@ -127,20 +180,22 @@ def candidate_ends(o: dict[str, np.ndarray]) -> dict[str, tuple[np.ndarray, np.n
     ce = o["c_eff"]
     prev = A * 0.25 * ce / (ce + 200.0)
     lo_prev, hi_prev = t_ends(prev, prev)
+    shape = _shape(o)
+    rs = np.ones(r.shape[0], dtype=bool)
     out = {
         "previous": (np.minimum(lo_prev, p_lo), np.maximum(hi_prev, p_hi)),
         "percentile": (p_lo, p_hi),
         "bootstrap-t": t_ends(full, full),
-        "skew only": t_ends(full, A / (1 + 8 * np.maximum(o["skew"], 0)) ** 2),
-        "few-cluster, m = 1": t_ends(full, _level(o, False)),
-        "chosen": t_ends(full, _level(o, True)),
+        "double bootstrap": t_ends(*double_bootstrap_levels(o)),
+        "main": t_ends(full, _main_level(o)),
+        "now": t_ends(bs.side_levels(A, shape, -1, rs), bs.side_levels(A, shape, +1, rs)),
     }
     return {k: (np.maximum(lo, 0.0), hi) for k, (lo, hi) in out.items()}
 
 
 def table(folder: str, kind: str) -> None:
     names = {k: [s.model.name if k == "cal" else s.name for s in v[0]] for k, v in SETS.items()}
-    rows: dict[str, list[tuple[str, str, int, int, float, float, float]]] = {}
+    rows: dict[str, list[tuple[str, str, int, int, float, float, float, float]]] = {}
     for f in sorted(glob.glob(os.path.join(folder, "*.npz"))):
         name, i, C = os.path.basename(f)[:-4].rsplit("_", 2)
         o = dict(np.load(f))
@@ -148,7 +203,8 @@ def table(folder: str, kind: str) -> None:
         pw = ends["percentile"][1] - ends["percentile"][0]
         for k, (lo, hi) in ends.items():
             rows.setdefault(k, []).append((name, names[name][int(i)], int(C), lo.shape[0], float((hi < o["truth"]).mean()),
-                                           float((lo > o["truth"]).mean()), float(np.median((hi - lo) / pw))))
+                                           float((lo > o["truth"]).mean()), float(np.median((hi - lo) / pw)),
+                                           float(bs.dominated(_shape(o)).mean())))
     if kind == "summary":
         print("| procedure | set | cells | upper > 2.5 % + SE | upper < 1.0 % - SE | lower > 2.5 % + SE | lower < 1.0 % - SE "
               "| largest upper miss | median width / percentile's |")
@@ -164,12 +220,13 @@ def table(folder: str, kind: str) -> None:
                       f"{(dn < 0.01 - se).sum()} | {100 * up.max():.1f} % | {np.median([x[6] for x in sel]):.2f} |")
         return
     print("| set | shape | clusters | data sets | upper end below the truth: before / now | lower end above: before / now "
-          "| width / percentile's: before / now |")
-    print("|---|---|---|---|---|---|---|")
+          "| width / percentile's: before / now | diagnostic fired |")
+    print("|---|---|---|---|---|---|---|---|")
     key = {s: i for i, s in enumerate(SETS)}
-    for b, c in sorted(zip(rows["previous"], rows["chosen"]), key=lambda z: (key[z[0][0]], names[z[0][0]].index(z[0][1]), z[0][2])):
+    fires = {(x[0], x[1], x[2]): x[7] for x in rows["now"]}
+    for b, c in sorted(zip(rows["main"], rows["now"]), key=lambda z: (key[z[0][0]], names[z[0][0]].index(z[0][1]), z[0][2])):
         print(f"| {c[0]} | {c[1]} | {c[2]} | {c[3]} | {100 * b[4]:.1f} / **{100 * c[4]:.1f}** % | "
-              f"{100 * b[5]:.1f} / **{100 * c[5]:.1f}** % | {b[6]:.2f} / **{c[6]:.2f}** |")
+              f"{100 * b[5]:.1f} / **{100 * c[5]:.1f}** % | {b[6]:.2f} / **{c[6]:.2f}** | {100 * fires[c[:3]]:.1f} % |")
 
 
 if __name__ == "__main__":

@@ -228,7 +228,9 @@ def _reference_studentized_interval(values: Any, cluster: Any, weights: Any, lev
     (docs/statistics.md): ``a C' / (C' + 200 m) / (1 + 3 g + 5 x)^2`` with ``C' = (sum n_c)^2 / sum n_c^2``, ``g`` the
     cluster residuals' skew toward that side (``sum e^3 / (sum e^2)^1.5``, positive part), ``x`` their excess kurtosis
     over C, ``m = min(1, v / 0.6)^2`` for a right-skewed statistic's upper side (``v = se sqrt(C') / r``) and 1
-    otherwise, a right-skewed statistic's lower side at ``a``; never below ``a / 100``. Each side's quantile from
+    otherwise, a right-skewed statistic's lower side at ``a min(2.4, 1 + 8 (se / r - 0.25)+)``; never below ``a / 100``;
+    where one cluster holds more than half of ``sum |s_c|`` (dominance) a right-skewed statistic's upper side and any
+    other statistic's both sides at ``a / 100``. Each side's quantile from
     the given draws, or when fewer than 20 / level, from the draws doubled until they hold as many: the given draws
     followed by the documented extension (uniform cluster ids from numpy's default_rng seeded by the first 8 bytes,
     little-endian, of the sha256 of the given draws, counted per replicate)."""
@@ -261,9 +263,13 @@ def _reference_studentized_interval(values: Any, cluster: Any, weights: Any, lev
     x = max(C * m4 / m2**2 - 3.0, 0.0) / C
     v = se * math.sqrt(c_eff) / abs(r)
 
+    dominant = max(abs(x) for x in s) > 0.5 * math.fsum(abs(x) for x in s)
+
     def side(toward: int) -> float:
         if right_skewed and toward < 0:
-            return a
+            return a * min(2.4, 1.0 + 8.0 * max(se / abs(r) - 0.25, 0.0))
+        if dominant:
+            return a / 100.0
         m = min(1.0, v / 0.6) ** 2 if right_skewed else 1.0
         return max(a * c_eff / (c_eff + 200.0 * m) / (1.0 + 3.0 * max(toward * g, 0.0) + 5.0 * x) ** 2, a / 100.0)
 

@@ -14,12 +14,15 @@ import numpy as np
 import pytest
 
 from harness.metrics.bootstrap import (
+    MEAN_METHOD_TEXT,
     MIN_CLUSTERS,
     ClusterShape,
     draw_cluster_weights,
     extended_weights,
     ratio_interval,
+    method_text,
     ratio_intervals,
+    ratio_intervals_read,
     ratio_replicates,
     read_rows,
     replicates_needed,
@@ -106,7 +109,7 @@ def test_studentized_interval_matches_an_independent_float64_implementation(refe
 def test_levels_follow_the_clusters_spread_and_skew() -> None:
     """side_levels against the documented formula, computed here from the residuals; a homogeneous suite is read near
     the stated level, a spread-out skewed one far below it, and the lower end of a right-skewed mean at the stated
-    level."""
+    level raised with its relative standard error (``a min(2.4, 1 + 8 (se / r - 0.25)+)``)."""
     rng = np.random.default_rng(3)
     C = 47
     counts = np.full(C, 500.0)
@@ -125,7 +128,8 @@ def test_levels_follow_the_clusters_spread_and_skew() -> None:
         m = min(1.0, v / 0.6) ** 2
         want = max(0.025 * C / (C + 200 * m) / (1 + 3 * max(g, 0.0) + 5 * x) ** 2, 0.025 / 100)
         assert up[j] == pytest.approx(want, rel=1e-12)
-        assert down[j] == 0.025
+        se_r = v / np.sqrt(C)
+        assert down[j] == pytest.approx(0.025 * min(2.4, 1 + 8 * max(se_r - 0.25, 0.0)), rel=1e-12)
     assert up[0] > 0.3 * 0.025 and up[1] < up[0] / 5
     unknown = side_levels(0.025, shape, -1, np.array([False, False]))
     assert (unknown < 0.025).all()  # a statistic of unknown skew: both ends get the few-cluster term
@@ -181,3 +185,33 @@ def test_one_sided_bounds_and_identical_clusters() -> None:
     (one,) = ratio_intervals(w, sums, counts, alpha_lo=0.0, alpha_hi=0.025)
     two = ratio_interval(w, sums, counts)
     assert one[0] == -np.inf and one[1] == pytest.approx(two[1])
+
+
+def test_dominance_diagnostic_fires_on_one_dominant_cluster_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One cluster holding more than half of the KLD total flags the level as not guaranteed, reads the upper end at
+    the floor a / 100 (never narrower than without the diagnostic) and says so in the method text; 16 ordinary
+    clusters (lognormal 0.6 cluster effects, a real-LLM-like spread) do not fire it and keep their interval."""
+    import harness.metrics.bootstrap as bs
+
+    C = 16
+    counts = np.full(C, 255.0)
+    ordinary = counts * 1e-3 * np.random.default_rng(7).lognormal(0.0, 0.6, C)
+    dominant = ordinary.copy()
+    dominant[3] = 1.5 * (ordinary.sum() - ordinary[3])  # 60 % of the total
+    W = draw_cluster_weights(C, 2000, seed=1)
+    sums = np.stack([ordinary, dominant], axis=1)
+    ivs, reads = ratio_intervals_read(W, sums, counts, bounds=(0.0, math.inf))
+    r0, r1 = reads
+    assert r0 is not None and r1 is not None
+    assert r1.top_share == pytest.approx(dominant.max() / dominant.sum(), rel=1e-12)
+    assert r0.top_share == pytest.approx(ordinary.max() / ordinary.sum(), rel=1e-12) and r0.top_share < 0.5
+    assert r1.dominated and not r0.dominated
+    assert r1.upper == pytest.approx(0.025 / 100) and r1.upper_at_floor
+    assert r0.upper > 0.025 / 100 and not r0.upper_at_floor and not r0.lower_at_floor
+    assert method_text([r0]) == MEAN_METHOD_TEXT
+    assert "LEVEL NOT GUARANTEED" in method_text([r1]) and "60 %" in method_text([r1])
+    monkeypatch.setattr(bs, "DOMINANT_SHARE", 1.0)  # the diagnostic off: the same data, the level rule alone
+    unwidened, plain = ratio_intervals_read(W, sums, counts, bounds=(0.0, math.inf))
+    assert plain[1] is not None and not plain[1].dominated and plain[1].upper >= r1.upper
+    assert ivs[1] is not None and unwidened[1] is not None and ivs[1][1] >= unwidened[1][1]
+    assert ivs[0] == unwidened[0]  # the ordinary data set does not move

@@ -111,6 +111,10 @@ def test_tail_intervals_only_from_the_clusters_they_need() -> None:
     m = summarize(s, ci, np.tile(np.arange(20), few), labels, n_boot=200, n_boot_tails=50)
     assert m["kld"]["ci95"] is not None and m["kld"]["p99_ci95"] is None and m["kld"]["cvar1_ci95"] is None
     assert m["bootstrap"]["tail_estimable"] is False and m["bootstrap"]["tail_min_clusters"] == TAIL_MIN_CLUSTERS
+    lv = m["bootstrap"]["levels"]
+    assert set(lv) == {"kld", "top1", "ear", "jsd_bits", "kld_rev", "top5_shared", "top10_shared"}
+    assert 0 < lv["kld"]["upper"] <= 0.025 and lv["kld"]["lower"] >= 0.025  # each side's level, as read
+    assert m["bootstrap"]["level_guaranteed"] is (not lv["kld"]["dominated"])
     text = render_markdown(ShardReport("x", {"shard": {"index": 0, "sha256": "0"}}, m))
     assert f"p99 and CVaR1% intervals not estimable: {few} source clusters, fewer than the {TAIL_MIN_CLUSTERS}" in text
 

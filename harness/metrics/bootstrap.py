@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from harness.metrics.records import SideLevels
 from harness.metrics.tails import weighted_tail_stats
 
 DEFAULT_SEED = 20240601
@@ -61,6 +62,14 @@ KURTOSIS_WEIGHT = 5.0
 #: replicate x cluster entries would be needed).
 LEVEL_FLOOR = 0.01
 MAX_READ_ELEMENTS = 10_000_000
+#: The dominance diagnostic (:func:`dominated`): one cluster holding more than this share of a statistic's total.
+DOMINANT_SHARE = 0.5
+#: The lower end of a right-skewed mean is read at ``alpha min(LOWER_CAP, 1 + LOWER_SLOPE (se / r - LOWER_REL)+)``
+#: (``se / r`` its relative standard error): with few, spread-out clusters the lower end sits near 0 and missed far
+#: less than ``alpha`` (0.0-0.5 % at 8-16 clusters on heavy shapes); ``docs/statistics.md`` has the simulations.
+LOWER_REL = 0.25
+LOWER_SLOPE = 8.0
+LOWER_CAP = 2.4
 #: Fewest replicates beyond each bootstrap-t bound: :func:`ratio_intervals` reads its quantiles from at least
 #: ``MIN_BEYOND / a'`` replicates (:func:`replicates_needed`), extending a smaller draw (:func:`extended_weights`).
 MIN_BEYOND = 20
@@ -72,12 +81,14 @@ class ClusterShape:
     """What :func:`side_levels` reads of one data set's cluster residuals ``e_c = s_c - r n_c`` (one entry per
     statistic): ``skew`` ``sum e^3 / (sum e^2)^1.5`` (the standardized third cumulant of the total, signed),
     ``kurt`` ``max(C sum e^4 / (sum e^2)^2 - 3, 0) / C`` (excess kurtosis over C), ``spread`` ``se sqrt(C') / |r|``
-    (the clusters' relative spread; inf when ``r`` is 0), ``c_eff`` (:func:`effective_clusters`) and the cluster
-    count ``n_clusters``."""
+    (the clusters' relative spread; inf when ``r`` is 0), ``top_share`` ``max_c |s_c| / sum_c |s_c|`` (the largest
+    cluster's share of the statistic's total: :func:`dominated`), ``c_eff`` (:func:`effective_clusters`) and the
+    cluster count ``n_clusters``."""
 
     skew: np.ndarray
     kurt: np.ndarray
     spread: np.ndarray
+    top_share: np.ndarray
     c_eff: float
     n_clusters: int
 
@@ -101,7 +112,9 @@ class ClusterShape:
         se = np.sqrt(C / (C - 1.0) * s2) / N
         with np.errstate(divide="ignore", invalid="ignore"):
             spread = np.where(r != 0, se * math.sqrt(c_eff) / np.abs(r), math.inf)
-        return cls(skew, kurt, spread, c_eff, C)
+        total = np.abs(s).sum(axis=0)
+        top_share = np.abs(s).max(axis=0) / np.where(total > 0, total, 1.0)
+        return cls(skew, kurt, spread, top_share, c_eff, C)
 
 
 def side_levels(alpha: float, shape: ClusterShape, toward: int, right_skewed: np.ndarray) -> np.ndarray:
@@ -109,10 +122,13 @@ def side_levels(alpha: float, shape: ClusterShape, toward: int, right_skewed: np
     one-sided ``alpha`` (0: the side is not read; returns zeros). ``toward`` +1 is the upper end, -1 the lower.
 
     A ``right_skewed`` statistic (a mean of nonnegative, right-tailed per-position values: KLD, JSD) reads its lower
-    end at ``alpha`` and its upper end at ``alpha C'/(C' + K m) / (1 + 3 skew+ + 5 kurt)^2`` (the module constants;
-    ``skew+`` the positive part of the residuals' skew). Any other statistic (a paired difference, an agreement
-    rate: the heavy side is not known in advance) reads both ends so, with ``m = 1`` and ``skew+`` the skew toward
-    that end. Never below ``LEVEL_FLOOR * alpha`` (and the memory floor ``MIN_BEYOND C / MAX_READ_ELEMENTS``)."""
+    end at ``alpha min(LOWER_CAP, 1 + LOWER_SLOPE (se / r - LOWER_REL)+)`` (``se / r = spread / sqrt(C')``) and its
+    upper end at ``alpha C'/(C' + K m) / (1 + 3 skew+ + 5 kurt)^2`` (the module constants; ``skew+`` the positive part
+    of the residuals' skew). Any other statistic (a
+    paired difference, an agreement rate: the heavy side is not known in advance) reads both ends at the latter, with
+    ``m = 1`` and ``skew+`` the skew toward that end. A side the dominance diagnostic widens (:func:`dominated`: the
+    upper end of a right-skewed mean, both ends of any other) is read at the floor. Never below ``LEVEL_FLOOR * alpha``
+    (and the memory floor ``MIN_BEYOND C / MAX_READ_ELEMENTS``)."""
     k = shape.skew.shape[0]
     if alpha <= 0:
         return np.zeros(k)
@@ -121,9 +137,53 @@ def side_levels(alpha: float, shape: ClusterShape, toward: int, right_skewed: np
     c = shape.c_eff
     skew = np.maximum(toward * shape.skew, 0.0)
     level = alpha * c / (c + SMALL_SAMPLE_CLUSTERS * m) / (1.0 + SKEW_WEIGHT * skew + KURTOSIS_WEIGHT * shape.kurt) ** 2
+    floor = level_floor(alpha, shape.n_clusters)
     if toward < 0:
-        level = np.where(rs, alpha, level)
-    return np.asarray(np.maximum(level, level_floor(alpha, shape.n_clusters)), dtype=np.float64)
+        rel = shape.spread / math.sqrt(c)
+        raised = alpha * np.minimum(LOWER_CAP, 1.0 + LOWER_SLOPE * np.maximum(rel - LOWER_REL, 0.0))
+        level = np.where(rs, raised, level)
+    widened = dominated(shape) & (~rs if toward < 0 else np.ones(k, dtype=bool))
+    level = np.where(widened, floor, level)
+    return np.asarray(np.maximum(level, floor), dtype=np.float64)
+
+
+def dominated(shape: ClusterShape) -> np.ndarray:
+    """Per statistic, whether the dominance diagnostic fires: one cluster holds more than :data:`DOMINANT_SHARE` of
+    the statistic's total (``top_share``). The mean then rests on that one cluster: the interval's level is not
+    guaranteed at this cluster count (``docs/statistics.md``, 'When the level is not guaranteed')."""
+    return np.asarray(shape.top_share > DOMINANT_SHARE, dtype=bool)
+
+
+@dataclass(frozen=True)
+class SideReading:
+    """How one statistic's interval was read (recorded in every report's ``bootstrap.levels``): the tail probability
+    each end was read at (``lower``, ``upper``; 0: that end not read, infinite), whether that end sat at the floor
+    (:func:`level_floor`: the level rule's terms saturate there or the dominance diagnostic widened it), whether the
+    dominance diagnostic fired (``dominated``: level not guaranteed) and the largest cluster's share of the total
+    (``top_share``)."""
+
+    lower: float
+    upper: float
+    lower_at_floor: bool
+    upper_at_floor: bool
+    dominated: bool
+    top_share: float
+
+    def to_json(self) -> SideLevels:
+        return {"lower": self.lower, "upper": self.upper, "lower_at_floor": self.lower_at_floor,
+                "upper_at_floor": self.upper_at_floor, "dominated": self.dominated, "top_share": self.top_share}
+
+
+def method_text(readings: Sequence[SideReading | None], name: str = "the mean") -> str:
+    """:data:`MEAN_METHOD_TEXT`, followed where the dominance diagnostic fired on ``readings`` (the headline's) by
+    the warning that the level is not guaranteed and how the interval was widened."""
+    fired = [r for r in readings if r is not None and r.dominated]
+    if not fired:
+        return MEAN_METHOD_TEXT
+    share = max(r.top_share for r in fired)
+    return (f"{MEAN_METHOD_TEXT}; LEVEL NOT GUARANTEED at this cluster count: one source cluster holds {100 * share:.0f} % "
+            f"of {name}'s total (more than {100 * DOMINANT_SHARE:.0f} %), so its upper end was read at the floor "
+            f"{LEVEL_FLOOR:g} x the stated level")
 
 
 def level_floor(alpha: float, n_clusters: float) -> float:
@@ -200,6 +260,21 @@ def ratio_intervals(
     bounds: tuple[float, float] = (-math.inf, math.inf),
     right_skewed: bool | Sequence[bool] | None = None,
 ) -> list[list[float] | None]:
+    """The intervals of :func:`ratio_intervals_read` (same arguments), without the record of how they were read."""
+    return ratio_intervals_read(weights, sums, counts, alpha_lo=alpha_lo, alpha_hi=alpha_hi, bounds=bounds,
+                                right_skewed=right_skewed)[0]
+
+
+def ratio_intervals_read(
+    weights: np.ndarray,
+    sums: np.ndarray,
+    counts: np.ndarray,
+    *,
+    alpha_lo: float = (1.0 - LEVEL) / 2.0,
+    alpha_hi: float = (1.0 - LEVEL) / 2.0,
+    bounds: tuple[float, float] = (-math.inf, math.inf),
+    right_skewed: bool | Sequence[bool] | None = None,
+) -> tuple[list[list[float] | None], list[SideReading | None]]:
     """Studentized cluster-bootstrap intervals of ratio means ``sum(sums) / sum(counts)``.
 
     ``weights`` are cluster multiplicities ``[B, C]`` (:func:`draw_cluster_weights`), ``sums`` per
@@ -222,8 +297,9 @@ def ratio_intervals(
     smaller level, :func:`read_rows`): ``weights`` extended by :func:`extended_weights` when it holds fewer, so at
     least :data:`MIN_BEYOND` replicates lie beyond each bound.
 
-    Returns one ``[lo, hi]`` per statistic, or ``None`` for every statistic when there are fewer
-    than :data:`MIN_CLUSTERS` clusters (not estimable).
+    Returns one ``[lo, hi]`` per statistic and one :class:`SideReading` (each side's level, floor and the dominance
+    diagnostic), or ``None`` for every statistic in both when there are fewer than :data:`MIN_CLUSTERS` clusters
+    (not estimable).
     """
     n = np.asarray(counts, dtype=np.float64)
     s = np.asarray(sums, dtype=np.float64)
@@ -231,7 +307,7 @@ def ratio_intervals(
     C = n.shape[0]
     k = s2.shape[1]
     if C < MIN_CLUSTERS:
-        return [None] * k
+        return [None] * k, [None] * k
     if right_skewed is None:
         right_skewed = bounds[0] == 0.0 and bounds[1] == math.inf
     rs = np.broadcast_to(np.asarray(right_skewed, dtype=bool), (k,))
@@ -254,7 +330,14 @@ def ratio_intervals(
             lo[sl], hi[sl] = _studentized_block(wr, n, s2[:, sl], (a_lo[sl], rows_lo[sl]), (a_hi[sl], rows_hi[sl]))
     lo = np.clip(lo, bounds[0], bounds[1])
     hi = np.clip(hi, bounds[0], bounds[1])
-    return [[float(lo[j]), float(hi[j])] for j in range(k)]
+    fl_lo, fl_hi = (level_floor(a, C) * (1.0 + 1e-12) for a in (alpha_lo, alpha_hi))
+    dom = dominated(shape)
+    reads: list[SideReading | None] = [
+        SideReading(float(a_lo[j]), float(a_hi[j]), bool(0 < a_lo[j] <= fl_lo), bool(0 < a_hi[j] <= fl_hi), bool(dom[j]),
+                    float(shape.top_share[j]))
+        for j in range(k)
+    ]
+    return [[float(lo[j]), float(hi[j])] for j in range(k)], reads
 
 
 def _studentized_block(

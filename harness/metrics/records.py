@@ -134,11 +134,24 @@ class StratumRow(TypedDict):
     top1: float
 
 
+class SideLevels(TypedDict):
+    """How one mean's interval was read (:class:`harness.metrics.bootstrap.SideReading`)."""
+
+    lower: float  # tail probability the lower end was read at (0: not read)
+    upper: float  # tail probability the upper end was read at
+    lower_at_floor: bool  # read at the floor (a / 100, or the memory floor)
+    upper_at_floor: bool
+    dominated: bool  # one cluster holds more than half the statistic's total: level not guaranteed
+    top_share: float  # the largest cluster's share of the statistic's total
+
+
 class BootstrapInfo(TypedDict):
     """How the intervals were drawn."""
 
     method: str  # "studentized" for means (harness.metrics.bootstrap.MEAN_METHOD)
-    method_text: str  # the means' interval method in words
+    method_text: str  # the means' interval method in words (with the dominance warning where it fired on the KLD)
+    levels: dict[str, SideLevels]  # per mean statistic: how its interval was read (none when not estimable)
+    level_guaranteed: bool  # False: the dominance diagnostic fired on the KLD (its stated level is not guaranteed)
     tail_method: str  # the tails' (p99, CVaR1%) interval method in words
     level: float
     min_clusters: int  # fewer source clusters: every interval is None (not estimable)
@@ -274,6 +287,7 @@ class ShardSummary(TypedDict):
 
 __all__ = [
     "BootstrapInfo",
+    "SideLevels",
     "BucketRow",
     "ConfidenceBins",
     "DecileRow",

@@ -20,15 +20,15 @@ from harness.metrics.bootstrap import (
     DEFAULT_SEED,
     LEVEL,
     MEAN_METHOD,
-    MEAN_METHOD_TEXT,
     MIN_CLUSTERS,
     TAIL_ALPHA,
     TAIL_METHOD_TEXT,
     TAIL_MIN_CLUSTERS,
     TailData,
     draw_cluster_weights,
+    method_text,
     percentile_interval,
-    ratio_intervals,
+    ratio_intervals_read,
     tail_replicates,
 )
 from harness.metrics.diagnostics import diagnostic_totals, diagnostics_from_totals, merge_diagnostic_totals
@@ -209,13 +209,13 @@ def summarize(
     cl_sums = {k: np.bincount(L.ctx_cluster, weights=v, minlength=C) for k, v in ctx_sums.items()}
     W = draw_cluster_weights(C, n_boot, seed)
     names = ("kld", "top1", "ear", "jsd_bits")
-    ivs = ratio_intervals(W, np.stack([cl_sums[k] for k in names], axis=1), cl_sums["positions"], bounds=(0.0, math.inf),
-                          right_skewed=RIGHT_SKEWED_MEANS)
+    ivs, reads = ratio_intervals_read(W, np.stack([cl_sums[k] for k in names], axis=1), cl_sums["positions"],
+                                      bounds=(0.0, math.inf), right_skewed=RIGHT_SKEWED_MEANS)
     ci = {k: iv if (iv is None or k in ("kld", "jsd_bits")) else [iv[0], min(iv[1], 1.0)] for k, iv in zip(names, ivs)}
     diag = diagnostics_from_totals(diagnostic_totals(s), n, int(s.top1.sum()))
     dnames = ("kld_rev", "top5_shared", "top10_shared")
-    div = ratio_intervals(W, np.stack([cl_sums[k] for k in dnames], axis=1), cl_sums["positions"], bounds=(0.0, math.inf),
-                          right_skewed=(True, False, False))
+    div, dreads = ratio_intervals_read(W, np.stack([cl_sums[k] for k in dnames], axis=1), cl_sums["positions"],
+                                       bounds=(0.0, math.inf), right_skewed=(True, False, False))
     diag["kld_rev"]["ci95"] = div[0]
     diag["top5_overlap"]["ci95"] = None if div[1] is None else [div[1][0] / 5, min(div[1][1] / 5, 1.0)]
     diag["top10_overlap"]["ci95"] = None if div[2] is None else [div[2][0] / 10, min(div[2][1] / 10, 1.0)]
@@ -235,7 +235,9 @@ def summarize(
         "score_from": int(score_from),
         "bootstrap": {
             "method": MEAN_METHOD,
-            "method_text": MEAN_METHOD_TEXT,
+            "method_text": method_text(reads[:1], "the KLD"),
+            "levels": {k: rd.to_json() for k, rd in zip(names + dnames, reads + dreads) if rd is not None},
+            "level_guaranteed": not (reads[0] is not None and reads[0].dominated),
             "tail_method": TAIL_METHOD_TEXT,
             "level": LEVEL,
             "min_clusters": MIN_CLUSTERS,

@@ -17,10 +17,17 @@ from harness.io.atomic import atomic_write_files, dumps_json
 from harness.io.jsonio import read_json
 from harness.io.md_table import md_table
 from harness.io.schema import checked
-from harness.metrics.bootstrap import MEAN_METHOD, MEAN_METHOD_TEXT, MIN_CLUSTERS, draw_cluster_weights, ratio_intervals
+from harness.metrics.bootstrap import (
+    MEAN_METHOD,
+    MIN_CLUSTERS,
+    SideReading,
+    draw_cluster_weights,
+    method_text,
+    ratio_intervals_read,
+)
 from harness.metrics.diagnostics import diagnostics_from_totals
 from harness.metrics.histogram import LogHistogram
-from harness.metrics.records import ContextRow, Diagnostics, HistogramJSON, MeanCI, StratumRow, TopOne, Totals
+from harness.metrics.records import ContextRow, Diagnostics, HistogramJSON, MeanCI, SideLevels, StratumRow, TopOne, Totals
 from harness.metrics.summary import merge_totals
 from harness.reports.plot import FloorBand
 from harness.reports.shard import SetComparability, ShardRef, check_finite, set_comparability
@@ -70,7 +77,9 @@ class AggregateBootstrap(TypedDict):
     """How the aggregate's intervals were drawn (over the per-context rows of every shard)."""
 
     method: str
-    method_text: str
+    method_text: str  # with the dominance warning where it fired on the KLD
+    levels: NotRequired[dict[str, SideLevels]]  # per mean: how its interval was read (absent: older aggregates)
+    level_guaranteed: NotRequired[bool]  # False: the dominance diagnostic fired on the KLD
     min_clusters: int
     n_boot: int
     seed: int
@@ -349,8 +358,10 @@ def bracket(bounds: tuple[float, float], max_kld: float) -> list[float]:
     return [max(lo, 0.0), min(hi, max_kld)]
 
 
-def _cluster_bootstrap(rows: Sequence[ContextRow], n_boot: int, seed: int) -> dict[str, list[float] | None]:
-    """Studentized source-cluster bootstrap intervals (None: fewer clusters than the minimum)."""
+def _cluster_bootstrap(
+    rows: Sequence[ContextRow], n_boot: int, seed: int,
+) -> tuple[dict[str, list[float] | None], dict[str, SideReading | None]]:
+    """Studentized source-cluster bootstrap intervals (None: fewer clusters than the minimum) and how each was read."""
     clusters = sorted({str(r["cluster"]) for r in rows})
     pos = {c: i for i, c in enumerate(clusters)}
     idx = np.array([pos[str(r["cluster"])] for r in rows], dtype=np.int64)
@@ -363,15 +374,17 @@ def _cluster_bootstrap(rows: Sequence[ContextRow], n_boot: int, seed: int) -> di
     W = draw_cluster_weights(C, n_boot, seed)
     counts = per_cluster("positions")
     sums = np.stack([per_cluster("sum_kld"), per_cluster("top1"), per_cluster("sum_ear")], axis=1)
-    kld, top1, ear = ratio_intervals(W, sums, counts, bounds=(0.0, math.inf), right_skewed=(True, False, False))
+    (kld, top1, ear), reads = ratio_intervals_read(W, sums, counts, bounds=(0.0, math.inf), right_skewed=(True, False, False))
     out = {"kld": kld, "top1": top1 and [top1[0], min(top1[1], 1.0)], "ear": ear and [ear[0], min(ear[1], 1.0)]}
+    read = dict(zip(("kld", "top1", "ear"), reads))
     if rows and all(k in r for r in rows for k in DIAGNOSTIC_ROW_KEYS):
         # the diagnostics' intervals: the same draws, a separate call (the headline's values do not move)
         d = np.stack([per_cluster(k) for k in DIAGNOSTIC_ROW_KEYS], axis=1)
-        rev, t5, t10 = ratio_intervals(W, d, counts, bounds=(0.0, math.inf), right_skewed=(True, False, False))
+        (rev, t5, t10), dreads = ratio_intervals_read(W, d, counts, bounds=(0.0, math.inf), right_skewed=(True, False, False))
         out.update({"kld_rev": rev, "top5_overlap": t5 and [t5[0] / 5, min(t5[1] / 5, 1.0)],
                     "top10_overlap": t10 and [t10[0] / 10, min(t10[1] / 10, 1.0)]})
-    return out
+        read.update(zip(("kld_rev", "top5_shared", "top10_shared"), dreads))
+    return out, read
 
 
 #: Per-context row fields of the diagnostics (reports written before them lack the keys).
@@ -407,7 +420,7 @@ def aggregate(reports: Sequence[ShardReport], *, n_shards: int | None = None, su
     n = int(t["n_positions"])
     rows = [row for r in reports for row in r.metrics["contexts"]]
     boot = reports[0].metrics["bootstrap"]
-    ci = _cluster_bootstrap(rows, int(boot["n_boot"]), int(boot["seed"]))
+    ci, read = _cluster_bootstrap(rows, int(boot["n_boot"]), int(boot["seed"]))
     hist = LogHistogram.from_json(t["histogram"])
     strata: dict[str, StratumRow] = {}
     for row in rows:
@@ -449,7 +462,9 @@ def aggregate(reports: Sequence[ShardReport], *, n_shards: int | None = None, su
         "exceedance": t["exceedance"],
         "histogram": t["histogram"],
         "per_stratum": dict(sorted(strata.items())),
-        "bootstrap": {"method": MEAN_METHOD, "method_text": MEAN_METHOD_TEXT + ", over per-context rows",
+        "bootstrap": {"method": MEAN_METHOD, "method_text": method_text([read["kld"]], "the KLD") + ", over per-context rows",
+                      "levels": {k: r.to_json() for k, r in read.items() if r is not None},
+                      "level_guaranteed": not (read["kld"] is not None and read["kld"].dominated),
                       "min_clusters": MIN_CLUSTERS, "n_boot": int(boot["n_boot"]), "seed": int(boot["seed"])},
     }
     diagnostics = _diagnostics(t, n, ci)
