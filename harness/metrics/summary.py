@@ -43,7 +43,8 @@ DELTA_P_PERCENTILES = (1, 5, 10, 25, 50, 75, 90, 95, 99)
 
 
 #: Which of ("kld", "top1", "ear", "jsd_bits") are means of nonnegative right-tailed per-position values
-#: (:func:`harness.metrics.bootstrap.side_levels`: their lower end is read at the stated level); the agreement
+#: (:func:`harness.metrics.bootstrap.side_levels`: their lower end is read at the stated level or above it, never
+#: below); the agreement
 #: rates' heavy side is not known in advance.
 RIGHT_SKEWED_MEANS = (True, False, False, True)
 
