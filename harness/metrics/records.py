@@ -150,8 +150,8 @@ class BootstrapInfo(TypedDict):
 
     method: str  # "studentized" for means (harness.metrics.bootstrap.MEAN_METHOD)
     method_text: str  # the means' interval method in words (with the dominance warning where it fired on the KLD)
-    levels: dict[str, SideLevels]  # per mean statistic: how its interval was read (none when not estimable)
-    level_guaranteed: bool  # False: the dominance diagnostic fired on the KLD (its stated level is not guaranteed)
+    levels: NotRequired[dict[str, SideLevels]]  # per mean statistic: how its interval was read (absent: older reports)
+    level_guaranteed: NotRequired[bool]  # False: the dominance diagnostic fired on the KLD (level not guaranteed)
     tail_method: str  # the tails' (p99, CVaR1%) interval method in words
     level: float
     min_clusters: int  # fewer source clusters: every interval is None (not estimable)
