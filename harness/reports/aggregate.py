@@ -27,7 +27,16 @@ from harness.metrics.bootstrap import (
 )
 from harness.metrics.diagnostics import diagnostics_from_totals
 from harness.metrics.histogram import LogHistogram
-from harness.metrics.records import ContextRow, Diagnostics, HistogramJSON, MeanCI, SideLevels, StratumRow, TopOne, Totals
+from harness.metrics.records import (
+    ContextRow,
+    Diagnostics,
+    HistogramJSON,
+    MeanCI,
+    SideLevels,
+    StratumRow,
+    TopOne,
+    Totals,
+)
 from harness.metrics.summary import merge_totals
 from harness.reports.plot import FloorBand
 from harness.reports.shard import SetComparability, ShardRef, check_finite, set_comparability
