@@ -88,7 +88,7 @@ def run_ladder(config: str | Path, *, out: str | Path = "fidelity-reports", cand
     ``fidelity ladder CONFIG --out OUT`` does, writing the same files; ``candidates`` e.g. ``"int8,int4_g32"``,
     ``shards`` e.g. ``"0,2-3"``; ``progress`` receives one line per case."""
     done = _run(Path(config), report_dir=Path(out), executor=executor, candidates=candidates, shards=shards,
-                device=device, window=window, progress=progress)
+                device=device, window=window, progress=progress, command=f"harness.api.run_ladder({str(config)!r})")
     return Ladder(entries=tuple(LadderEntry.from_row(r) for r in done.rows), report_dir=done.report_dir,
                   failures=tuple(done.failures), skipped=tuple(done.skipped), reused=tuple(done.reused))
 

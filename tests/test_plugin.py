@@ -459,7 +459,7 @@ def test_a_later_run_leaves_no_stale_summaries(project: pytest.Pytester) -> None
 def test_only_unchanged_listed_summaries_are_removed(tmp_path: Path) -> None:
     """The ledger's removal touches only run summaries it lists with their sha256 unchanged: an edited summary,
     a user's file and the shard reports stay; an emptied ``paired/`` folder goes."""
-    from harness.plugin.report_dir import remove_previous_summaries, write_stamp
+    from harness.reports.report_dir import remove_previous_summaries, write_stamp
 
     files = {"ladder.md": "l", "tails.md": "t", "paired/a-vs-b.json": "{}", "good/shard-00.json": "{}"}
     for rel, text in files.items():

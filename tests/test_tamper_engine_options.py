@@ -87,3 +87,23 @@ def test_missing_flash_attention_blames_the_option(tiny: Path) -> None:
                                                   r"'flash_attention_2': flash-attn is not installed") as exc:
         load_model(tiny, options={"attn_implementation": "flash_attention_2"})
     assert "config.json" not in str(exc.value)
+
+
+def test_quantized_checkpoint_floating_tensor_of_another_shape_refused(tmp_path: Path) -> None:
+    """A compressed-tensors checkpoint (``quantization_config``) whose unquantized ``model.norm.weight`` (stored in
+    BF16 under the parameter's name) holds another shape is refused before loading, naming the file, the tensor and
+    both shapes; its packed tensors (I32) keep their own shapes and are not compared."""
+    from safetensors.torch import load_file, save_file
+
+    m = tmp_path / "ct"
+    shutil.copytree(Path(__file__).resolve().parents[1] / "fixtures" / "candidates" / "ct_w4a16_rtn", m)
+    f = next(p for p in sorted(m.glob("*.safetensors")) if "model.norm.weight" in load_file(p))
+    tensors = load_file(f)
+    width = tensors["model.norm.weight"].shape[0]
+    tensors["model.norm.weight"] = tensors["model.norm.weight"][: width // 2].clone()
+    save_file(tensors, str(f), metadata={"format": "pt"})
+    with pytest.raises(FidelityError) as exc:
+        load_model(m)
+    msg = _one_line(exc)
+    assert msg == (f"{f}: tensor model.norm.weight: expected shape [{width}] (from {m / 'config.json'}), "
+                   f"found [{width // 2}]"), msg

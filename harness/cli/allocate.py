@@ -10,9 +10,10 @@ from harness.allocation.choices import DEFAULT_CHOICES, parse_choices, parse_sub
 from harness.allocation.family import Family, GgufFamily, ProjectFamily
 from harness.allocation.render import write_allocation
 from harness.cli.registry import Builder, SubParsers, formatter, positive_int
-from harness.cli.vocabulary import add_quiet
+from harness.cli.vocabulary import add_quiet, open_out
 from harness.errors import UsageError
 from harness.inputs.config import load_config
+from harness.interchange.suite_manifest import load_any_suite
 from harness.run.allocation_check import check_allocation
 
 
@@ -28,6 +29,7 @@ def _allocate(a: argparse.Namespace) -> int:
     if a.threads:
         torch.set_num_threads(a.threads)
     choices = parse_choices(a.family, a.choices or DEFAULT_CHOICES[a.family])
+    folder = open_out(a, load_any_suite(a.suite, verify=False).suite_token_sha256)
     with tempfile.TemporaryDirectory(prefix="fidelity-allocate-") as tmp:
         family: Family
         if a.family == "project":
@@ -46,7 +48,7 @@ def _allocate(a: argparse.Namespace) -> int:
             check = check_allocation(load_config(a.check), result, family, a.out / "check", uniforms=uniforms, shards=a.check_shards,
                                      engine="transformers" if a.family == "project" else "llamacpp",
                                      base_model=base_model)
-        paths = write_allocation(result, a.out, check)
+        paths = folder.record(write_allocation(result, a.out, check))
     ra = result["proxy"]["rank_agreement"]
     agree = ("undefined" if ra["spearman"] is None or ra["kendall"] is None
              else f"Spearman {ra['spearman']:.3f}, Kendall {ra['kendall']:.3f}")

@@ -8,7 +8,8 @@ from pathlib import Path
 from harness.attribution.render import write_attribution
 from harness.attribution.run import attribute, request_from
 from harness.cli.registry import Builder, SubParsers, formatter, positive_int
-from harness.cli.vocabulary import add_quiet
+from harness.cli.vocabulary import add_quiet, open_out
+from harness.interchange.suite_manifest import load_any_suite
 
 
 def _attribute(a: argparse.Namespace) -> int:
@@ -16,10 +17,11 @@ def _attribute(a: argparse.Namespace) -> int:
 
     if a.threads:
         torch.set_num_threads(a.threads)
+    folder = open_out(a, load_any_suite(a.suite, verify=False).suite_token_sha256)
     req = request_from(a.reference, a.candidate, a.suite, shards=a.shards, by=a.by, globs=tuple(a.glob or ()),
                        modes=a.modes, n_boot=a.n_boot, device=a.device, dtype=a.dtype, progress=not a.quiet)
     result = attribute(req)
-    paths = write_attribution(result, a.out)
+    paths = folder.record(write_attribution(result, a.out))
     for g in result["groupings"]:
         top = g["groups"][0]
         ci = top.get("restore", {}).get("ci95")

@@ -7,9 +7,10 @@ from pathlib import Path
 
 from harness.attribution.layers_render import write_layers
 from harness.cli.registry import Builder, SubParsers, formatter, positive_int
-from harness.cli.vocabulary import add_config
+from harness.cli.vocabulary import add_config, open_out
 from harness.errors import FidelityError
 from harness.inputs.config import load_config
+from harness.interchange.suite_manifest import load_any_suite
 from harness.run.precision_floor import precision_floor, write_precision_floor
 
 
@@ -21,9 +22,10 @@ def _precision_floor(a: argparse.Namespace) -> int:
     cfg = load_config(a.config)
     if cfg.reference.model is None:
         raise FidelityError(f"{cfg.path}: [reference] model is needed for the precision floor (a forward of its weights)")
+    folder = open_out(a, load_any_suite(cfg.suite, verify=False).suite_token_sha256, config=cfg.path)
     r = precision_floor(suite_path=cfg.suite, model_dir=cfg.reference.model, store_path=cfg.reference.store,
                         head_path=cfg.reference.head, shards=a.shards, dtype=a.dtype, n_boot=a.n_boot)
-    paths = write_precision_floor(r, a.out)
+    paths = folder.record(write_precision_floor(r, a.out))
     k = r["kld"]
     ci = "not estimable" if k["ci95"] is None else f"[{k['ci95'][0]:.3e}, {k['ci95'][1]:.3e}]"
     print(f"precision floor ({r['compute']['dtype']}): mean KLD {k['mean']:.3e} {ci} over {r['n_positions']} positions")
@@ -60,8 +62,9 @@ def _layers(a: argparse.Namespace) -> int:
 
     if a.threads:
         torch.set_num_threads(a.threads)
+    folder = open_out(a, load_any_suite(a.suite, verify=False).suite_token_sha256)
     r = layer_errors(a.reference, a.candidate, a.suite, shards=a.shards, contexts=a.contexts, dtype=a.dtype, device=a.device)
-    paths = write_layers(r, a.out)
+    paths = folder.record(write_layers(r, a.out))
     worst = r["layers"][r["ranking"][0]]
     print(f"worst layer (teacher-forced): {worst['layer']} rel {worst['teacher_forced']['rel_frobenius']:.3e}; "
           f"{r['timing']['total_s']:.1f} s")

@@ -47,7 +47,8 @@ def _run(a: argparse.Namespace) -> int:
     if not a.quiet and getattr(a, "thread_choice", None) is not None:
         print(f"fidelity: {a.thread_choice.line()}", flush=True)
     out = run_ladder(a.config, report_dir=a.out, executor=a.executor, candidates=a.candidates, shards=a.shards,
-                     device=a.device, window=a.window, progress=None if a.quiet else lambda line: print(line, flush=True))
+                     device=a.device, window=a.window, progress=None if a.quiet else lambda line: print(line, flush=True),
+                     command=a.command_line)
     for line in format_ladder(out.rows):
         print(line)
     print(f"reports: {a.out}/")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -85,6 +86,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     problem = resolve(args)  # the positional and option forms of --config / --reports (harness/cli/vocabulary.py)
     if problem is not None:
         parser.error(problem)
+    # the command line a report folder's ledger records (harness/reports/report_folder.py)
+    args.command_line = shlex.join(["fidelity", *(sys.argv[1:] if argv is None else argv)])
     try:
         # FIDELITY_THREADS, else the free cores (harness/scoring/threads.py); a long-running command says it
         args.thread_choice = apply_threads(choose_threads())

@@ -10,20 +10,20 @@ import argparse
 from pathlib import Path
 
 from harness.cli.registry import Builder, SubParsers, formatter, nonneg_int, positive_int
-from harness.cli.vocabulary import add_config, add_reports
+from harness.cli.vocabulary import add_config, add_reports, open_out
 from harness.dataset.verify import verify_dataset
 from harness.errors import FidelityError, UsageError, VerificationError
 from harness.inputs.config import load_config
 from harness.inputs.suite import Suite
-from harness.interchange.ladder_receipts import is_ladder_receipt, schema_of
-from harness.interchange.manifest_read import SELECTIONS
+from harness.interchange.ladder_receipts import is_ladder_receipt, read_paired, schema_of
+from harness.interchange.manifest_read import SELECTIONS, read_manifest
 from harness.interchange.published_reports import (
     aggregate_published,
     is_published_report,
     paired_published,
     report_paths,
 )
-from harness.interchange.receipt_ladder import aggregate_receipts, paired_receipt
+from harness.interchange.receipt_ladder import aggregate_receipts, manifest_path, paired_receipt
 from harness.interchange.suite_manifest import load_any_suite
 from harness.io.atomic import atomic_write_json
 from harness.reports.aggregate import format_ladder, ladder_rows, not_measured_lines
@@ -55,9 +55,12 @@ def _published_inputs(items: list[Path]) -> list[Path] | None:
 
 
 def _aggregate_published(a: argparse.Namespace, paths: list[Path]) -> int:
-    doc = aggregate_published(paths, load_any_suite(a.suite, verify=True))
+    suite = load_any_suite(a.suite, verify=True)
+    folder = open_out(a, suite.suite_token_sha256)
+    doc = aggregate_published(paths, suite)
     out = a.out / "published-aggregate.json"
     atomic_write_json(out, doc)
+    folder.record([out])
     boot = doc["context_bootstrap"]
     print(f"{doc['candidate']}: {doc['contexts']} contexts, {doc['scored_positions']} positions, token mean KLD "
           f"{doc['token_mean_kld']:.6f}, context mean {boot['mean']:.6f} [{boot['ci95_low']:.6f}, {boot['ci95_high']:.6f}] "
@@ -78,6 +81,11 @@ def _receipt_inputs(items: list[Path]) -> list[Path] | None:
     return found
 
 
+def _written(lines: list[str]) -> list[Path]:
+    """The files a receipts writer names in its ``<file>: written`` lines."""
+    return [Path(line.removesuffix(": written")) for line in lines if line.endswith(": written")]
+
+
 def _sizes(specs: list[str]) -> dict[str, int]:
     out: dict[str, int] = {}
     for spec in specs:
@@ -91,7 +99,10 @@ def _sizes(specs: list[str]) -> dict[str, int]:
 def _aggregate(a: argparse.Namespace) -> int:
     receipts = _receipt_inputs(list(a.reports))
     if receipts is not None:
-        for line in aggregate_receipts(receipts, a.suite, a.out, method=a.method, selection=a.partition, sizes=_sizes(a.size)):
+        folder = open_out(a, read_manifest(manifest_path(a.suite)).suite_token_sha256)
+        lines = aggregate_receipts(receipts, a.suite, a.out, method=a.method, selection=a.partition, sizes=_sizes(a.size))
+        folder.record(_written(lines))
+        for line in lines:
             print(line)
         return 0
     if a.method != "exact" or a.partition != "all" or a.size:
@@ -101,12 +112,14 @@ def _aggregate(a: argparse.Namespace) -> int:
         return _aggregate_published(a, published)
 
     suite = Suite.load(a.suite, verify=True)
+    folder = open_out(a, suite.suite_token_sha256)
     groups = load_reports(a.reports)
+    folder.check_entries(groups)
     aggs = aggregate_groups(groups, n_shards=None if a.partial else suite.n_shards, suite=suite)
     # the candidates the report folders' own runs could not measure (their ladder.json), never left out
     missing = {m["candidate"]: m for d in a.reports if Path(d).is_dir() for m in not_measured(Path(d), groups)}
     missing_rows = [missing[k] for k in sorted(missing)]
-    write_aggregates(a.out, groups, aggs, suite=suite, not_measured=missing_rows)
+    folder.record(write_aggregates(a.out, groups, aggs, suite=suite, not_measured=missing_rows))
     rows = ladder_rows([r for g in groups.values() for r in g], suite=suite)
     for line in format_ladder(rows) + not_measured_lines(missing_rows):
         print(line)
@@ -166,9 +179,12 @@ def add_aggregate(sub: SubParsers) -> None:
 
 # ----------------------------------------------------------------------------- paired
 def _paired_published(a: argparse.Namespace, pa: list[Path], pb: list[Path]) -> int:
-    doc = paired_published(pa, pb, None if a.suite is None else load_any_suite(a.suite, verify=True))
+    suite = None if a.suite is None else load_any_suite(a.suite, verify=True)
+    folder = open_out(a, None if suite is None else suite.suite_token_sha256, entries=["paired"])
+    doc = paired_published(pa, pb, suite)
     out = a.out / "paired" / f"{a.name_a}-vs-{a.name_b}.published.json"
     atomic_write_json(out, doc)
+    folder.record([out])
     print(f"{a.name_a} vs {a.name_b}: difference a - b {doc['difference_a_minus_b']:+.6g}, 95% "
           f"[{doc['ci95_low']:+.6g}, {doc['ci95_high']:+.6g}] (percentile, context means; {doc['clusters']} clusters), "
           f"a wins {doc['a_wins']}, b wins {doc['b_wins']}, ties {doc['ties']}; method {doc['method']}")
@@ -180,7 +196,13 @@ def _paired_receipts(a: argparse.Namespace) -> int:
     if a.b is not None or not str(schema_of(a.a)).startswith("qwen38-kld-ladder-paired/"):
         raise UsageError(f"paired: expected one paired ladder receipt (qwen38-kld-ladder-paired) alone, found {a.a}"
                             + ("" if a.b is None else f" and {a.b}"))
-    for line in paired_receipt(a.a, a.out, suite=a.suite, inputs=a.inputs, margin=a.margin, method=a.method):
+    # without --suite, the suite the receipt states it was measured on (paired_receipt checks it against --suite)
+    stated = (read_paired(a.a).get("suite") or {}).get("suite_token_sha256")
+    folder = open_out(a, read_manifest(manifest_path(a.suite)).suite_token_sha256 if a.suite is not None
+                      else stated if isinstance(stated, str) else None)
+    lines = paired_receipt(a.a, a.out, suite=a.suite, inputs=a.inputs, margin=a.margin, method=a.method)
+    folder.record(_written(lines))
+    for line in lines:
         print(line)
     return 0
 
@@ -206,6 +228,7 @@ def _paired(a: argparse.Namespace) -> int:
         margin = next((p.margin for p in cfg.pairs if (p.a, p.b) == (a.name_a, a.name_b)), None)
     if margin is None:
         raise UsageError("paired: no equivalence margin: pass --margin NATS, or --config with a matching [[pairs]] entry")
+    folder = open_out(a, load_any_suite(a.suite, verify=False).suite_token_sha256, entries=["paired"])
     inputs = {}
     for side, store in (("a", a.a), ("b", a.b)):
         inputs[side] = verify_inputs(a.suite, a.reference, store, a.head, shards=a.shards, score_from=a.window)
@@ -214,7 +237,7 @@ def _paired(a: argparse.Namespace) -> int:
         for side, i in inputs.items()
     }
     rep = paired_report(a.name_a, a.name_b, pos["a"], pos["b"], margin=margin, score_from=a.window, n_boot=a.n_boot)
-    json_path, md_path = write_paired(a.out, rep)
+    json_path, md_path = folder.record(write_paired(a.out, rep))
     ci, cm = rep["kld_mean"]["ci95"], rep["certifiable_margin"]
     iv = "95% interval not estimable (too few source clusters)" if ci is None else f"95% [{ci[0]:.4g}, {ci[1]:.4g}]"
     print(f"{a.name_a} vs {a.name_b}: {rep['verdict_named']} (mean KLD difference {rep['kld_mean']['diff']:.4g}, "

@@ -14,6 +14,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from harness.reports.report_folder import ReportFolder, open_report_folder
+
 #: The suffix of a positional form's dest; :func:`resolve` moves its value onto the option's dest.
 POSITIONAL = "_positional"
 #: The namespace key listing the dests a command requires in one of their two forms.
@@ -51,6 +53,14 @@ def add_out(p: argparse.ArgumentParser, help: str, *, required: bool = True, def
     p.add_argument("--out", type=Path, required=required, default=default, help=help)
     for spelling in old:
         deprecated(p, spelling, "--out", dest="out", type=Path)
+
+
+def open_out(a: argparse.Namespace, suite_sha256: str | None, *, config: Path | None = None,
+             entries: Sequence[str] = ()) -> ReportFolder:
+    """``--out`` opened as a report folder for files of the suite ``suite_sha256``: its stamp honoured, what the
+    command writes recorded in its ledger (:mod:`harness.reports.report_folder`)."""
+    command = getattr(a, "command_line", None) or f"fidelity {getattr(a, 'command', '')}".strip()
+    return open_report_folder(a.out, suite_sha256, command, config=config, entries=entries)
 
 
 def add_config(p: argparse.ArgumentParser, help: str, *, positional: bool = False, required: bool = False,

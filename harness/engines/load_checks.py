@@ -2,7 +2,7 @@
 
 The model is built on the ``meta`` device from its ``config.json`` (no memory, no weights read) and compared
 with the safetensors headers: a stored tensor whose shape differs from the configuration's is refused in one
-line naming the tensor, the expected and the found shape. ``device_map`` must name devices this machine has
+line naming the tensor, the expected and the found shape (in a quantized checkpoint, its floating tensors). ``device_map`` must name devices this machine has
 (never ``meta`` or ``disk``: weights left there are not computed on) and modules the model has;
 ``device_map = "auto"`` with a ``max_memory`` whose budgets cannot hold the weights is refused with the numbers;
 ``attn_implementation`` naming a kernel whose package does not import is refused naming the option.
@@ -29,6 +29,8 @@ _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B|B)?\s*$", re.IGNORECASE)
 _UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
 _DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1,
                 "F8_E4M3": 1, "F8_E5M2": 1, "U16": 2, "U32": 4, "U64": 8}
+#: Stored dtypes of tensors kept unquantized: under a parameter's name, the parameter itself, at its shape.
+_FLOAT = frozenset({"F64", "F32", "F16", "BF16"})
 
 
 def safetensors_headers(root: Path) -> dict[str, tuple[Path, list[int], str]]:
@@ -55,10 +57,16 @@ def _meta_model(root: Path, trust_remote_code: bool = False) -> torch.nn.Module:
                             f"{str(exc).splitlines()[0] if str(exc) else ''})") from None
 
 
-def check_shapes(root: Path, model: torch.nn.Module, headers: Mapping[str, tuple[Path, list[int], str]]) -> None:
-    """Every stored tensor the model has a parameter or buffer for has the shape the configuration gives it."""
+def check_shapes(root: Path, model: torch.nn.Module, headers: Mapping[str, tuple[Path, list[int], str]], *,
+                 quantized: bool = False) -> None:
+    """Every stored tensor the model has a parameter or buffer for has the shape the configuration gives it. In a
+    quantized checkpoint (a ``quantization_config``) only the tensors stored in a floating type (:data:`_FLOAT`) are
+    compared: a packed or low-bit tensor keeps another shape under the parameter's name (bitsandbytes' 4-bit
+    ``weight``) and is checked by its scheme's own reader."""
     own = {k: list(v.shape) for k, v in model.state_dict().items()}
-    for name, (f, shape, _dtype) in sorted(headers.items()):
+    for name, (f, shape, dtype) in sorted(headers.items()):
+        if quantized and dtype not in _FLOAT:
+            continue
         want = own.get(name)
         if want is not None and want != shape:
             raise FidelityError(f"{f}: tensor {name}: expected shape {want} (from {root / 'config.json'}), found {shape}")
@@ -150,10 +158,9 @@ def check_attention(root: Path, opts: Mapping[str, object]) -> None:
 
 
 def check_before_loading(root: Path, opts: Mapping[str, object], *, quantized: bool, trust_remote_code: bool = False) -> None:
-    """All of the above, for a plain (not quantization_config) checkpoint; options alone for a quantized one."""
+    """All of the above; for a quantized checkpoint (``quantization_config``) the shapes of its floating tensors."""
     check_attention(root, opts)
     headers = safetensors_headers(root)
     model = _meta_model(root, trust_remote_code)
-    if not quantized:  # quantized checkpoints store packed tensors under other shapes: checked by their own readers
-        check_shapes(root, model, headers)
+    check_shapes(root, model, headers, quantized=quantized)
     check_placement(root, opts, model, headers)

@@ -6,7 +6,8 @@ Reasoning: docs/interchange.md §"The layout".
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from harness.errors import FidelityError
@@ -63,6 +64,8 @@ class LayoutScan:
     suite: the parent suite folder; reference: the folder holding the reference capture folders;
     head: the shared head file; reference_name: the name reports give the reference;
     shards: the shards whose every context the reference folders list (the only ones it can score).
+    gaps: for every other shard, why it cannot be scored: the capture manifest(s) that list some of its
+    contexts and the contexts they lack, or that no manifest lists any of them.
     """
 
     root: Path
@@ -71,6 +74,7 @@ class LayoutScan:
     head: Path
     reference_name: str
     shards: tuple[int, ...]
+    gaps: Mapping[int, str] = field(default_factory=dict)
 
 
 def reference_folders(root: Path) -> list[Path]:
@@ -106,12 +110,15 @@ def scan_layout(root: Path, head: Path | None = None) -> LayoutScan:
     folders = reference_folders(root)
     if not folders:
         raise FidelityError(f"{root / REFERENCE_DIR}: expected reference capture folders ({CAPTURE_MANIFEST}), found none")
-    held: set[int] = set()
+    listed: dict[Path, set[int]] = {}
     for f in folders:
         caps = read_json(f / CAPTURE_MANIFEST).get("captures")
-        held |= {int(c["index"]) for c in caps if isinstance(c, dict) and isinstance(c.get("index"), int)} if isinstance(caps, list) else set()
+        listed[f / CAPTURE_MANIFEST] = ({int(c["index"]) for c in caps if isinstance(c, dict) and isinstance(c.get("index"), int)}
+                                        if isinstance(caps, list) else set())
+    held = set().union(*listed.values())
     slices = _view_slices(root / SUITE_DIR, n)
     shards = tuple(k for k, (a, b) in enumerate(slices) if set(range(a, b)) <= held)
+    gaps = {k: _gap(k, a, b, listed) for k, (a, b) in enumerate(slices) if k not in shards}
     if not shards:
         raise FidelityError(f"{root / REFERENCE_DIR}: expected a reference for every context of at least one shard, "
                             f"found {len(held)} context(s) covering no whole shard")
@@ -121,4 +128,16 @@ def scan_layout(root: Path, head: Path | None = None) -> LayoutScan:
                             f"give it as [dataset] head = ...), found no such file")
     name = folders[0].name.removeprefix("hidden-") if len(folders) == 1 else "bf16"
     return LayoutScan(root=root, suite=root / SUITE_DIR, reference=root / REFERENCE_DIR, head=head_path,
-                      reference_name=name or "reference", shards=shards)
+                      reference_name=name or "reference", shards=shards, gaps=gaps)
+
+
+def _gap(shard: int, first: int, end: int, listed: Mapping[Path, set[int]]) -> str:
+    """Why shard ``shard`` (contexts ``first``..``end - 1``) has no whole reference (:class:`LayoutScan`)."""
+    need = set(range(first, end))
+    lists = [str(m) for m, idx in listed.items() if idx & need]
+    lost = sorted(need - set().union(*listed.values()))
+    if not lists:
+        return f"shard {shard}: no {CAPTURE_MANIFEST} lists any of its contexts {first}..{end - 1}"
+    shown = ", ".join(map(str, lost[:8])) + (f", ... ({len(lost)} in all)" if len(lost) > 8 else "")
+    return (f"shard {shard}: {' and '.join(lists)} {'lists' if len(lists) == 1 else 'list'} no record for context(s) {shown} "
+            f"(the shard holds contexts {first}..{end - 1})")

@@ -39,10 +39,13 @@ class PrecisionFloor(Uncollected):
         mark = request.node.get_closest_marker(self.marker)
         kw = dict(mark.kwargs) if mark is not None else {}
         cfg = run.plan.config
-        if cfg.reference.model is None:
+        model = cfg.reference.model
+        if model is None:
             pytest.fail("the precision floor needs reference.model in the configuration", pytrace=False)
-        result = precision_floor(suite_path=cfg.suite, model_dir=cfg.reference.model, store_path=cfg.reference.store,
-                                 head_path=cfg.reference.head, n_boot=cfg.n_boot, **kw)
+        # a refused reference (store, head, suite) fails the test naming the refusal, never a verdict over nothing
+        result = run.compute("precision floor", lambda: precision_floor(
+            suite_path=cfg.suite, model_dir=model, store_path=cfg.reference.store,
+            head_path=cfg.reference.head, n_boot=cfg.n_boot, **kw))
         write_precision_floor(result, Path(request.config.getoption("fidelity_report_dir")))
         return result
 

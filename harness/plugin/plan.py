@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -20,6 +20,7 @@ import pytest
 from harness.engines.registry import get_engine
 from harness.errors import UsageError
 from harness.inputs.config import load_config
+from harness.inputs.interchange_layout import scan_layout
 from harness.inputs.suite import parse_shard_spec
 from harness.interchange.suite_manifest import load_any_suite
 from harness.plugin.ini import ini_path
@@ -95,10 +96,7 @@ class FidelityPlan:
         if held is not None:  # a dataset holds the reference of some shards only
             lacking = [k for k in shards if k not in held]
             if spec and lacking:
-                where = Path(str(full.dataset)) / ("dataset.json" if full.dataset_layout == "fidelity.dataset/1" else "reference")
-                raise UsageError(f"{where}: --fidelity-shards {spec}: expected shards the "
-                                 f"dataset holds a reference for ({','.join(map(str, held))}), found "
-                                 f"{','.join(map(str, lacking))}")
+                raise UsageError(lacking_shards(full, spec, held, lacking))
             shards = [k for k in shards if k in held]
         names = config.getoption("fidelity_candidates")
         chosen = [full.candidate(n) for n in names.split(",")] if names else list(full.candidates)
@@ -154,3 +152,17 @@ def unavailable_engines(config: FidelityConfig, names: tuple[str, ...]) -> tuple
                                f"install it with: {engine.install_hint}"))
     return tuple(out)
 
+
+def lacking_shards(full: FidelityConfig, spec: str, held: Sequence[int], lacking: Sequence[int]) -> str:
+    """The refusal of ``--fidelity-shards`` naming shards the dataset holds no whole reference for: the file
+    that says so and, for the published layout, the capture manifest that lacks each shard's contexts."""
+    dataset = Path(str(full.dataset))
+    found = f"found {','.join(map(str, lacking))}"
+    if full.dataset_layout == "fidelity.dataset/1":
+        where = dataset / "dataset.json"
+    else:
+        where = dataset / "reference"
+        gaps = scan_layout(dataset, full.reference.head).gaps
+        found += "".join(f" ({gaps[k]})" for k in lacking if k in gaps)
+    return (f"{where}: --fidelity-shards {spec}: expected shards the dataset holds a reference for "
+            f"({','.join(map(str, held))}), {found}")

@@ -36,15 +36,15 @@ from harness.plugin.kinds import Payload
 from harness.plugin.ladder import LadderCollector
 from harness.plugin.plan import PARAMETRIZED, FidelityPlan, config_path, shown_path
 from harness.plugin.registry import write_extras
-from harness.plugin.report_dir import (
+from harness.plugin.startup import check_options, check_report_dir, executor_for, finish_interrupted
+from harness.plugin.step_summary import CASE_MARKERS, ENV, append, failing_case, render
+from harness.reports.aggregate import format_ladder, ladder_notes
+from harness.reports.report_dir import (
     earlier_shard_reports,
     remove_previous_summaries,
     summary_folders_present,
     write_stamp,
 )
-from harness.plugin.startup import check_options, check_report_dir, executor_for, finish_interrupted
-from harness.plugin.step_summary import CASE_MARKERS, ENV, append, failing_case, render
-from harness.reports.aggregate import format_ladder, ladder_notes
 from harness.reports.shard import ShardReportJSON
 from harness.run.cluster.ray_executor import RayExecutor, scored_shard
 from harness.run.floor_cache import floor_for_run

@@ -11,7 +11,8 @@ import pytest
 from harness.errors import FidelityError, MissingPackageError, UsageError
 from harness.plugin import tracker
 from harness.plugin.plan import FidelityPlan, collected_paths
-from harness.plugin.report_dir import STAMP, SUMMARY_FOLDERS, check_ledger, finish_interrupted_writes
+from harness.reports.report_dir import SUMMARY_FOLDERS, finish_interrupted_writes
+from harness.reports.report_folder import check_for_writing
 from harness.run.cluster.ray_executor import RayExecutor, parse_executor, require_ray
 
 
@@ -56,31 +57,17 @@ def executor_for(config: pytest.Config, plan: FidelityPlan) -> RayExecutor | Non
 def check_report_dir(report_dir: Path, plan: FidelityPlan) -> None:
     """Refuse a report folder that holds the reports of another suite: they would be mixed into this run's
     ladder folder and aggregated together later. The folder is stamped at the end of each run
-    (:mod:`harness.plugin.report_dir`). A tampered ledger (a path outside the folder, a name this project
+    (:mod:`harness.reports.report_dir`). A tampered ledger (a path outside the folder, a name this project
     does not write, a symbolic link on the way) and a folder the run writes into that is a symbolic link
-    are refused too: a run never deletes or writes outside its report folder."""
-    stamp = report_dir / STAMP
-    try:
-        doc = check_ledger(report_dir)
-    except FidelityError as e:
-        raise UsageError(f"{e}; remove {stamp} (or the folder) or pass --fidelity-report-dir DIR") from None
-    for sub in (*SUMMARY_FOLDERS, *(c.name for c in plan.full.candidates)):
-        if (report_dir / sub).is_symlink():
-            raise UsageError(f"{report_dir / sub}: report folder entry: expected a folder of the report folder, "
-                                    "found a symbolic link (reports are never written through one)")
-    if doc is None:
-        return
-    found = doc.get("suite_token_sha256")
-    if found != plan.suite_sha256:
-        raise UsageError(
-            f"{stamp}: the report folder holds reports of another suite: expected suite_token_sha256 "
-            f"{plan.suite_sha256}, found {found}; pass --fidelity-report-dir DIR (one folder per suite) "
-            "or remove the folder")
+    are refused too: a run never deletes or writes outside its report folder. The rule is every writer's
+    (:func:`harness.reports.report_folder.check_for_writing`)."""
+    check_for_writing(report_dir, plan.suite_sha256, option="--fidelity-report-dir",
+                      entries=(*SUMMARY_FOLDERS, *(c.name for c in plan.full.candidates)))
 
 
 def finish_interrupted(report_dir: Path) -> None:
     """Controller: what a killed earlier run left half-written in the report folder is completed or
-    removed before this run writes (:func:`harness.plugin.report_dir.finish_interrupted_writes`)."""
+    removed before this run writes (:func:`harness.reports.report_dir.finish_interrupted_writes`)."""
     try:
         finish_interrupted_writes(report_dir)
     except FidelityError as e:

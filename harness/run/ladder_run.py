@@ -4,8 +4,9 @@ The same work as ``pytest fidelity.toml`` minus the report cases: every selected
 scored (in this process, or as a Ray task: :mod:`harness.run.cluster.ray_executor`), gated against its committed
 baseline (:class:`harness.gate.gate.Gate`), and written as ``<out>/<candidate>/shard-NN.json`` +
 ``.md`` as it arrives; then ``ladder.md`` / ``ladder.json``. The shard reports and the ladder are the
-ones the pytest run writes for the same selection. A folder stamped by a pytest run of another suite
-(``fidelity-run.json``) is refused; the stamp and its ledger are the pytest run's. A candidate whose case fails (its capture, scoring or gate) is named with the reason;
+ones the pytest run writes for the same selection. The folder is opened as every writer opens it
+(:mod:`harness.reports.report_folder`): a folder stamped with another suite is refused before anything is
+scored, and what the run wrote is recorded in the folder's ledger. A candidate whose case fails (its capture, scoring or gate) is named with the reason;
 the other candidates are unaffected. Tails, windows and pairs are the pytest run's report cases.
 """
 
@@ -22,15 +23,12 @@ from harness.gate.gate import Gate, no_baselines_yet
 from harness.inputs.config import FidelityConfig, load_config
 from harness.inputs.suite import parse_shard_spec
 from harness.interchange.suite_manifest import load_any_suite
-from harness.io.jsonio import read_json
 from harness.reports.aggregate import LadderRow, NotMeasured, ladder_rows, write_ladder
+from harness.reports.report_folder import open_report_folder
 from harness.reports.shard import ShardReport
 from harness.run.cluster.ray_executor import RayExecutor, parse_executor, scored_shard
 
-__all__ = ["STAMP", "LadderOutcome", "run_ladder"]
-
-#: The pytest run's stamp of a report folder (its ``suite_token_sha256`` says which suite the folder holds).
-STAMP = "fidelity-run.json"
+__all__ = ["LadderOutcome", "run_ladder"]
 
 
 @dataclass
@@ -77,20 +75,17 @@ def _select(config: FidelityConfig, candidates: str | None, shards: str | None) 
 
 def run_ladder(config_path: Path, *, report_dir: Path, executor: str = "serial", candidates: str | None = None,
                shards: str | None = None, device: str = "auto", window: int = 0,
-               progress: Callable[[str], None] | None = None) -> LadderOutcome:
-    """Score, gate and write every selected case (module docstring); ``progress`` receives one line per case."""
+               progress: Callable[[str], None] | None = None, command: str = "fidelity ladder") -> LadderOutcome:
+    """Score, gate and write every selected case (module docstring); ``progress`` receives one line per case;
+    ``command``: the command line the folder's ledger records."""
     from harness.run.session import FidelitySession, resolve_device
 
     spec = parse_executor(executor)
     full = load_config(config_path)
     config, chosen, skipped = _select(full, candidates, shards)
     suite = load_any_suite(config.suite, verify=False)
-    stamp = report_dir / STAMP
-    found = read_json(stamp).get("suite_token_sha256") if stamp.is_file() else None
-    if found is not None and found != suite.suite_token_sha256:
-        raise FidelityError(f"{stamp}: the report folder holds reports of another suite: expected "
-                            f"suite_token_sha256 {suite.suite_token_sha256}, found {found}; pass --out DIR "
-                            "(one folder per suite) or remove the folder")
+    folder = open_report_folder(report_dir, suite.suite_token_sha256, command, config=config.path,
+                                entries=[c.name for c in config.candidates])
     cases = [(c.name, s) for c in config.candidates for s in chosen]
     out = LadderOutcome(report_dir=report_dir, skipped=skipped)
     session = FidelitySession(config=config, device=resolve_device(device) if spec.kind == "serial" else device,
@@ -144,4 +139,5 @@ def run_ladder(config_path: Path, *, report_dir: Path, executor: str = "serial",
                     for line in skipped]
         write_ladder(report_dir, out.rows, not_measured=missing)
         out.written += [report_dir / "ladder.md", report_dir / "ladder.json"]
+    folder.record(out.written)
     return out

@@ -42,12 +42,14 @@ def replay_published(dataset_path: Path, candidate: Path, out: Path, *, head: Pa
                      score_from: int = 0, name: str | None = None, n_boot: int = 10_000, device: str = "cpu",
                      method: str = "exact") -> list[Path]:
     """Verify the published dataset, obtain the candidate's capture, score the reference shards; returns report paths."""
-    ds = open_published(scan_layout(dataset_path, head))
+    scan = scan_layout(dataset_path, head)
+    ds = open_published(scan)
     held = list(ds.reference_shards)
     wanted = held if shards is None else ds.suite.parse_shards(shards)
     lacking = [k for k in wanted if k not in held]
     if lacking:
-        raise VerificationError(dataset_path / "reference", "shards this dataset holds a reference for", held, lacking)
+        raise VerificationError(dataset_path / "reference", "shards this dataset holds a reference for", held, lacking,
+                                "; ".join(scan.gaps[k] for k in lacking if k in scan.gaps) or None)
     cname = name or candidate.resolve().name
     store = open_candidate(ds, candidate, out, wanted, device, cname)
     if shards is None:  # by default the reference shards the candidate holds (all of them for a model captured here)

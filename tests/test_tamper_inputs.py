@@ -1,4 +1,4 @@
-"""Tamper campaign (docs/design.md, section 4): a valid fixture, ONE thing broken, and the harness refuses.
+"""Inputs (docs/design.md, section 4): a valid fixture, ONE thing broken, and the harness refuses.
 
 Every case copies a valid base (suite, reference store, candidate store, shared head, built once
 per module from the tiny project), breaks one thing, runs ``fidelity replay`` in-process

@@ -1,4 +1,4 @@
-"""Second tamper campaign: the trust chain (docs/design.md, section 4).
+"""The joins between inputs: the trust chain (docs/design.md, section 4).
 
 Each case starts from a valid base, breaks ONE thing a hostile or careless user could break, and
 checks the refusal (exit code or exception), the message (file, expected, found) and that nothing

@@ -38,6 +38,11 @@ _SHARD = re.compile(rf"^{_NAME}/shard-\d{{2,}}\.(json|md)$")
 #: The run summaries this project's writers produce, relative to the folder.
 _SUMMARY = re.compile(rf"^((ladder|window|adaptive|cross_engine|precision_floor)\.(json|md)|tails\.(json|md|png)"
                       rf"|paired/{_NAME}-vs-{_NAME}\.(json|md))$")
+#: What a ``fidelity`` command writes into a report folder (harness.reports.report_folder), relative to the folder.
+_OUTPUT = re.compile(rf"^((layers|attribution)\.(json|md|png)|allocation\.(json|md)|kld-vs-size\.png"
+                     rf"|alloc-[A-Za-z0-9_.+-]+/(layout\.json|recipe\.yaml|tensor-types\.txt)"
+                     rf"|{_NAME}/aggregate\.json|published-aggregate\.json|receipts\.(json|md)|paired-receipt\.(json|md)"
+                     rf"|paired/{_NAME}-vs-{_NAME}\.published\.json)$")
 #: Sub-folders a run may create for its summaries (removed when emptied, if the ledger says a run created them).
 SUMMARY_FOLDERS = ("paired",)
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
@@ -70,6 +75,16 @@ def is_shard_report(rel: str) -> bool:
     return bool(_SHARD.match(rel))
 
 
+def accumulates(rel: str) -> bool:
+    """A shard report or a command's output: kept across runs while unchanged (module docstring)."""
+    return bool(_SHARD.match(rel) or _OUTPUT.match(rel))
+
+
+def ledger_name(rel: str) -> bool:
+    """A name the ledger may list: a shard report, a run summary or a command's output."""
+    return bool(_SHARD.match(rel) or _SUMMARY.match(rel) or _OUTPUT.match(rel))
+
+
 def check_ledger(report_dir: Path) -> Stamp | None:
     """The folder's stamp, checked (docs/reports.md §"The report folder's ledger"); None when there is none. A stamp that is a
     symbolic link, not strict JSON, of another schema, or whose ledger names anything this project does
@@ -90,9 +105,10 @@ def check_ledger(report_dir: Path) -> Stamp | None:
         raise VerificationError(path, "runs", "an object {run id: {finished, command}}", type_name(runs))
     for rel, entry in files.items():
         check_relative(rel, path, f"files[{rel!r}]")
-        if not (_SHARD.match(rel) or _SUMMARY.match(rel)):
-            raise VerificationError(path, f"files[{rel!r}]", "a shard report (<candidate>/shard-NN.json|md) or a run "
-                                    "summary (ladder, tails, window, adaptive, cross_engine, paired/<a>-vs-<b>)",
+        if not ledger_name(rel):
+            raise VerificationError(path, f"files[{rel!r}]", "a shard report (<candidate>/shard-NN.json|md), a run "
+                                    "summary (ladder, tails, window, adaptive, cross_engine, paired/<a>-vs-<b>) or a "
+                                    "command's output (layers, attribution, allocation, <candidate>/aggregate.json, ...)",
                                     "another name (a tampered ledger: nothing was deleted)")
         if not isinstance(entry, dict) or not isinstance(entry.get("sha256"), str) \
                 or not _SHA256.match(entry["sha256"]) or not isinstance(entry.get("run"), str):
@@ -122,7 +138,7 @@ def finish_interrupted_writes(report_dir: Path) -> list[Path]:
             if m is None or not p.is_file() or p.is_symlink():
                 continue
             rel = Path(os.path.relpath(folder / m.group(1), report_dir)).as_posix()
-            if rel == STAMP or _SHARD.match(rel) or _SUMMARY.match(rel):
+            if rel == STAMP or ledger_name(rel):
                 p.unlink()
                 removed.append(p)
     return removed
@@ -147,7 +163,7 @@ def remove_previous_summaries(report_dir: Path) -> list[str]:
     stamp = check_ledger(report_dir)
     changed, doomed = [], []
     for rel, entry in _ledger(stamp).items():
-        if is_shard_report(rel):
+        if accumulates(rel):
             continue
         if (report_dir / rel).exists() and not (report_dir / rel).is_file():
             changed.append(rel)  # a folder (or another entry) in its place now: not the harness's file, kept
@@ -171,14 +187,16 @@ def summary_folders_present(report_dir: Path) -> set[str]:
     return {f for f in SUMMARY_FOLDERS if (report_dir / f).is_dir() and not (report_dir / f).is_symlink()}
 
 
-def write_stamp(report_dir: Path, suite_sha256: str, config: Path, written: Iterable[Path], command: str,
-                created: Iterable[str] = ()) -> Stamp:
+def write_stamp(report_dir: Path, suite_sha256: str, config: Path | None, written: Iterable[Path], command: str,
+                created: Iterable[str] = (), *, keep_summaries: bool = False) -> Stamp:
     """Stamp the folder and record this run's files (``written``, paths inside the folder) in the ledger.
 
-    Entries of earlier runs stay while their file is present with the recorded sha256 (shard reports this run
-    did not rewrite); the rest are dropped. ``command``: this run's command line. ``created``: the summary
-    folders this run created (:data:`SUMMARY_FOLDERS`); an earlier run's stay listed while they exist.
-    Returns the stamp written."""
+    Entries of earlier runs stay while their file is present with the recorded sha256: shard reports and
+    commands' outputs this run did not rewrite, and with ``keep_summaries`` (a command that adds to the
+    folder and removed nothing) the run summaries too; the rest are dropped. ``config``: the configuration
+    the run read (None: the stamp's earlier one stays). ``command``: this run's command line. ``created``:
+    the summary folders this run created (:data:`SUMMARY_FOLDERS`); an earlier run's stay listed while they
+    exist. Returns the stamp written."""
     report_dir.mkdir(parents=True, exist_ok=True)
     try:
         old = check_ledger(report_dir)
@@ -188,20 +206,22 @@ def write_stamp(report_dir: Path, suite_sha256: str, config: Path, written: Iter
     finished = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     files: dict[str, LedgerEntry] = {}
     for rel, entry in _ledger(old).items():
-        if is_shard_report(rel) and _sha256(report_dir / rel) == entry["sha256"]:
+        if (keep_summaries or accumulates(rel)) and _sha256(report_dir / rel) == entry["sha256"]:
             files[rel] = entry
     for path in written:
         rel = Path(os.path.relpath(path, report_dir)).as_posix()
         sha = _sha256(path)
-        if sha is not None and (_SHARD.match(rel) or _SUMMARY.match(rel)):
+        if sha is not None and ledger_name(rel):
             files[rel] = {"sha256": sha, "run": run_id}
     old_runs = {} if old is None else old["runs"]
     runs = {k: v for k, v in old_runs.items() if any(e["run"] == k for e in files.values())}
     runs[run_id] = {"finished": finished, "command": command}
     present = summary_folders_present(report_dir)
     folders = sorted(present & (set(created) | set([] if old is None else old.get("folders", []))))
-    doc: Stamp = {"schema": SCHEMA, "suite_token_sha256": suite_sha256, "config": str(config), "latest_run": run_id,
-           "runs": runs, "files": dict(sorted(files.items())), "folders": folders}
+    kept_config = "" if old is None else old.get("config", "")
+    doc: Stamp = {"schema": SCHEMA, "suite_token_sha256": suite_sha256,
+                  "config": str(config) if config is not None else kept_config, "latest_run": run_id,
+                  "runs": runs, "files": dict(sorted(files.items())), "folders": folders}
     atomic_write_text(report_dir / STAMP, json.dumps(doc, indent=2, sort_keys=True) + "\n")
     return doc
 
