@@ -8,8 +8,13 @@ configuration whose ``cache_dir`` is a new empty folder (every other path made a
 * ``rerun``: everything cached (positions read from ``<cache_dir>/scores/``).
 
 Each arm's wall and CPU seconds (user + system of the child) and its ratio to ``cold``; the numbers are
-identical when every shard report's ``metrics`` block of each arm equals cold's (checked, printed). Goal:
-rerun <= 15 % of cold. ``--candidates`` narrows the ladder (pytest's ``--fidelity-candidates``).
+identical when every shard report's ``metrics`` block of each arm equals cold's (checked, printed), and the
+run-level files (``ladder.json``, ``window.json``, ``tails.json``, ``tails.png``, paired) are compared byte for
+byte. Goal: rerun <= 15 % of cold. ``--candidates`` narrows the ladder (pytest's ``--fidelity-candidates``).
+
+Python's bytecode cache is on in every child (``PYTHONDONTWRITEBYTECODE`` removed, as an installed package has
+its ``.pyc`` files) and primed by one ``--collect-only`` run before the arms, so no arm pays compiling the harness
+(and pytest's assertion rewriting of it) that the others do not. The load average is printed before each arm.
 
     python benchmarks/bench_rerun.py --candidates int8,int4_g32,int4_g32_b,nvfp4
 """
@@ -26,6 +31,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -42,24 +48,48 @@ def absolute_config(src: Path, dst: Path, cache_dir: Path) -> None:
     dst.write_text(text)
 
 
-def run_arm(config: Path, reports: Path, candidates: str | None, extra: list[str]) -> dict[str, object]:
+#: The run-level files compared byte for byte between arms (besides every shard report's metrics block).
+_RUN_FILES = ("ladder.json", "window.json", "tails.json", "tails.png", "precision_floor.json")
+
+
+def _env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    return {**env, "PYTHONPATH": str(ROOT)}
+
+
+@dataclass
+class Arm:
+    """One arm's measurement: seconds, exit status, every shard report's metrics, the run-level files' bytes."""
+
+    wall_s: float
+    cpu_s: float
+    rc: int
+    metrics: dict[str, object]
+    files: dict[str, bytes]
+    reused: list[str]
+    tail: str
+
+
+def run_arm(config: Path, reports: Path, candidates: str | None, extra: list[str], name: str) -> Arm:
     """One ``pytest`` run in a child process: wall and CPU seconds, exit status, the shard reports' metrics."""
     shutil.rmtree(reports, ignore_errors=True)
     cmd = [sys.executable, "-m", "pytest", str(config), "-q", "-p", "no:cacheprovider", "-W", "ignore",
            f"--fidelity-report-dir={reports}", *extra]
     if candidates:
         cmd.append(f"--fidelity-candidates={candidates}")
+    print(f"{name}: load average {' '.join(f'{x:.1f}' for x in os.getloadavg())}", flush=True)
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=config.parent, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    proc = subprocess.run(cmd, cwd=config.parent, capture_output=True, text=True, env=_env())
     wall = time.perf_counter() - t0
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     metrics = {str(p.relative_to(reports)): json.loads(p.read_text())["metrics"]
                for p in sorted(reports.rglob("*.json")) if _is_shard_report(p)}
-    reused = [ln for ln in proc.stdout.splitlines() if ln.startswith("score cache:")]
-    return {"wall_s": wall, "cpu_s": cpu, "rc": proc.returncode, "metrics": metrics,
-            "reused": reused[0] if reused else "", "tail": proc.stdout[-800:] + proc.stderr[-800:]}
+    files = {str(p.relative_to(reports)): p.read_bytes() for p in sorted(reports.rglob("*"))
+             if p.name in _RUN_FILES or p.parent.name == "paired"}
+    reused = [ln for ln in proc.stdout.splitlines() if re.match(r"(score|summary|figure|capture) cache:", ln)]
+    return Arm(wall, cpu, proc.returncode, metrics, files, reused, proc.stdout[-800:] + proc.stderr[-800:])
 
 
 def _is_shard_report(path: Path) -> bool:
@@ -80,29 +110,40 @@ def main() -> None:
 
     import torch
 
+    from harness.scoring.gemm import choose_gemm
+
+    gemm = choose_gemm(torch.device("cpu"), (torch.bfloat16, torch.bfloat16), False)
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}; "
-          f"torch {torch.__version__} CPU capability {torch.backends.cpu.get_cpu_capability()}")
+          f"torch {torch.__version__} CPU capability {torch.backends.cpu.get_cpu_capability()}; scorer GEMM {gemm}")
     with tempfile.TemporaryDirectory(prefix="bench-rerun-") as tmp:
         work = Path(tmp)
         cache = work / "cache"
         config = work / "fidelity.toml"
         absolute_config(args.config.resolve(), config, cache)
         extra = args.pytest_args.split()
-        arms: dict[str, dict[str, object]] = {}
-        arms["cold"] = run_arm(config, work / "reports-cold", args.candidates, extra)
-        shutil.rmtree(cache / "scores", ignore_errors=True)
-        arms["captures cached"] = run_arm(config, work / "reports-captured", args.candidates, extra)
-        arms["rerun"] = run_arm(config, work / "reports-rerun", args.candidates, extra)
+        # prime Python's bytecode cache (the harness, pytest's rewritten plugin modules): no arm pays it alone
+        subprocess.run([sys.executable, "-m", "pytest", str(config), "-q", "-p", "no:cacheprovider", "--collect-only",
+                        f"--fidelity-report-dir={work / 'reports-prime'}"], cwd=config.parent, capture_output=True,
+                       env=_env(), check=False)
+        arms: dict[str, Arm] = {}
+        arms["cold"] = run_arm(config, work / "reports-cold", args.candidates, extra, "cold")
+        for kept in ("scores", "summaries", "figures"):  # what a rerun cost before results were cached
+            shutil.rmtree(cache / kept, ignore_errors=True)
+        arms["captures cached"] = run_arm(config, work / "reports-captured", args.candidates, extra, "captures cached")
+        arms["rerun"] = run_arm(config, work / "reports-rerun", args.candidates, extra, "rerun")
     cold = arms["cold"]
-    print(f"{'arm':<16} {'wall s':>8} {'CPU s':>8} {'wall/cold':>9} {'CPU/cold':>9}  rc  metrics == cold's")
+    print(f"load average after: {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
+    print(f"{'arm':<16} {'wall s':>8} {'CPU s':>8} {'wall/cold':>9} {'CPU/cold':>9}  rc  metrics == cold's; run files == cold's")
     for name, a in arms.items():
-        same = a["metrics"] == cold["metrics"] and bool(cold["metrics"])
-        print(f"{name:<16} {a['wall_s']:8.1f} {a['cpu_s']:8.1f} {a['wall_s'] / cold['wall_s']:9.3f} "  # type: ignore[operator]
-              f"{a['cpu_s'] / cold['cpu_s']:9.3f}  {a['rc']:>2}  {same} ({len(a['metrics'])} shard reports)")  # type: ignore[operator, arg-type]
-        if a["reused"]:
-            print(f"{'':<16} {a['reused']}")
-        if a["rc"] not in (0,):
-            print(a["tail"])
+        same = a.metrics == cold.metrics and bool(cold.metrics)
+        differ = sorted(k for k in {*a.files, *cold.files} if a.files.get(k) != cold.files.get(k))
+        print(f"{name:<16} {a.wall_s:8.1f} {a.cpu_s:8.1f} {a.wall_s / cold.wall_s:9.3f} {a.cpu_s / cold.cpu_s:9.3f}  "
+              f"{a.rc:>2}  {same} ({len(a.metrics)} shard reports); {not differ and bool(cold.files)} "
+              f"({len(a.files)} files{'; differ: ' + ', '.join(differ) if differ else ''})")
+        for line in a.reused:
+            print(f"{'':<16} {line}")
+        if a.rc != 0:
+            print(a.tail)
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from harness.cli.registry import Builder, SubParsers, formatter, nonneg_int
-from harness.cli.vocabulary import add_config, add_out, add_quiet
+from harness.cli.vocabulary import add_config, add_no_score_cache, add_out, add_quiet
 from harness.reports.aggregate import format_ladder
 from harness.run.cluster.ray_executor import executor_argument
 from harness.run.ladder_run import run_ladder
@@ -39,6 +39,7 @@ def add_ladder(sub: SubParsers) -> None:
             required=False, default=Path("fidelity-reports"), old=("--report-dir",))
     p.add_argument("--device", type=device_argument, default="auto", help="auto|cpu|cuda[:N] (default: auto)")
     p.add_argument("--window", type=nonneg_int, default=0, metavar="N", help="score_from: drop the first N rows of every context")
+    add_no_score_cache(p)
     add_quiet(p)
     p.set_defaults(func=_run)
 
@@ -47,7 +48,8 @@ def _run(a: argparse.Namespace) -> int:
     if not a.quiet and getattr(a, "thread_choice", None) is not None:
         print(f"fidelity: {a.thread_choice.line()}", flush=True)
     out = run_ladder(a.config, report_dir=a.out, executor=a.executor, candidates=a.candidates, shards=a.shards,
-                     device=a.device, window=a.window, progress=None if a.quiet else lambda line: print(line, flush=True),
+                     device=a.device, window=a.window, score_cache=not a.no_score_cache,
+                     progress=None if a.quiet else lambda line: print(line, flush=True),
                      command=a.command_line)
     for line in format_ladder(out.rows):
         print(line)

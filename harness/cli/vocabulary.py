@@ -1,4 +1,5 @@
-"""The ``fidelity`` command's one vocabulary: ``--config``, ``--reports``, ``--out``, ``--license``, ``--quiet``.
+"""The ``fidelity`` command's one vocabulary: ``--config``, ``--reports``, ``--out``, ``--license``, ``--quiet``,
+``--no-score-cache``.
 
 Each shared option is added by one helper here, so it is spelled and explained the same on every command
 (docs/commands.md, "One vocabulary"). A positional form is kept where it is natural (``fidelity ladder
@@ -119,3 +120,11 @@ def resolve(args: argparse.Namespace) -> str | None:
     if hasattr(args, _REQUIRED):
         delattr(args, _REQUIRED)
     return None
+
+
+def add_no_score_cache(p: argparse.ArgumentParser) -> None:
+    """``--no-score-cache``: score and summarize every case, reading and keeping nothing in ``<cache_dir>/scores/``
+    and ``summaries/`` (pytest's ``--fidelity-no-score-cache``; ``[settings] score_cache = false``)."""
+    p.add_argument("--no-score-cache", dest="no_score_cache", action="store_true",
+                   help="score and summarize every candidate x shard: neither read nor keep scored positions and "
+                        "summaries (as [settings] score_cache = false; captures are still cached)")

@@ -9,6 +9,7 @@ files once; a pytest run identifies each live candidate once.
 
 from __future__ import annotations
 
+import functools
 import json
 import platform
 from pathlib import Path
@@ -63,7 +64,13 @@ def model_identity(model_dir: str | Path) -> JSONObject:
 
 
 def runtime_identity() -> dict[str, str]:
-    """Versions of the runtime pieces that can change numbers: python, torch, transformers, numpy, harness."""
+    """Versions of the runtime pieces that can change numbers: python, torch, transformers, numpy, harness
+    (read once per process: a version does not change while it runs)."""
+    return dict(_runtime_identity())
+
+
+@functools.cache
+def _runtime_identity() -> dict[str, str]:
     import numpy
 
     out = {"python": platform.python_version(), "numpy": numpy.__version__, "harness": harness.__version__}
@@ -73,11 +80,12 @@ def runtime_identity() -> dict[str, str]:
         out["torch"] = torch.__version__
     except ImportError:  # pragma: no cover
         out["torch"] = "absent"
-    try:
-        import transformers
+    from importlib import metadata
 
-        out["transformers"] = transformers.__version__
-    except ImportError:  # pragma: no cover
+    try:  # the installed distribution's version (what ``transformers.__version__`` says), read without importing
+        # it: importing transformers costs seconds, and a rerun served from the caches loads no model
+        out["transformers"] = metadata.version("transformers")
+    except metadata.PackageNotFoundError:  # pragma: no cover
         out["transformers"] = "absent"
     return out
 

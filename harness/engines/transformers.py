@@ -379,11 +379,13 @@ class TransformersEngine:
     options: Mapping[str, OptionSpec] = OPTIONS
 
     def available(self) -> bool:
+        """True when ``transformers`` is installed (found, not imported: importing it costs seconds)."""
+        import importlib.util
+
         try:
-            import transformers  # noqa: F401
-        except ImportError:
+            return importlib.util.find_spec("transformers") is not None
+        except (ImportError, ValueError):
             return False
-        return True
 
     def model_identity(self, model: Path) -> JSONObject:
         return model_identity(model)

@@ -113,6 +113,11 @@ class FidelityConfig:
     cache_dir: Path = field(default=Path(".fidelity-cache"))
     baselines: Path = field(default=Path("fidelity_tests/baselines"))
     n_boot: int = 10_000
+    #: ``[settings] score_cache``: keep each candidate x shard's scored positions and summary across runs
+    #: (``<cache_dir>/scores/``, ``<cache_dir>/summaries/``) and read them on a rerun of unchanged inputs;
+    #: False (or ``--fidelity-no-score-cache`` / ``fidelity ladder --no-score-cache``): score and summarize
+    #: every case, reading and writing neither folder (docs/performance.md, "Reruns").
+    score_cache: bool = True
     #: The reference dataset folder (``[dataset] path``) that supplied suite, reference and head, or None.
     dataset: Path | None = None
     #: Shards the reference holds (a dataset's ``reference.shards``); None: every shard of the suite.
@@ -139,7 +144,7 @@ _CARD_KEYS = {"base_model", "license"}
 _DATASET_KEYS = {"path", "head"}
 _SUITE_KEYS = {"path"}
 _REF_KEYS = {"name", "model", "store", "head"}
-_SETTINGS_KEYS = {"cache_dir", "baselines", "n_boot"}
+_SETTINGS_KEYS = {"cache_dir", "baselines", "n_boot", "score_cache"}
 _CAND_KEYS = {"name", "engine", "model", "store", "head", "size_bytes", "tags", "options", "keep"}
 #: ``keep`` values: what a live candidate's run keeps (:attr:`CandidateConfig.keep`).
 KEEP = ("store", "scores")
@@ -199,6 +204,12 @@ class _Reader:
             return None
         if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
             raise ConfigError(f"{self.path}: {self._key(key)} must be an integer >= {minimum}, found {value!r}")
+        return value
+
+    def boolean(self, key: str, default: bool) -> bool:
+        value = self.table.get(key, default)
+        if not isinstance(value, bool):
+            raise ConfigError(f"{self.path}: {self._key(key)} must be true or false, found {value!r}")
         return value
 
     def number(self, key: str, default: float) -> float:
@@ -404,6 +415,7 @@ def load_config(path: str | Path) -> FidelityConfig:
         cache_dir=settings.path_("cache_dir", required=False) or path.parent / ".fidelity-cache",
         baselines=settings.path_("baselines", required=False) or path.parent / "fidelity_tests" / "baselines",
         n_boot=settings.integer("n_boot", 10_000, minimum=100) or 10_000,
+        score_cache=settings.boolean("score_cache", True),
         dataset=source.dataset,
         reference_shards=source.held,
         dataset_layout=source.layout,

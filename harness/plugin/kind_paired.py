@@ -13,9 +13,13 @@ from typing import TYPE_CHECKING
 
 from harness.errors import FidelityError
 from harness.inputs.config import PairConfig
+from harness.io.kept import kept
+from harness.metrics.bootstrap import DEFAULT_SEED
 from harness.plugin.kinds import CasePlan, CaseRun, Written
+from harness.reports import paired as paired_module
 from harness.reports.paired import PairedReport, check_paired, paired_report, write_paired
 from harness.run.floor_cache import floor_for_run
+from harness.run.summary_cache import statistics_code
 
 if TYPE_CHECKING:
     import pytest
@@ -42,9 +46,13 @@ class PairCase:
             if floor is None:
                 raise FidelityError(f"pair {a} vs {b}: a margin tied to the floor needs it: {line}")
             floor_mean = floor["kld"]["mean"]
-        rep = paired_report(a, b, [session.positions(ca, s) for s in shards], [session.positions(cb, s) for s in shards],
-                            margin=margin, score_from=session.score_from, n_boot=session.config.n_boot, shards=shards,
-                            margin_kind=margin_kind, floor_mean=floor_mean)
+        pos_a, pos_b = [session.positions(ca, s) for s in shards], [session.positions(cb, s) for s in shards]
+        inputs = {"a": a, "b": b, "pos_a": [p.content() for p in pos_a], "pos_b": [p.content() for p in pos_b],
+                  "margin": margin, "score_from": session.score_from, "n_boot": session.config.n_boot,
+                  "shards": list(shards), "margin_kind": margin_kind, "floor_mean": floor_mean, "seed": DEFAULT_SEED}
+        rep = kept("paired", inputs, [*statistics_code(), paired_module.__file__], lambda: paired_report(
+            a, b, pos_a, pos_b, margin=margin, score_from=session.score_from, n_boot=session.config.n_boot, shards=shards,
+            margin_kind=margin_kind, floor_mean=floor_mean))
         return cls(rep, expect)
 
     def check(self) -> None:

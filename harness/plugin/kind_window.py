@@ -13,7 +13,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from harness.errors import FidelityError
+from harness.io.kept import kept
+from harness.metrics.bootstrap import DEFAULT_SEED
 from harness.plugin.kinds import CasePlan, CaseRun, Written
+from harness.reports import windows
 from harness.reports.windows import (
     WindowComparison,
     WindowPayload,
@@ -25,12 +28,21 @@ from harness.reports.windows import (
     window_summary,
     write_window,
 )
+from harness.run.summary_cache import statistics_code
 
 if TYPE_CHECKING:
     import pytest
     from _pytest.mark.structures import ParameterSet
 
     from harness.run.session import FidelitySession
+    from harness.run.shard import ShardPositions
+
+
+def _summary(pos: Sequence[ShardPositions], k: int, n_boot: int) -> WindowSummary:
+    """:func:`window_summary`, kept by its positions' content (:func:`harness.io.kept.kept`)."""
+    inputs = {"positions": [p.content() for p in pos], "k": k, "n_boot": n_boot, "seed": DEFAULT_SEED}
+    return kept("window-summary", inputs, [*statistics_code(), windows.__file__],
+                lambda: window_summary(pos, k, n_boot=n_boot))
 
 
 @dataclass(frozen=True)
@@ -61,8 +73,8 @@ class WindowCase:
             except FidelityError as e:  # a candidate that cannot be scored fails its own cases, not this one
                 said.append(f"{cand.name} left out of the window comparison: it could not be scored ({e})")
                 continue
-            summaries[cand.name] = window_summary(pos, k, n_boot=n_boot)
-            base_summaries[cand.name] = summaries[cand.name] if k == base else window_summary(pos, base, n_boot=n_boot)
+            summaries[cand.name] = _summary(pos, k, n_boot)
+            base_summaries[cand.name] = summaries[cand.name] if k == base else _summary(pos, base, n_boot)
         if not summaries:  # no verdict over an empty table: the case fails naming every refusal
             raise FidelityError(f"window comparison from row {k}: expected at least one candidate scored, found none: "
                                 + "; ".join(said))

@@ -44,6 +44,8 @@ class LadderCollector:
 
     report_dir: Path
     reports: list[ShardReportJSON] = field(default_factory=list)
+    #: ``reports`` as checked reports, in the same order (each payload parsed and checked once, by :meth:`add`).
+    parsed: list[ShardReport] = field(default_factory=list)
     verdicts: dict[tuple[str, int], bool] = field(default_factory=dict)
     #: ``(candidate, shard)`` cases that failed only because the candidate has no baseline file.
     no_baseline: set[tuple[str, int]] = field(default_factory=set)
@@ -66,6 +68,7 @@ class LadderCollector:
         shard = report_shard(report)
         self.written += report.write(self.report_dir / report.candidate / f"shard-{shard:02d}.json")
         self.reports.append(report.to_json_dict())
+        self.parsed.append(report)
         self.verdicts[(report.candidate, shard)] = passed
         if no_baseline:
             self.no_baseline.add((report.candidate, shard))
@@ -76,7 +79,7 @@ class LadderCollector:
         ``not_scored``: candidate -> why it has no report (``"failed: ..."`` / ``"skipped: ..."``); every one
         of them that is configured and has no report is listed in ``ladder.md`` / ``ladder.json``
         (``not_measured``)."""
-        reports = [ShardReport.from_json_dict(p, path="<collected>") for p in self.reports]
+        reports = list(self.parsed)  # each checked once, as it arrived (add)
 
         # every report is checked against the run's suite, which the ladder's aggregates record
         self.ladder_rows = ladder_rows(reports, self.verdicts, suite=load_any_suite(config.suite, verify=False),

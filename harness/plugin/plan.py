@@ -103,6 +103,8 @@ class FidelityPlan:
         case_names = tuple(c.name for c in full.candidates if c.name in {c.name for c in chosen})
         unavailable = unavailable_engines(full, case_names)
         keep = set(case_names) - {name for name, _ in unavailable}
+        if config.getoption("fidelity_no_score_cache"):
+            full = dataclasses.replace(full, score_cache=False)
         selected = dataclasses.replace(full, candidates=tuple(c for c in full.candidates if c.name in keep),
                                        pairs=tuple(p for p in full.pairs if p.a in keep and p.b in keep))
         # pointing pytest at the file selects it exactly as --fidelity-config does (and collects only its cases)

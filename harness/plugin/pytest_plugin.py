@@ -91,6 +91,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--fidelity-no-floor", dest="fidelity_no_floor", action="store_true",
                     help="do not measure (or read from the cache) the reference's precision floor shown beside the "
                          "ladder (a float64 forward of the reference on the run's shards: docs/statistics.md)")
+    group.addoption("--fidelity-no-score-cache", dest="fidelity_no_score_cache", action="store_true",
+                    help="score and summarize every candidate x shard: neither read nor keep scored positions and "
+                         "summaries in <cache_dir>/scores/ and summaries/ (as [settings] score_cache = false; "
+                         "captures are still cached)")
     group.addoption("--fidelity-update-baselines", dest="fidelity_update_baselines", action="store_true",
                     help="write measured values (plus the documented margin) to the baseline files")
     group.addoption("--fidelity-executor", dest="fidelity_executor", metavar="WHERE", type=executor_argument, default=None,

@@ -23,10 +23,12 @@ from typing import TYPE_CHECKING, Any, TextIO, TypeVar
 import pluggy
 import pytest
 
+from harness.capture.cache_sign import load_key
 from harness.errors import FidelityError
 from harness.gate.adaptive import AdaptiveMonitor, AdaptiveRecord, threshold_for
 from harness.gate.baselines import headline_of
 from harness.gate.gate import Gate, no_baselines_yet
+from harness.io.kept import kept_by
 from harness.plugin import kind_adaptive, tracker
 from harness.plugin.builtin import NO_BASELINE_SKIP
 from harness.plugin.collect import PLAN_KEY, ConfigCases, collect_config
@@ -48,6 +50,7 @@ from harness.reports.report_dir import (
 from harness.reports.shard import ShardReportJSON
 from harness.run.cluster.ray_executor import RayExecutor, scored_shard
 from harness.run.floor_cache import floor_for_run
+from harness.run.kept_results import results_store
 from harness.run.precision_floor import write_precision_floor
 from harness.run.reuse import ReuseLog
 from harness.run.score_cache import scores_cache_line
@@ -122,6 +125,8 @@ class FidelityRun:
     threads: ThreadChoice | None = None
     #: What the caches of this process and its workers served instead of computing (said under the ladder).
     reuse: ReuseLog = field(default_factory=ReuseLog)
+    #: The results store (:mod:`harness.run.kept_results`) this run opened, closed at unconfigure.
+    _kept: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
 
     @classmethod
     def configure(cls, config: pytest.Config) -> FidelityRun | None:
@@ -228,7 +233,7 @@ class FidelityRun:
                   else f"suite {p.config.suite}")
         line = (f"fidelity: {p.path} ({nc} candidate{'s' * (nc != 1)} x {ns} shard{'s' * (ns != 1)}{skipped}; "
                 f"{source}; reports {self.pytest_config.getoption('fidelity_report_dir')}/)")
-        return [line, scores_cache_line(self.plan.config.cache_dir)] + ([f"fidelity: {self.threads.line()}"] if self.threads is not None else [])
+        return [line, scores_cache_line(self.plan.config)] + ([f"fidelity: {self.threads.line()}"] if self.threads is not None else [])
 
     def pytest_sessionstart(self, session: pytest.Session) -> None:
         import xdist
@@ -244,6 +249,9 @@ class FidelityRun:
             self.threads = apply_threads(choose_threads())
             if isinstance(workers, int) and workers > 1:  # what each worker will choose (said in the header)
                 self.threads = choose_threads(workers)
+
+    def pytest_unconfigure(self, config: pytest.Config) -> None:
+        self._kept.close()
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_configure_node(self, node: Any) -> None:  # Any: pytest-xdist's WorkerController (untyped)
@@ -274,6 +282,10 @@ class FidelityRun:
                 self.planned.setdefault(case[0], []).append(case[1])
         if self.planned:
             self.session.plan([(n, s) for n, shards in self.planned.items() for s in shards])
+        cfg = self.plan.config
+        ours = any(set(PARAMETRIZED) & set(getattr(getattr(item, "callspec", None), "params", {})) for item in session.items)
+        if cfg.score_cache and ours:  # deterministic results (window, paired, figures) kept by their inputs' content
+            self._kept.enter_context(kept_by(results_store(cfg.cache_dir, load_key(cfg.cache_dir), self.reuse)))
         if self.executor is not None and self.planned:  # every case's task starts now; each case waits on its own
             self.executor.start()
             self.executor.submit([(n, s) for n, shards in self.planned.items() for s in shards])

@@ -1,17 +1,21 @@
 """Figures (matplotlib, Agg backend, imported lazily): the tail CCDF and KLD versus size.
 
 Both are written atomically as PNG (render to memory, then :func:`harness.io.atomic.atomic_write_bytes`)
-with fixed metadata, so the same numbers give the same bytes.
+with fixed metadata, so the same numbers give the same bytes; a figure whose inputs are unchanged is read back
+where results are kept (:mod:`harness.io.kept`; docs/performance.md, "Reruns").
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import base64
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, NotRequired, TypedDict
 
+from harness.errors import VerificationError
 from harness.io.atomic import atomic_write_bytes
 from harness.io.figure import png_bytes
+from harness.io.kept import kept
 from harness.reports.units import GIB, axis_unit
 
 if TYPE_CHECKING:
@@ -70,6 +74,20 @@ class _Placed(TypedDict):
     ci95: list[float] | None
 
 
+def _kept_png(name: str, inputs: dict[str, object], render: Callable[[], bytes]) -> bytes:
+    """``render()``, or the PNG kept for the same inputs, matplotlib version and plotting code
+    (:func:`harness.io.kept.kept`; matplotlib draws the same inputs to the same bytes)."""
+    from importlib import metadata
+
+    doc = kept(f"figure-{name}", {**inputs, "matplotlib": metadata.version("matplotlib")}, [__file__],
+               lambda: {"png_base64": base64.b64encode(render()).decode("ascii")})
+    text = doc.get("png_base64")
+    png = base64.b64decode(text) if isinstance(text, str) else b""
+    if not png.startswith(b"\x89PNG"):
+        raise VerificationError(f"figure {name}", "kept figure", "PNG bytes", f"{len(png)} bytes")
+    return png
+
+
 def _plt() -> ModuleType:
     import matplotlib
 
@@ -105,6 +123,11 @@ def plot_ccdf(curves: Mapping[str, Ccdf], path: str | Path,
 
 def render_ccdf(curves: Mapping[str, Ccdf], palette_names: Sequence[str] | None = None) -> bytes:
     """The PNG bytes of :func:`plot_ccdf`'s figure (rendered in memory, written by the caller)."""
+    return _kept_png("ccdf", {"curves": curves, "palette": list(palette_names or ())},
+                     lambda: _render_ccdf(curves, palette_names))
+
+
+def _render_ccdf(curves: Mapping[str, Ccdf], palette_names: Sequence[str] | None) -> bytes:
     plt = _plt()
     fig, ax = plt.subplots(figsize=(8, 5.5))
     def median_x(item: tuple[str, Ccdf]) -> tuple[float, str]:

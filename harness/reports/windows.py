@@ -22,7 +22,9 @@ import numpy as np
 
 from harness.errors import VerificationError
 from harness.io.atomic import atomic_write_files, dumps_json
+from harness.io.kept import kept
 from harness.io.md_table import md_table
+from harness.metrics import bootstrap
 from harness.metrics.bootstrap import DEFAULT_SEED, draw_cluster_weights, ratio_interval, ratio_replicates
 from harness.metrics.positions import ScoredPositions, layout
 from harness.metrics.records import ContextRow
@@ -244,7 +246,13 @@ def compare_windows(base: int, by_window: Mapping[int, Mapping[str, WindowSummar
     """Relative changes and ranking flips against the base window.
 
     ``by_window[k][candidate]`` is a :func:`window_summary`. Returns the JSON-ready comparison with a
-    ``verdict`` line, per window ``flips`` (``failures`` and ``warnings``)."""
+    ``verdict`` line, per window ``flips`` (``failures`` and ``warnings``); kept by its inputs' content
+    (:func:`harness.io.kept.kept`: each case's check and the report writer compute it once)."""
+    return kept("window-comparison", {"base": base, "by_window": by_window}, [__file__, bootstrap.__file__],
+                lambda: _compare_windows(base, by_window))
+
+
+def _compare_windows(base: int, by_window: Mapping[int, Mapping[str, WindowSummary]]) -> WindowComparison:
     ref = by_window[base]
     rank0 = sorted(ref, key=lambda c: (ref[c]["mean_kld"], c))
     windows: dict[str, WindowResult] = {}

@@ -12,6 +12,7 @@ the other candidates are unaffected. Tails, windows and pairs are the pytest run
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -74,15 +75,16 @@ def _select(config: FidelityConfig, candidates: str | None, shards: str | None) 
 
 
 def run_ladder(config_path: Path, *, report_dir: Path, executor: str = "serial", candidates: str | None = None,
-               shards: str | None = None, device: str = "auto", window: int = 0,
+               shards: str | None = None, device: str = "auto", window: int = 0, score_cache: bool = True,
                progress: Callable[[str], None] | None = None, command: str = "fidelity ladder") -> LadderOutcome:
     """Score, gate and write every selected case (module docstring); ``progress`` receives one line per case;
-    ``command``: the command line the folder's ledger records."""
+    ``command``: the command line the folder's ledger records; ``score_cache`` False: nothing read from or kept in
+    the scores, summaries and results caches (``--no-score-cache``)."""
     from harness.run.session import FidelitySession, resolve_device
 
     spec = parse_executor(executor)
     full = load_config(config_path)
-    config, chosen, skipped = _select(full, candidates, shards)
+    config, chosen, skipped = _select(full if score_cache else dataclasses.replace(full, score_cache=False), candidates, shards)
     suite = load_any_suite(config.suite, verify=False)
     folder = open_report_folder(report_dir, suite.suite_token_sha256, command, config=config.path,
                                 entries=[c.name for c in config.candidates])

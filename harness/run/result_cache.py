@@ -8,7 +8,8 @@ capture cache key (:mod:`harness.capture.cache_sign`) and carries the binding, s
 when both match: a forged, truncated, renamed or foreign entry is named in an :class:`UntrustedCacheWarning`,
 computed again and replaced. A changed input is another binding, so another file: it is computed, never read.
 Concurrent processes (pytest-xdist workers) computing one entry take a lock beside it; the second reads.
-docs/performance.md ("Reruns") lists what the scored positions are keyed by.
+:func:`signed_json_cache` is the ``read`` / ``write`` of a JSON result (a shard's summary, a rendered plot).
+docs/performance.md ("Reruns") lists what each kind is keyed by.
 """
 
 from __future__ import annotations
@@ -22,10 +23,11 @@ from typing import Generic, TypeVar
 
 from filelock import FileLock
 
-from harness.capture.cache_sign import UntrustedCacheWarning
+from harness.capture.cache_sign import UntrustedCacheWarning, sign, unsigned_reason
 from harness.errors import FidelityError, VerificationError
+from harness.io.atomic import atomic_write_bytes
 from harness.io.hashing import sha256_bytes
-from harness.io.jsonio import JSONObject
+from harness.io.jsonio import JSONObject, loads_json
 
 _T = TypeVar("_T")
 
@@ -88,3 +90,40 @@ def cache_entries(folder: Path, suffix: str = ".npz") -> list[Path]:
     if folder.is_symlink() or not folder.is_dir():
         return []
     return sorted(p for p in folder.iterdir() if p.suffix == suffix and not p.name.startswith("."))
+
+
+def signed_json_cache(folder: Path, key: bytes, protocol: str) -> ResultCache[JSONObject]:
+    """A cache of JSON results in ``folder``: each entry one file ``{"protocol", "binding", "value",
+    "cache_signature"}`` signed with ``key`` (:func:`harness.capture.cache_sign.sign`). Read back only when
+    the signature, ``protocol`` and the binding all match; a value that is not plain JSON (NaN) is not kept."""
+
+    def write(path: Path, value: JSONObject, bound: JSONObject) -> None:
+        try:
+            doc = sign({"protocol": protocol, "binding": bound, "value": value}, key)
+            text = json.dumps(doc, sort_keys=True, separators=(",", ":"), allow_nan=False)
+        except (TypeError, ValueError):  # not plain JSON: computed each run, never kept
+            return
+        atomic_write_bytes(path, text.encode("utf-8"))
+
+    def read(path: Path, bound: JSONObject) -> JSONObject:
+        try:
+            doc = loads_json(path.read_text(encoding="utf-8"), path)
+        except (OSError, UnicodeDecodeError, FidelityError) as e:
+            raise VerificationError(path, "cached result", "a JSON object", f"{type(e).__name__}: {e}") from None
+        why = unsigned_reason(doc, key)
+        if why is not None:
+            raise VerificationError(path, "cached result signature", "signed with this user's key", why)
+        if doc.get("protocol") != protocol:
+            raise VerificationError(path, "cached result protocol", protocol, repr(doc.get("protocol")))
+        found = doc.get("binding")
+        if found != bound:
+            got = found if isinstance(found, dict) else {}
+            diff = sorted(k for k in {*bound, *got} if bound.get(k) != got.get(k))
+            raise VerificationError(path, f"cached result computed from ({', '.join(diff)})",
+                                    {k: bound.get(k) for k in diff}, {k: got.get(k) for k in diff})
+        value = doc.get("value")
+        if not isinstance(value, dict):
+            raise VerificationError(path, "cached result value", "a JSON object", type(value).__name__)
+        return value
+
+    return ResultCache(folder=Path(folder), key=key, read=read, write=write, suffix=".json")

@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 #: A cache's unit, as the summary names it.
-UNITS = {"captures": "contexts", "scores": "shards"}
+UNITS = {"captures": "contexts", "scores": "shards", "summary": "shards", "results": "results"}
 
 
 @dataclass

@@ -30,6 +30,7 @@ from harness.run.shared_scores import binding, load_positions, load_positions_wi
 from harness.scoring.backends import scoring_env
 
 if TYPE_CHECKING:
+    from harness.inputs.config import FidelityConfig
     from harness.run.shard import ShardPositions
     from harness.run.shard_inputs import ShardInputs
 
@@ -116,9 +117,13 @@ def verify_contents(inputs: ShardInputs) -> None:
             store.load(i)
 
 
-def scores_cache_line(cache_dir: Path) -> str:
-    """The session header's line on the scores cache: where it is and how many entries it holds."""
-    n = len(cache_entries(Path(cache_dir) / FOLDER))
-    return (f"fidelity: scores cache {Path(cache_dir) / FOLDER}/ ({n} entr{'y' if n == 1 else 'ies'}; a candidate x "
+def scores_cache_line(config: FidelityConfig) -> str:
+    """The session header's line on the scores cache: where it is and how many entries it holds, or that it is off."""
+    if not config.score_cache:
+        return ("fidelity: scores cache off (--fidelity-no-score-cache or [settings] score_cache = false): every "
+                "candidate x shard is scored and summarized, nothing read from or kept in "
+                f"{Path(config.cache_dir) / FOLDER}/")
+    folder = Path(config.cache_dir) / FOLDER
+    n = len(cache_entries(folder))
+    return (f"fidelity: scores cache {folder}/ ({n} entr{'y' if n == 1 else 'ies'}; a candidate x "
             "shard scored before from unchanged inputs is read, not scored)")
-

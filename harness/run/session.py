@@ -15,7 +15,7 @@ import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from filelock import FileLock
 
@@ -38,14 +38,17 @@ from harness.inputs.interchange_layout import LAYOUT, scan_layout
 from harness.inputs.suite import Suite
 from harness.interchange.dataset import PublishedDataset, open_published
 from harness.io.jsonio import JSONObject, get_int, read_json
+from harness.metrics.bootstrap import DEFAULT_SEED
+from harness.metrics.records import ShardSummary
 from harness.reports.shard import ShardReport
 from harness.run.live_scores import LiveScored, capture_scored, check_live_joins, remove_work
 from harness.run.result_cache import ResultCache
 from harness.run.reuse import ReuseLog
 from harness.run.score_cache import live_binding, live_score_cache, score_binding, score_cache, verify_contents
-from harness.run.shard import CandidateMeta, ShardPositions, score_shard, shard_positions
+from harness.run.shard import CandidateMeta, ShardPositions, score_shard, shard_metrics, shard_positions
 from harness.run.shard_inputs import LiveShardInputs, LiveSide, ShardInputs, verified
 from harness.run.shared_scores import Handover, binding, scored_once
+from harness.run.summary_cache import statistics_settings, summary_binding, summary_cache
 from harness.run.verify import check_reference_identity
 
 
@@ -156,12 +159,15 @@ class FidelitySession:
     _bpw: dict[str, BitsPerWeight | None] = field(default_factory=dict)
     #: What the caches served this run instead of computing it (a rerun says so: :mod:`harness.run.reuse`)
     reuse: ReuseLog = field(default_factory=ReuseLog)
+    #: The seed of every shard summary's bootstrap draws (a part of the summaries cache's key).
+    bootstrap_seed: int = DEFAULT_SEED
     _score_cache: ResultCache[ShardPositions] | None = None
     _live_cache: ResultCache[LiveScored] | None = None
     #: ``keep = "scores"`` candidates: each one's loaded model (while shards planned here remain) and each
     #: candidate x shard's capture header (what its store would have recorded)
     _loaded: dict[str, LoadedModel] = field(default_factory=dict)
     _live_headers: dict[tuple[str, int], JSONObject] = field(default_factory=dict)
+    _summary_cache: ResultCache[JSONObject] | None = None
 
     # ------------------------------------------------------------------ inputs
     @property
@@ -421,6 +427,9 @@ class FidelitySession:
                 return scored_once(self.shared_scores, cand.name, shard, bound,
                                    lambda: shard_positions(inputs, device=self.device))
 
+            if not self.config.score_cache:  # [settings] score_cache = false: scored, nothing read or kept
+                self._positions[key] = score()
+                return self._positions[key]
             cache, stem = self.score_cache, f"{cand.name}-shard{shard:02d}"
             n_reused = len(cache.reused)
             pos = cache.get(stem, score_binding(inputs, cand.name, self.device), score)
@@ -500,6 +509,27 @@ class FidelitySession:
             self._live_cache = live_score_cache(self.config.cache_dir, self.signing_key())
         return self._live_cache
 
+    def summary(self, cand: CandidateConfig, shard: int, pos: ShardPositions, n_boot: int) -> ShardSummary:
+        """The ``metrics`` block of ``cand`` x ``shard`` from the summaries cache (:mod:`harness.run.summary_cache`),
+        computed and kept when it holds none; with ``[settings] score_cache = false`` (and for a ``keep = "scores"``
+        candidate, whose positions are keyed by its capture instead) computed, nothing kept."""
+        seed = self.bootstrap_seed
+        if not self.config.score_cache or (cand.keep == "scores" and cand.model is not None):
+            return shard_metrics(pos, score_from=self.score_from, n_boot=n_boot, seed=seed)
+        inputs = self.shard_inputs(cand, shard)
+        settings = statistics_settings(n_boot, seed)
+        if self._summary_cache is None:
+            self._summary_cache = summary_cache(self.config.cache_dir, self.signing_key())
+        cache, stem = self._summary_cache, f"{cand.name}-shard{shard:02d}"
+        n_reused = len(cache.reused)
+        bound = summary_binding(score_binding(inputs, cand.name, self.device), settings)
+        metrics = cache.get(stem, bound, lambda: cast(JSONObject, shard_metrics(
+            pos, score_from=inputs.score_from, n_boot=n_boot, seed=seed)))
+        reused = len(cache.reused) > n_reused
+        self.reuse.note("summary", cand.name, reused=[shard] if reused else [], computed=[] if reused else [shard],
+                        where=str(cache.folder))
+        return cast(ShardSummary, metrics)
+
     @property
     def score_cache(self) -> ResultCache[ShardPositions]:
         """Scored positions kept across runs (:mod:`harness.run.score_cache`), signed with this user's key."""
@@ -534,9 +564,11 @@ class FidelitySession:
             self._bpw[cand.name] = candidate_bits_per_weight(cand)
         meta: CandidateMeta = {"size_bytes": size, "tags": list(cand.tags), "bits_per_weight": self._bpw[cand.name]}
         live = cand.keep == "scores" and cand.model is not None
+        positions = self.positions(cand, shard)
         report = score_shard(
             self.live_inputs(cand, shard) if live else self.shard_inputs(cand, shard),
-            positions=self.positions(cand, shard),
+            positions=positions,
+            metrics=self.summary(cand, shard, positions, n_boot or self.config.n_boot),
             reference_name=self.config.reference.name,
             candidate_name=cand.name,
             candidate_meta=meta,

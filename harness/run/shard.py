@@ -19,6 +19,8 @@ from harness.allocation.bits_per_weight import BitsPerWeight
 from harness.errors import FidelityError
 from harness.io.jsonio import JSONObject
 from harness.metrics import ContextLabel, summarize
+from harness.metrics.bootstrap import DEFAULT_SEED
+from harness.metrics.records import ShardSummary
 from harness.metrics.scores import PositionScores
 from harness.planning.design import single_run_resolvable_delta
 from harness.reports.shard import ShardReport, make_comparability
@@ -42,6 +44,7 @@ def score_shard(
     device: str = "cpu",
     positions: ShardPositions | None = None,
     custody: JSONObject | None = None,
+    metrics: ShardSummary | None = None,
 ) -> ShardReport:
     """Score one shard of verified ``inputs`` and build its :class:`~harness.reports.shard.ShardReport`
     (window: ``inputs.score_from``).
@@ -49,7 +52,8 @@ def score_shard(
     ``custody``: the published digests of a dataset read in another layout (comparability ``custody``).
 
     ``positions`` (from :func:`shard_positions`) reuses already scored positions: the same
-    capture summarized under another window needs no rescoring.
+    capture summarized under another window needs no rescoring. ``metrics`` (from :func:`shard_metrics` of
+    these positions, e.g. read from the summaries cache) reuses the statistics: nothing is summarized again.
 
     Hidden-state stores go through ``inputs.head`` (and ``inputs.cand_head`` for the candidate
     when given); logits stores are scored in logits mode (no head).
@@ -64,9 +68,8 @@ def score_shard(
     pos = positions
     mode, head_sha, cand_head_sha = pos.mode, pos.head_sha256, pos.cand_head_sha256
     t2 = time.perf_counter()
-    metrics = summarize(pos.scores, pos.context_index, pos.row, pos.labels, score_from=score_from, n_boot=n_boot)
-    # the smallest difference in mean KLD this run resolves (95% confidence, 80% power; see harness.planning)
-    metrics["resolvable_delta"] = single_run_resolvable_delta(metrics["contexts"])
+    if metrics is None:
+        metrics = shard_metrics(pos, score_from=score_from, n_boot=n_boot)
     t3 = time.perf_counter()
     comparability = make_comparability(
         suite_token_sha256=suite.suite_token_sha256,
@@ -97,6 +100,15 @@ def score_shard(
     )
 
 
+def shard_metrics(pos: ShardPositions, *, score_from: int, n_boot: int, seed: int = DEFAULT_SEED) -> ShardSummary:
+    """A report's ``metrics`` block: the statistics of scored positions under the window ``score_from``
+    (bootstrap of ``n_boot`` replicates drawn from ``seed``), with the difference it resolves."""
+    metrics = summarize(pos.scores, pos.context_index, pos.row, pos.labels, score_from=score_from, n_boot=n_boot, seed=seed)
+    # the smallest difference in mean KLD this run resolves (95% confidence, 80% power; see harness.planning)
+    metrics["resolvable_delta"] = single_run_resolvable_delta(metrics["contexts"])
+    return metrics
+
+
 @dataclass
 class ShardPositions:
     """The scored positions of one candidate x shard, before any window or statistic."""
@@ -112,6 +124,12 @@ class ShardPositions:
     score_s: float = 0.0
     #: which backend and GEMM path computed the scores (:class:`harness.scoring.scorer.ScorerRun` as a dict)
     scorer_run: dict[str, str] = field(default_factory=dict)
+
+    def content(self) -> dict[str, object]:
+        """What every statistic of these positions is computed from (no timing): the key of a result kept by its
+        inputs (:func:`harness.io.kept.kept`)."""
+        return {"scores": self.scores, "context_index": self.context_index, "row": self.row, "labels": self.labels,
+                "mode": self.mode, "head_sha256": self.head_sha256, "cand_head_sha256": self.cand_head_sha256}
 
 
 def shard_positions(inputs: ShardInputs, *, device: str = "cpu") -> ShardPositions:

@@ -275,7 +275,8 @@ class RayExecutor:
     def task_spec(self) -> TaskSpec:
         path = self.config.path.resolve()
         return TaskSpec(config=str(path), config_sha256=sha256_file(path),
-                        device=self.device, score_from=self.score_from, cache_key=load_key(self.config.cache_dir))
+                        device=self.device, score_from=self.score_from, cache_key=load_key(self.config.cache_dir),
+                        score_cache=self.config.score_cache)
 
     def _gpu(self, cluster: dict[str, float]) -> bool:
         if self.device == "cpu":

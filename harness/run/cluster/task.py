@@ -14,6 +14,7 @@ Reasoning: docs/ray.md §"A task's result".
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -60,6 +61,9 @@ class TaskSpec:
     #: (never written to a file), so a worker on another machine signs and checks the cache as the driver does;
     #: empty: the worker reads this user's key file.
     cache_key: bytes = field(default=b"", repr=False)
+    #: The driver's ``score_cache`` (``[settings]``, or off by ``--fidelity-no-score-cache``): the task reads and
+    #: keeps scored positions and summaries only when it is on.
+    score_cache: bool = True
 
 
 def result_digest(report_text: str, positions: bytes) -> str:
@@ -89,7 +93,7 @@ def _session(spec: TaskSpec) -> FidelitySession:
         if found != spec.config_sha256:
             raise FidelityError(f"{path}: on node {socket.gethostname()}: expected the driver's file (sha256 "
                                 f"{spec.config_sha256}), found sha256 {found}: every node must read the same file")
-        config = load_config(path)
+        config = dataclasses.replace(load_config(path), score_cache=spec.score_cache)
         _check_reachable(config)
         _SESSIONS[spec] = FidelitySession(config=config, device=resolve_device(spec.device), score_from=spec.score_from,
                                           cache_key=spec.cache_key or None)
