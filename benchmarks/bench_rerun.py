@@ -88,7 +88,7 @@ def run_arm(config: Path, reports: Path, candidates: str | None, extra: list[str
                for p in sorted(reports.rglob("*.json")) if _is_shard_report(p)}
     files = {str(p.relative_to(reports)): p.read_bytes() for p in sorted(reports.rglob("*"))
              if p.name in _RUN_FILES or p.parent.name == "paired"}
-    reused = [ln for ln in proc.stdout.splitlines() if re.match(r"(score|summary|figure|capture) cache:", ln)]
+    reused = [ln for ln in proc.stdout.splitlines() if re.match(r"(score|summary|result|capture) cache:", ln)]
     return Arm(wall, cpu, proc.returncode, metrics, files, reused, proc.stdout[-800:] + proc.stderr[-800:])
 
 
