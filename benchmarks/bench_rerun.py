@@ -127,7 +127,7 @@ def main() -> None:
                        env=_env(), check=False)
         arms: dict[str, Arm] = {}
         arms["cold"] = run_arm(config, work / "reports-cold", args.candidates, extra, "cold")
-        for kept in ("scores", "summaries", "figures"):  # what a rerun cost before results were cached
+        for kept in ("scores", "summaries", "results"):  # what a rerun cost before results were cached
             shutil.rmtree(cache / kept, ignore_errors=True)
         arms["captures cached"] = run_arm(config, work / "reports-captured", args.candidates, extra, "captures cached")
         arms["rerun"] = run_arm(config, work / "reports-rerun", args.candidates, extra, "rerun")
