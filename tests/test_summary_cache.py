@@ -179,7 +179,8 @@ def test_kept_results_are_read_by_content_and_refused_when_forged(tmp_path: Path
     array element, code file or a forged entry is computed again."""
     import numpy as np
 
-    from harness.io.kept import content_sha256, kept, kept_by, kept_key
+    from harness.io.hashing import content_sha256
+    from harness.io.kept import kept, kept_by, kept_key
     from harness.run.kept_results import FOLDER as RESULTS
     from harness.run.kept_results import PROTOCOL, results_store
     from harness.run.reuse import ReuseLog

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import hashlib
+import json
+from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
@@ -27,6 +29,15 @@ def file_hexdigest(path: str | Path, algorithm: str = "sha256", prefix: bytes = 
         return hashlib.file_digest(fh, lambda: h).hexdigest()
 
 
+def files_sha256(paths: Iterable[str | Path], root: str | Path | None = None) -> str:
+    """One sha256 over several files: each file's :func:`sha256_file`, preceded by its name relative to
+    ``root`` when given (then a renamed file is another digest), joined in the order given."""
+    base = Path(root) if root is not None else None
+    parts = [(Path(f).relative_to(base).as_posix() if base is not None else "") + "\0" + sha256_file(f)
+             for f in paths]
+    return sha256_bytes("\0".join(parts).encode())
+
+
 def tokens_sha256(tokens: np.ndarray) -> str:
     """sha256 of a token array as little-endian uint32 in row-major (context) order.
 
@@ -35,3 +46,34 @@ def tokens_sha256(tokens: np.ndarray) -> str:
     """
     arr = np.ascontiguousarray(np.asarray(tokens), dtype="<u4")
     return hashlib.sha256(arr.tobytes()).hexdigest()
+
+
+def content_sha256(value: object) -> str:
+    """sha256 of ``value``: JSON-able data as canonical JSON, numpy arrays by dtype, shape and bytes (anywhere
+    inside lists, tuples and dicts), objects with a ``__dict__`` by their fields."""
+    h = hashlib.sha256()
+
+    def walk(v: object) -> None:
+        if isinstance(v, np.ndarray):
+            a = np.ascontiguousarray(v)
+            h.update(f"\0array\0{a.dtype.str}\0{a.shape}\0".encode())
+            h.update(a.tobytes())
+        elif isinstance(v, dict):
+            h.update(b"\0{")
+            for k in sorted(v, key=str):
+                h.update(json.dumps(str(k)).encode())
+                walk(v[k])
+            h.update(b"}")
+        elif isinstance(v, (list, tuple)):
+            h.update(b"\0[")
+            for x in v:
+                walk(x)
+            h.update(b"]")
+        elif hasattr(v, "__dict__") and not isinstance(v, type):
+            h.update(f"\0{type(v).__name__}".encode())
+            walk(vars(v))
+        else:
+            h.update(b"\0" + json.dumps(v, default=repr).encode())
+
+    walk(value)
+    return h.hexdigest()

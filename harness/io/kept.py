@@ -4,20 +4,18 @@ A computation whose result is a JSON object and depends only on its inputs (a wi
 report, a rendered figure) is wrapped in :func:`kept`: ``kept(name, inputs, code, compute)``. Without a store
 it is ``compute()``. Within :func:`kept_by` (the pytest plugin opens one over the signed results cache,
 :mod:`harness.run.result_cache`), the result is looked up by :func:`kept_key`: the sha256 of the inputs'
-canonical JSON (arrays by their bytes, :func:`content_sha256`) and of the code that computes it; a hit is
+canonical JSON (arrays by their bytes, :func:`harness.io.hashing.content_sha256`) and of the code that computes it; a hit is
 read, a miss computed and kept. docs/performance.md ("Reruns").
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
-import numpy as np
+from harness.io.hashing import content_sha256, files_sha256
 
 #: ``store(name, key, compute)``: the result named by ``key`` (:func:`kept_key`), read when kept, else computed.
 Store = Callable[[str, dict[str, Any], Callable[[], dict[str, Any]]], dict[str, Any]]
@@ -36,44 +34,10 @@ def kept_by(store: Store) -> Iterator[None]:
         _stores.remove(store)
 
 
-def content_sha256(value: object) -> str:
-    """sha256 of ``value``: JSON-able data as canonical JSON, numpy arrays by dtype, shape and bytes (anywhere
-    inside lists, tuples and dicts), objects with a ``__dict__`` by their fields."""
-    h = hashlib.sha256()
-
-    def walk(v: object) -> None:
-        if isinstance(v, np.ndarray):
-            a = np.ascontiguousarray(v)
-            h.update(f"\0array\0{a.dtype.str}\0{a.shape}\0".encode())
-            h.update(a.tobytes())
-        elif isinstance(v, dict):
-            h.update(b"\0{")
-            for k in sorted(v, key=str):
-                h.update(json.dumps(str(k)).encode())
-                walk(v[k])
-            h.update(b"}")
-        elif isinstance(v, (list, tuple)):
-            h.update(b"\0[")
-            for x in v:
-                walk(x)
-            h.update(b"]")
-        elif hasattr(v, "__dict__") and not isinstance(v, type):
-            h.update(f"\0{type(v).__name__}".encode())
-            walk(vars(v))
-        else:
-            h.update(b"\0" + json.dumps(v, default=repr).encode())
-
-    walk(value)
-    return h.hexdigest()
-
-
 def kept_key(name: str, inputs: object, code: Sequence[str | Path]) -> dict[str, Any]:
-    """What a kept result is looked up by: its name, its inputs' :func:`content_sha256` and the sha256 of the
+    """What a kept result is looked up by: its name, its inputs' :func:`~harness.io.hashing.content_sha256` and the sha256 of the
     source files ``code`` (an edited computation is another key)."""
-    h = hashlib.sha256()
-    for f in code:
-        h.update(Path(f).read_bytes())
-    return {"name": name, "inputs_sha256": content_sha256(inputs), "code_sha256": h.hexdigest()}
+    return {"name": name, "inputs_sha256": content_sha256(inputs), "code_sha256": files_sha256(code)}
 
 
 def kept(name: str, inputs: object, code: Sequence[str | Path], compute: Callable[[], _R]) -> _R:

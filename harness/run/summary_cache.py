@@ -12,9 +12,9 @@ a changed setting is another key: summarized again, never read. docs/performance
 from __future__ import annotations
 
 import functools
-import hashlib
 from pathlib import Path
 
+from harness.io.hashing import files_sha256
 from harness.io.jsonio import JSONObject
 from harness.metrics import bootstrap
 from harness.planning import design
@@ -37,12 +37,7 @@ def statistics_code() -> list[Path]:
 @functools.cache
 def statistics_code_sha256() -> str:
     """sha256 over the source files of :data:`_CODE` (names and bytes): an edited statistic is another key."""
-    root = Path(__file__).resolve().parents[1]
-    h = hashlib.sha256()
-    for f in statistics_code():
-        h.update(f"\0{f.relative_to(root).as_posix()}\0".encode())
-        h.update(f.read_bytes())
-    return h.hexdigest()
+    return files_sha256(statistics_code(), root=Path(__file__).resolve().parents[1])
 
 
 def statistics_settings(n_boot: int, seed: int | None = None) -> JSONObject:
