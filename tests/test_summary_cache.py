@@ -2,7 +2,7 @@
 settings reads it; a changed setting (seed, replicates, level, statistics code) is summarized again, never read; a
 forged entry is refused; ``score_cache = false`` (``--fidelity-no-score-cache``, ``fidelity ladder
 --no-score-cache``) reads and keeps nothing. Summarizing is counted at the session's call of
-:func:`harness.run.shard.shard_metrics`; numbers are compared with a summary computed without any cache."""
+:func:`harness.run.shard_summary.shard_metrics`; numbers are compared with a summary computed without any cache."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from harness.run import session as session_module
 from harness.run import summary_cache as summary_cache_module
 from harness.run.score_cache import FOLDER as SCORES
 from harness.run.session import FidelitySession
-from harness.run.shard import shard_metrics
+from harness.run.shard_summary import shard_metrics
 from harness.run.summary_cache import FOLDER
 
 from .conftest import shutil_copytree

@@ -45,8 +45,9 @@ from harness.run.live_scores import LiveScored, capture_scored, check_live_joins
 from harness.run.result_cache import ResultCache
 from harness.run.reuse import ReuseLog
 from harness.run.score_cache import live_binding, live_score_cache, score_binding, score_cache, verify_contents
-from harness.run.shard import CandidateMeta, ShardPositions, score_shard, shard_metrics, shard_positions
+from harness.run.shard import CandidateMeta, ShardPositions, score_shard, shard_positions
 from harness.run.shard_inputs import LiveShardInputs, LiveSide, ShardInputs, verified
+from harness.run.shard_summary import shard_metrics
 from harness.run.shared_scores import Handover, binding, scored_once
 from harness.run.summary_cache import statistics_settings, summary_binding, summary_cache
 from harness.run.verify import check_reference_identity

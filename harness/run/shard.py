@@ -18,13 +18,12 @@ import numpy as np
 from harness.allocation.bits_per_weight import BitsPerWeight
 from harness.errors import FidelityError
 from harness.io.jsonio import JSONObject
-from harness.metrics import ContextLabel, summarize
-from harness.metrics.bootstrap import DEFAULT_SEED
+from harness.metrics import ContextLabel
 from harness.metrics.records import ShardSummary
 from harness.metrics.scores import PositionScores
-from harness.planning.design import single_run_resolvable_delta
 from harness.reports.shard import ShardReport, make_comparability
 from harness.run.shard_inputs import LiveShardInputs, ShardInputs
+from harness.run.shard_summary import shard_metrics
 from harness.run.verify import check_scores_finite
 from harness.scoring import streaming
 
@@ -98,15 +97,6 @@ def score_shard(
         metrics=metrics,
         timing={"load_s": pos.load_s, "score_s": pos.score_s, "metrics_s": t3 - t2, "device": device, **ran},
     )
-
-
-def shard_metrics(pos: ShardPositions, *, score_from: int, n_boot: int, seed: int = DEFAULT_SEED) -> ShardSummary:
-    """A report's ``metrics`` block: the statistics of scored positions under the window ``score_from``
-    (bootstrap of ``n_boot`` replicates drawn from ``seed``), with the difference it resolves."""
-    metrics = summarize(pos.scores, pos.context_index, pos.row, pos.labels, score_from=score_from, n_boot=n_boot, seed=seed)
-    # the smallest difference in mean KLD this run resolves (95% confidence, 80% power; see harness.planning)
-    metrics["resolvable_delta"] = single_run_resolvable_delta(metrics["contexts"])
-    return metrics
 
 
 @dataclass

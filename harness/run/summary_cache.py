@@ -1,6 +1,6 @@
 """A shard's summary kept across runs: a rerun of unchanged positions reads its statistics, not bootstraps them.
 
-Each candidate x shard's ``metrics`` block (:func:`harness.run.shard.shard_metrics`) is one entry of a
+Each candidate x shard's ``metrics`` block (:func:`harness.run.shard_summary.shard_metrics`) is one entry of a
 :func:`~harness.run.result_cache.signed_json_cache` in ``<cache_dir>/summaries/`` (``<candidate>-shardNN-<key>.json``,
 signed with this user's capture cache key). Its binding (:func:`summary_binding`) is the scored positions'
 (:func:`harness.run.score_cache.score_binding`: both stores, suite, shard, window, scorer, heads, versions) plus
@@ -25,7 +25,7 @@ PROTOCOL = "fidelity.summary-cache/1"
 #: The folder under ``[settings] cache_dir``.
 FOLDER = "summaries"
 #: The code a summary is computed by (the statistics package and the design helper), relative to ``harness/``.
-_CODE = ("metrics", "planning/design.py")
+_CODE = ("metrics", "planning/design.py", "run/shard_summary.py")
 
 
 def statistics_code() -> list[Path]:
