@@ -6,6 +6,7 @@ Everything is built once per session in a temporary folder, with fixed seeds.
 
 from __future__ import annotations
 
+import json
 import random
 import shutil
 import sys
@@ -374,6 +375,29 @@ def fidelity_run(tmp_path_factory: pytest.TempPathFactory, fidelity_project: Pat
                           "fidelity or fidelity_tails", "--fidelity-update-baselines", "--fidelity-report-dir", "reports"],
                          cwd=root, capture_output=True, text=True, check=False)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    return root
+
+
+def manifest(store: Path) -> dict[str, Any]:
+    """A capture store's ``capture.json``, parsed (tamper tests edit it)."""
+    return json.loads((store / "capture.json").read_text())
+
+
+def save_manifest(store: Path, doc: dict[str, Any]) -> None:
+    """Write ``doc`` as a capture store's ``capture.json``."""
+    (store / "capture.json").write_text(json.dumps(doc, indent=2))
+
+
+def ctx(i: int) -> str:
+    """The file name of a capture store's context ``i``."""
+    return f"ctx-{i:06d}.safetensors"
+
+
+@pytest.fixture()
+def fresh_project(tmp_path: Path, fidelity_project: Path) -> Path:
+    """A copy of the tiny project (its reference store included, so a test may change it) with no cache yet."""
+    root = shutil_copytree(fidelity_project, tmp_path / "p")
+    shutil.rmtree(root / ".fidelity-cache", ignore_errors=True)
     return root
 
 

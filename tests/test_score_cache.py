@@ -28,15 +28,11 @@ from harness.run.session import FidelitySession
 from harness.run.shard import ShardPositions
 from harness.run.shared_scores import save_positions
 
-from .conftest import shutil_copytree
-
 
 @pytest.fixture()
-def project(tmp_path: Path, fidelity_project: Path) -> Path:
+def project(fresh_project: Path) -> Path:
     """The tiny project with the reference store copied (so a test may change it) and no cache yet."""
-    root = shutil_copytree(fidelity_project, tmp_path / "p")
-    shutil.rmtree(root / ".fidelity-cache", ignore_errors=True)
-    return root
+    return fresh_project
 
 
 @pytest.fixture()

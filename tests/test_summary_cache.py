@@ -27,17 +27,13 @@ from harness.run.session import FidelitySession
 from harness.run.shard_summary import shard_metrics
 from harness.run.summary_cache import FOLDER
 
-from .conftest import shutil_copytree
-
 N_BOOT = 200
 
 
 @pytest.fixture()
-def project(tmp_path: Path, fidelity_project: Path) -> Path:
+def project(fresh_project: Path) -> Path:
     """The tiny project with no cache yet."""
-    root = shutil_copytree(fidelity_project, tmp_path / "p")
-    shutil.rmtree(root / ".fidelity-cache", ignore_errors=True)
-    return root
+    return fresh_project
 
 
 @pytest.fixture()

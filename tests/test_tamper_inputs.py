@@ -31,6 +31,8 @@ from harness.cli.main import main
 from harness.errors import VerificationError
 from harness.io.hashing import sha256_file, tokens_sha256
 
+from .conftest import ctx, manifest, save_manifest
+
 N_BOOT = "200"
 
 
@@ -82,18 +84,6 @@ def assert_refused(fx: Path, capsys: pytest.CaptureFixture[str], *patterns: str,
 
 
 # ----------------------------------------------------------------------------- helpers that break one thing
-
-
-def manifest(store: Path) -> dict[str, Any]:
-    return json.loads((store / "capture.json").read_text())
-
-
-def save_manifest(store: Path, doc: dict[str, Any]) -> None:
-    (store / "capture.json").write_text(json.dumps(doc, indent=2))
-
-
-def ctx(i: int) -> str:
-    return f"ctx-{i:06d}.safetensors"
 
 
 def reseal_file(store: Path, name: str) -> None:

@@ -29,6 +29,8 @@ from harness.cli.main import main
 from harness.errors import VerificationError
 from harness.io.hashing import sha256_file
 
+from .conftest import ctx, manifest, save_manifest
+
 N_BOOT = "200"
 
 
@@ -103,18 +105,6 @@ def refused(capsys: pytest.CaptureFixture[str], argv: list[str], *patterns: str,
     if absent is not None:
         assert not absent.exists(), f"{absent} was written by a refused command"
     return err
-
-
-def manifest(store: Path) -> dict[str, Any]:
-    return json.loads((store / "capture.json").read_text())
-
-
-def save_manifest(store: Path, doc: dict[str, Any]) -> None:
-    (store / "capture.json").write_text(json.dumps(doc, indent=2))
-
-
-def ctx(i: int) -> str:
-    return f"ctx-{i:06d}.safetensors"
 
 
 def write_ctx(store: Path, index: int, tensor: torch.Tensor) -> None:
