@@ -360,3 +360,86 @@ def test_a_write_failure_at_the_end_is_one_named_error(pytester: pytest.Pytester
     result.stdout.fnmatch_lines(["*the session's reports were not written*", "error: *ladder.json: cannot write: *"])
     assert not (rep / "ladder.md").exists() and (rep / "ladder.json" / "keep.txt").read_text() == "mine"
     assert (rep / "good" / "shard-00.json").exists()  # the shard report itself was written as it arrived
+
+
+def _replay_argv(p: Path, store: Path, out: Path, name: str = "x") -> list[str]:
+    """``fidelity replay`` of the candidate ``store`` against the tiny project's reference (shard 0) into ``out``."""
+    return ["replay", "--suite", str(p / "suite"), "--reference", str(p / "reference"), "--candidate",
+            str(store), "--head", str(p / "lm_head.safetensors"), "--shards", "0", "--n-boot", "200",
+            "--name", name, "--out", str(out)]
+
+
+def test_replay_into_a_report_folder_follows_its_rule(tmp_path: Path, fidelity_project: Path,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """``replay --out`` into a report folder (the folder it writes into or its parent is stamped): another
+    suite's folder is refused naming the stamp, the expected and the found suite; a name outside the folder's
+    layout (``<name>/shard-NN.json``) is refused naming the expected path; the folder's own layout is written
+    and joins the ledger with its command. Outside any report folder nothing is stamped."""
+    sha = _suite_sha(fidelity_project)
+    store = tmp_path / "good"
+    assert main(["capture", "--model", str(fidelity_project / "models" / "good"), "--suite",
+                 str(fidelity_project / "suite"), "--out", str(store), "--shards", "0", "--quiet"]) == 0
+    other = _stamped(tmp_path / "other", OTHER)
+    before = _snapshot(other)
+    capsys.readouterr()
+    assert main(_replay_argv(fidelity_project, store, other / "x")) == 2
+    err = capsys.readouterr().err
+    assert (f"{other / STAMP}: the report folder holds reports of another suite: expected suite_token_sha256 {sha}, "
+            f"found {OTHER}") in err, err
+    assert _snapshot(other) == before
+
+    mine = _stamped(tmp_path / "mine", sha)
+    before = _snapshot(mine)
+    for out, found in ((mine / "x.json", "x.json"), (mine / "y", "y/shard-00.json")):
+        assert main(_replay_argv(fidelity_project, store, out)) == 2
+        err = capsys.readouterr().err
+        assert (f"{mine / STAMP}: replay --out inside a report folder: expected x/shard-NN.json (--out {mine / 'x'}), "
+                f"found {found}") in err, err
+        assert "Traceback" not in err
+        assert _snapshot(mine) == before
+
+    assert main(_replay_argv(fidelity_project, store, mine / "x")) == 0, capsys.readouterr().err
+    doc = check_ledger(mine)
+    assert doc is not None and doc["suite_token_sha256"] == sha
+    assert set(doc["files"]) == {"ladder.md", "x/shard-00.json", "x/shard-00.md"}
+    for rel in ("x/shard-00.json", "x/shard-00.md"):
+        assert doc["files"][rel]["sha256"] == sha256_file(mine / rel)
+        assert doc["runs"][doc["files"][rel]["run"]]["command"] == "fidelity replay"
+
+    plain = tmp_path / "plain"
+    assert main(_replay_argv(fidelity_project, store, plain / "r.json")) == 0
+    assert (plain / "r.json").is_file() and not (plain / STAMP).exists() and not (tmp_path / STAMP).exists()
+
+
+def test_allocate_check_of_another_suite_is_refused_before_the_search(tmp_path: Path, fidelity_project: Path,
+                                                                      tiny_corpus: Path, tiny_tokenizer: Path,
+                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """``allocate --check CONFIG`` measures the proposals on CONFIG's suite: one other than ``--suite``'s (the
+    suite the search measured) is refused before anything is computed, naming both suite_token_sha256 values;
+    nothing is written. A ``check`` entry that is a symbolic link is refused too."""
+    from harness.inputs.suite import build_suite
+
+    other = build_suite(tiny_corpus, tiny_tokenizer, n_ctx=32, n_contexts=8, n_shards=4, seed=7, out=tmp_path / "suite")
+    config = tmp_path / "fidelity.toml"
+    text = (fidelity_project / "fidelity.toml").read_text().replace('path = "suite"', f'path = "{tmp_path / "suite"}"')
+    for rel in ("models/reference", "models/good", "models/bad", "lm_head.safetensors", '"reference"'):
+        bare = rel.strip('"')
+        text = text.replace(f'"{bare}"', f'"{fidelity_project / bare}"')
+    config.write_text(text)
+    out = tmp_path / "alloc"
+    argv = _argv("allocate", fidelity_project, out)
+    capsys.readouterr()
+    assert main([*argv, "--check", str(config)]) == 2
+    err = capsys.readouterr().err
+    assert (f"--check {config}: its suite {tmp_path / 'suite'}: expected the suite of --suite "
+            f"({fidelity_project / 'suite'}, suite_token_sha256 {_suite_sha(fidelity_project)}), found "
+            f"suite_token_sha256 {other.suite_token_sha256}") in err, err
+    assert "Traceback" not in err and not out.exists()
+
+    out.mkdir()
+    (tmp_path / "elsewhere").mkdir()
+    (out / "check").symlink_to(tmp_path / "elsewhere")
+    assert main([*argv, "--check", str(fidelity_project / "fidelity.toml")]) == 2
+    err = capsys.readouterr().err
+    assert f"{out / 'check'}: report folder entry: expected a folder of the report folder, found a symbolic link" in err
+    assert list((tmp_path / "elsewhere").iterdir()) == []

@@ -14,6 +14,7 @@ from harness.cli.vocabulary import add_quiet, open_out
 from harness.errors import UsageError
 from harness.inputs.config import load_config
 from harness.interchange.suite_manifest import load_any_suite
+from harness.reports.report_folder import check_for_writing
 from harness.run.allocation_check import check_allocation
 
 
@@ -29,7 +30,16 @@ def _allocate(a: argparse.Namespace) -> int:
     if a.threads:
         torch.set_num_threads(a.threads)
     choices = parse_choices(a.family, a.choices or DEFAULT_CHOICES[a.family])
-    folder = open_out(a, load_any_suite(a.suite, verify=False).suite_token_sha256)
+    sha = load_any_suite(a.suite, verify=False).suite_token_sha256
+    folder = open_out(a, sha, entries=["check"] if a.check is not None else [])
+    check_config = None
+    if a.check is not None:  # checked before the search: the check measures the suite the search measured
+        check_config = load_config(a.check)
+        found = load_any_suite(check_config.suite, verify=False).suite_token_sha256
+        if found != sha:
+            raise UsageError(f"--check {a.check}: its suite {check_config.suite}: expected the suite of --suite "
+                             f"({a.suite}, suite_token_sha256 {sha}), found suite_token_sha256 {found}")
+        check_for_writing(a.out / "check" / "reports", sha, option="--out")
     with tempfile.TemporaryDirectory(prefix="fidelity-allocate-") as tmp:
         family: Family
         if a.family == "project":
@@ -42,10 +52,10 @@ def _allocate(a: argparse.Namespace) -> int:
                                 effects=a.effects, n_boot=a.n_boot, progress=not a.quiet)
         result = allocate(req)
         check = None
-        if a.check is not None:
+        if check_config is not None:
             uniforms = parse_subset(a.family, a.uniforms, family.choices) if a.uniforms else list(family.choices)
             base_model = Path(a.base) if Path(a.base).exists() else None
-            check = check_allocation(load_config(a.check), result, family, a.out / "check", uniforms=uniforms, shards=a.check_shards,
+            check = check_allocation(check_config, result, family, a.out / "check", uniforms=uniforms, shards=a.check_shards,
                                      engine="transformers" if a.family == "project" else "llamacpp",
                                      base_model=base_model)
         paths = folder.record(write_allocation(result, a.out, check))

@@ -96,7 +96,7 @@ class Allocation(Uncollected):
             base = Path(str(kw["base"]))
             check = check_allocation(cfg, result, family, out / "check", uniforms=uniforms, shards=kw.get("check_shards"),
                                      engine="transformers" if fam_name == "project" else "llamacpp",
-                                     base_model=base if base.exists() else None)
+                                     base_model=base if base.exists() else None, command=f"pytest {request.node.nodeid}")
             write_allocation(result, out, check)
         problems = verdict_problems(check, kw.get("expect"))
         if problems:

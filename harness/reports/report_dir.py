@@ -33,8 +33,11 @@ SCHEMA = "fidelity.report-dir/3"
 _READABLE = (SCHEMA, "fidelity.report-dir/2")
 #: A candidate's name as the configuration allows it (harness.inputs.config).
 _NAME = r"[A-Za-z0-9][A-Za-z0-9_.+]*"
+#: The name of a candidate a shard report measures: the configuration's names, and the built candidates of
+#: ``fidelity allocate --check`` (``alloc-<budget>``, ``uniform-<choice>``), which also take ``-``.
+_REPORT_NAME = r"[A-Za-z0-9][A-Za-z0-9_.+-]*"
 #: A shard report's path relative to the folder.
-_SHARD = re.compile(rf"^{_NAME}/shard-\d{{2,}}\.(json|md)$")
+_SHARD = re.compile(rf"^{_REPORT_NAME}/shard-\d{{2,}}\.(json|md)$")
 #: The run summaries this project's writers produce, relative to the folder.
 _SUMMARY = re.compile(rf"^((ladder|window|adaptive|cross_engine|precision_floor)\.(json|md)|tails\.(json|md|png)"
                       rf"|paired/{_NAME}-vs-{_NAME}\.(json|md))$")

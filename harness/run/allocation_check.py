@@ -27,8 +27,10 @@ from harness.errors import FidelityError, VerificationError
 from harness.inputs.config import CandidateConfig, FidelityConfig
 from harness.inputs.suite import parse_shard_spec
 from harness.interchange.suite_manifest import load_any_suite
-from harness.reports.aggregate import LadderRow, ladder_rows, write_ladder
+from harness.io.atomic import atomic_write_files
+from harness.reports.aggregate import LadderRow, ladder_files, ladder_rows
 from harness.reports.paired import paired_report
+from harness.reports.report_folder import open_report_folder
 
 if TYPE_CHECKING:
     from harness.run.session import FidelitySession
@@ -56,26 +58,33 @@ def _on_disk(row: LadderRow) -> int:
 
 def check_allocation(config: FidelityConfig, result: AllocationResult, family: Family, out: Path, *,
                      uniforms: Sequence[str] = (), shards: str | None = None, device: str = "cpu",
-                     engine: str = "transformers", base_model: Path | None = None, margin: float = 1e-4) -> AllocationCheck:
+                     engine: str = "transformers", base_model: Path | None = None, margin: float = 1e-4,
+                     command: str = "fidelity allocate --check") -> AllocationCheck:
     """Build, score and compare (docs/allocation.md §"Building and scoring proposals") with the suite and reference of ``config`` (a
-    :class:`~harness.inputs.config.FidelityConfig`); shard reports go to ``out/reports/<candidate>/``."""
+    :class:`~harness.inputs.config.FidelityConfig`); shard reports go to ``out/reports/<candidate>/``, a report
+    folder of the config's suite (:mod:`harness.reports.report_folder`: checked before anything is built, its
+    reports and ladder recorded in its ledger with ``command``)."""
     from harness.run.session import FidelitySession
 
+    suite = load_any_suite(config.suite, verify=False)
+    folder = open_report_folder(out / "reports", suite.suite_token_sha256, command, config=config.path)
     built, predicted_bytes = _build_layouts(result, family, out, uniforms)
     comparators = _comparators(result, built, base_model)
     cands = tuple(_candidate(n, engine, m) for n, m in built.items())
     cfg = dataclasses.replace(config, candidates=cands, pairs=(), cache_dir=out / "cache")
-    suite = load_any_suite(cfg.suite, verify=False)
     chosen = parse_shard_spec(shards, len(suite.shards))
     session = FidelitySession(config=cfg, device=device)
     reports = []
+    written: list[Path] = []
     for cand in cands:
         for s in chosen:
             scored = session.score(cand, s)
-            scored.report.write(out / "reports" / cand.name / f"shard-{s:02d}.json")
+            written += scored.report.write(out / "reports" / cand.name / f"shard-{s:02d}.json")
             reports.append(scored.report)
     rows = ladder_rows(reports, suite=suite)
-    write_ladder(out / "reports", rows)
+    ladder = ladder_files(out / "reports", rows)
+    atomic_write_files(ladder)  # ladder.md and ladder.json: both or neither
+    folder.record([*written, *ladder])
     by_name = {r["candidate"]: r for r in rows}
     sizes = {name: _on_disk(r) for name, r in by_name.items()}
     measured: dict[str, CheckCandidate] = {

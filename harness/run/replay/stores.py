@@ -19,6 +19,8 @@ from harness.interchange.published_method import method_report, render_method_ma
 from harness.interchange.suite_manifest import shard_view_digest
 from harness.io.atomic import atomic_write_files, dumps_json, refuse_overwriting_inputs
 from harness.io.jsonio import JSONObject
+from harness.reports.report_dir import STAMP, is_shard_report
+from harness.reports.report_folder import ReportFolder, check_for_writing
 from harness.reports.shard import render_markdown
 from harness.run.shard import CandidateMeta, score_shard
 from harness.run.shard_inputs import ShardInputs
@@ -141,6 +143,7 @@ def write_replay(inputs: ReplayInputs, out: str | Path, *, name: str, reference_
     if method == "published" and Path(out).suffix != ".json":
         paths = [Path(out) / f"report-{name}-shard-{s:04d}.json" for s in inputs.shards]
     refuse_overwriting_inputs([q for p in paths for q in (p, p.with_suffix(".md"))], own_inputs, "replay --out")
+    folder = report_folder_of(paths, inputs.suite.suite_token_sha256, name)
     files: dict[Path, str] = {}
     for shard, path in zip(inputs.shards, paths):
         meta: CandidateMeta = {"size_bytes": None, "tags": [], "bits_per_weight": None}  # a store: no checkpoint
@@ -163,4 +166,26 @@ def write_replay(inputs: ReplayInputs, out: str | Path, *, name: str, reference_
         files[path] = text
         files[path.with_suffix(".md")] = render_markdown(report)
     atomic_write_files(files)  # every report of the run, or none of them
+    if folder is not None:
+        ReportFolder(path=folder, suite_sha256=inputs.suite.suite_token_sha256, command="fidelity replay").record(files)
     return list(paths)
+
+
+def report_folder_of(paths: Sequence[Path], suite_sha256: str, name: str) -> Path | None:
+    """The report folder (one a run or a command stamped) that the replay's ``paths`` go into, checked for
+    writing this suite's shard reports of candidate ``name``: the folder the files go into or its parent.
+    None where neither is stamped (plain files: no stamp is made). Into a report folder only its own layout
+    is written (``<name>/shard-NN.json``, what its ledger can list); anything else is a
+    :class:`~harness.errors.UsageError` naming the stamp, the expected and the found path."""
+    where = paths[0].parent
+    for folder in (where, where.parent):
+        if check_for_writing(folder, suite_sha256, option="--out") is None:
+            continue
+        expected = f"{name}/shard-NN.json"
+        for p in paths:
+            rel = p.relative_to(folder).as_posix()
+            if rel != f"{name}/{p.name}" or p.suffix != ".json" or not is_shard_report(rel):
+                raise UsageError(f"{folder / STAMP}: replay --out inside a report folder: expected {expected} "
+                                 f"(--out {folder / name}), found {rel}")
+        return folder
+    return None
