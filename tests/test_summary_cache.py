@@ -106,6 +106,26 @@ def test_a_changed_statistics_setting_is_summarized_again_never_read(
     assert got["kld"]["mean"] != 123.0 and len(_entries(project)) == 2
 
 
+def test_a_candidate_scored_while_captured_reads_its_summary_and_a_changed_setting_recomputes(
+        project: Path, summarized: list[int], monkeypatch: pytest.MonkeyPatch) -> None:
+    """``keep = "scores"``: the summary is keyed by what the live positions are keyed by (the capture, not a store)."""
+    toml = project / "fidelity.toml"
+    toml.write_text(toml.read_text().replace('name = "bad"\n', 'name = "bad"\nkeep = "scores"\n', 1))
+    assert load_config(toml).candidate("bad").keep == "scores"
+    s1, first = _metrics(project)
+    (entry,) = _entries(project)
+    assert summarized == [0] and json.loads(entry.read_text())["binding"]["positions"]["keep"] == "scores"
+    _rewrite(entry, s1.signing_key(), lambda v: v["kld"].update(mean=123.0))
+    s2, planted = _metrics(project)
+    assert s2.reuse.served("scores", "bad") == {0}, "the live positions were not read from the scores cache"
+    assert planted["kld"]["mean"] == 123.0 and summarized == [0]  # read, not summarized: the test can fail
+    assert s2.reuse.served("summary", "bad") == {0}
+    s3, got = _metrics(project, n_boot=N_BOOT + 100)
+    assert summarized == [0, 0] and not s3.reuse.served("summary", "bad") and len(_entries(project)) == 2
+    fresh = shard_metrics(s3.positions(s3.config.candidate("bad"), 0), score_from=0, n_boot=N_BOOT + 100)
+    assert json.loads(json.dumps(fresh)) == got and first["kld"]["mean"] != 123.0
+
+
 def test_a_forged_summary_is_refused_and_replaced(project: Path, summarized: list[int]) -> None:
     s1, true = _metrics(project)
     (entry,) = _entries(project)
@@ -168,6 +188,25 @@ def test_pytest_no_score_cache_option(project: Path) -> None:
     assert "fidelity: scores cache off (--fidelity-no-score-cache" in out.stdout
     assert "score cache:" not in out.stdout and "summary cache:" not in out.stdout
     assert sorted(p.name for p in (project / ".fidelity-cache").rglob("*") if p.parent.name in (FOLDER, SCORES)) == kept
+
+
+def test_xdist_workers_read_and_keep_summaries(project: Path) -> None:
+    """Through pytest-xdist (``-n 2``, one shard case a worker): the worker of a shard summarized before reads its
+    kept summary (a planted, signed value shows in its report), the other's summary is computed and kept, and the
+    controller says what was reused."""
+    s1, _ = _metrics(project, n_boot=load_config(project / "fidelity.toml").n_boot)  # shard 0, as the run keys it
+    (entry,) = _entries(project)
+    _rewrite(entry, s1.signing_key(), lambda v: v["kld"].update(mean_context_macro=123.0))
+    out = subprocess.run([sys.executable, "-m", "pytest", "fidelity.toml", "-p", "no:cacheprovider", "-m", "fidelity",
+                          "-n", "2", "-k", "bad and shard", "--fidelity-shards", "0,1", "--fidelity-no-floor",
+                          "--fidelity-report-dir", "reports"], cwd=project, capture_output=True, text=True, check=False)
+    assert out.returncode == 0 and "created: 2/2 workers" in out.stdout, out.stdout[-3000:] + out.stderr[-3000:]
+    # (kld.mean is re-derived from the totals by the controller: the planted value is one that is not)
+    means = {int(p.stem[-2:]): json.loads(p.read_text())["metrics"]["kld"]["mean_context_macro"]
+             for p in (project / "reports" / "bad").glob("shard-*.json")}
+    assert means[0] == 123.0 and 0 < means[1] < 1, means
+    assert "summary cache: reused 1 of 2 shards (bad 1 of 2)" in out.stdout, out.stdout[-2000:]
+    assert len(_entries(project)) == 2
 
 
 def test_kept_results_are_read_by_content_and_refused_when_forged(tmp_path: Path) -> None:

@@ -168,6 +168,8 @@ class FidelitySession:
     #: candidate x shard's capture header (what its store would have recorded)
     _loaded: dict[str, LoadedModel] = field(default_factory=dict)
     _live_headers: dict[tuple[str, int], JSONObject] = field(default_factory=dict)
+    #: ``keep = "scores"`` candidate x shard: the shared head and what its positions are keyed by (:meth:`live_key`)
+    _live_keys: dict[tuple[str, int], tuple[HeadTensor, JSONObject]] = field(default_factory=dict)
     _summary_cache: ResultCache[JSONObject] | None = None
 
     # ------------------------------------------------------------------ inputs
@@ -447,11 +449,8 @@ class FidelitySession:
         or read from the scores cache; its hidden states are never written. Concurrent processes (xdist workers,
         cluster tasks) computing one shard take the entry's lock: the second reads what the first kept."""
         assert cand.model is not None
-        head = check_live_joins(self.suite, shard, self.reference, self.head, self.candidate_head(cand), self.score_from)
+        head, bound = self.live_key(cand, shard)
         cache, stem = self.live_cache, f"{cand.name}-shard{shard:02d}"
-        bound = live_binding(candidate=cand.name, capture=self.capture_key(cand), suite=self.suite, shard=shard,
-                             reference=self.reference, head=head, cand_head=self.candidate_head(cand),
-                             window=self.score_from, device=self.device)
         work = cache.path(stem, bound)
         work = work.with_name(f".{work.stem}.parts")
 
@@ -478,6 +477,19 @@ class FidelitySession:
         self._live_headers[(cand.name, shard)] = got.header
         self._release_live(cand, shard)
         return got.positions
+
+    def live_key(self, cand: CandidateConfig, shard: int) -> tuple[HeadTensor, JSONObject]:
+        """A ``keep = "scores"`` candidate x shard's joins, checked (:func:`check_live_joins`: the shared head it is
+        scored through), and what its positions are keyed by (:func:`live_binding`); once per run."""
+        key = (cand.name, shard)
+        if key not in self._live_keys:
+            head = check_live_joins(self.suite, shard, self.reference, self.head, self.candidate_head(cand),
+                                    self.score_from)
+            bound = live_binding(candidate=cand.name, capture=self.capture_key(cand), suite=self.suite, shard=shard,
+                                 reference=self.reference, head=head, cand_head=self.candidate_head(cand),
+                                 window=self.score_from, device=self.device)
+            self._live_keys[key] = (head, bound)
+        return self._live_keys[key]
 
     def _live_model(self, cand: CandidateConfig) -> LoadedModel:
         """A ``keep = "scores"`` candidate's model, loaded once for the shards this process scores."""
@@ -512,20 +524,21 @@ class FidelitySession:
 
     def summary(self, cand: CandidateConfig, shard: int, pos: ShardPositions, n_boot: int) -> ShardSummary:
         """The ``metrics`` block of ``cand`` x ``shard`` from the summaries cache (:mod:`harness.run.summary_cache`),
-        computed and kept when it holds none; with ``[settings] score_cache = false`` (and for a ``keep = "scores"``
-        candidate, whose positions are keyed by its capture instead) computed, nothing kept."""
+        computed and kept when it holds none (keyed by what its positions are keyed by: the stores' content, or a
+        ``keep = "scores"`` candidate's capture); with ``[settings] score_cache = false`` computed, nothing kept."""
         seed = self.bootstrap_seed
-        if not self.config.score_cache or (cand.keep == "scores" and cand.model is not None):
+        if not self.config.score_cache:
             return shard_metrics(pos, score_from=self.score_from, n_boot=n_boot, seed=seed)
-        inputs = self.shard_inputs(cand, shard)
-        settings = statistics_settings(n_boot, seed)
+        live = cand.keep == "scores" and cand.model is not None
+        positions = self.live_key(cand, shard)[1] if live else score_binding(self.shard_inputs(cand, shard), cand.name,
+                                                                             self.device)
         if self._summary_cache is None:
             self._summary_cache = summary_cache(self.config.cache_dir, self.signing_key())
         cache, stem = self._summary_cache, f"{cand.name}-shard{shard:02d}"
         n_reused = len(cache.reused)
-        bound = summary_binding(score_binding(inputs, cand.name, self.device), settings)
+        bound = summary_binding(positions, statistics_settings(n_boot, seed))
         metrics = cache.get(stem, bound, lambda: cast(JSONObject, shard_metrics(
-            pos, score_from=inputs.score_from, n_boot=n_boot, seed=seed)))
+            pos, score_from=self.score_from, n_boot=n_boot, seed=seed)))
         reused = len(cache.reused) > n_reused
         self.reuse.note("summary", cand.name, reused=[shard] if reused else [], computed=[] if reused else [shard],
                         where=str(cache.folder))
