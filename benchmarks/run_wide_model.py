@@ -149,6 +149,14 @@ def _timing_patches(engine: str) -> dict[str, list[float]]:
 
     timer(loaded_cls, "forward", "forward_s")
     timer(engine_cls, "load", "load_s")
+    kernels_for = T.fp32_kernels_for
+
+    def recorded(model: Any) -> Any:  # which lever the fp32 path took: weights widened once and held, or per use
+        k = kernels_for(model)
+        spent["fp32_widened_held"] = [float(bool(k.widened))]
+        return k
+
+    T.fp32_kernels_for = recorded
     timer(engine_cls, "model_identity", "model_hash_s")  # the model's identity by content: every weight file hashed
     return spent
 
@@ -179,7 +187,8 @@ def stage_capture(work: Path, which: str, engine: str = "transformers", device: 
     total, total_cpu = time.perf_counter() - t0, time.process_time() - c0
     n = len(store.indices)
     return {"seconds": total, "cpu_s": total_cpu, **{k: v[0] for k, v in spent.items()}, "contexts": n,
-            "store_bytes": _dir_bytes(out), "engine": engine, "device": device, "paths": _paths()}
+            "store_bytes": _dir_bytes(out), "engine": engine, "device": device, "paths": _paths(),
+            "store_engine_identity": json.loads((out / "capture.json").read_text()).get("engine")}
 
 
 def stage_verify(work: Path) -> dict[str, Any]:
