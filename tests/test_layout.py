@@ -37,8 +37,8 @@ RANKS: dict[str, int] = {
     "errors": 0,
     "io": 1,
     "metrics": 2,
-    "planning": 2,
     "engines": 3,
+    "planning": 3,  # predicts the intervals metrics/ computes (their levels)
     "inputs": 4,
     "capture": 5,
     "scoring": 6,

@@ -2,10 +2,10 @@
 
 The harness's mean KLD is a ratio estimator ``r = sum_c s_c / sum_c n_c`` over source clusters ``c``
 (``s_c``: KLD summed over the cluster's positions, ``n_c``: its positions). With cluster residuals
-``e_c = s_c - r n_c`` and ``sigma^2 = sum e_c^2 / (C - 1)``, its standard error with ``C`` clusters
-of the pilot's average size ``nbar`` is ``se(C) = sigma / (nbar sqrt(C))`` (the cluster-robust,
-linearized variance). A paired comparison of two candidates on the same positions uses the same
-formula on the per-cluster *differences* ``d_c = s_a,c - s_b,c``.
+``e_c = s_c - r n_c``, its standard error with ``C`` clusters of the pilot's average size ``nbar`` is
+``se(C) = sqrt(sum e_c^2 / (C - 1)) / (nbar sqrt(C))``; a paired comparison uses the per-cluster
+*differences* ``d_c = s_a,c - s_b,c``. Each arm of the predicted interval is ``t_(C-1)`` at the level
+the harness reads that side at (:func:`harness.metrics.bootstrap.side_levels`), not at 2.5 %.
 
 Reasoning: docs/diagnostics.md §"Sample sizes".
 """
@@ -19,6 +19,8 @@ from typing import Any
 
 import numpy as np
 
+from harness.metrics.bootstrap import ClusterShape, side_levels
+
 LEVEL = 0.95
 POWER = 0.80
 MAX_CLUSTERS = 10**7
@@ -26,11 +28,14 @@ MAX_CLUSTERS = 10**7
 
 @dataclass(frozen=True)
 class ClusterPilot:
-    """Per-cluster sums of a pilot run: ``sums`` (KLD, or KLD differences), ``positions``, ``contexts``."""
+    """Per-cluster sums of a pilot run: ``sums`` (KLD, or KLD differences), ``positions``, ``contexts``;
+    ``difference``: the sums are paired differences (read as a statistic whose heavy side is not known in
+    advance), else a KLD mean (right-skewed: :func:`harness.metrics.bootstrap.side_levels`)."""
 
     sums: np.ndarray
     positions: np.ndarray
     contexts: np.ndarray
+    difference: bool = False
 
     @classmethod
     def from_rows(cls, rows: Sequence[Mapping[str, Any]], other: Sequence[Mapping[str, Any]] | None = None) -> ClusterPilot:
@@ -48,7 +53,7 @@ class ClusterPilot:
         n = np.array([float(r["positions"]) for r in rows])
         C = len(names)
         return cls(np.bincount(cid, weights=s, minlength=C), np.bincount(cid, weights=n, minlength=C),
-                   np.bincount(cid, minlength=C).astype(np.float64))
+                   np.bincount(cid, minlength=C).astype(np.float64), other is not None)
 
     @property
     def n_clusters(self) -> int:
@@ -84,6 +89,34 @@ def _t(q: float, clusters: int) -> float:
     return float(special.stdtrit(max(clusters - 1, 1), q))
 
 
+def pilot_shape(p: ClusterPilot, clusters: int | None = None, *, independent_pair: bool = False) -> ClusterShape:
+    """The :class:`~harness.metrics.bootstrap.ClusterShape` of ``clusters`` clusters like the pilot's (default: the
+    pilot's own): skewness shrinks as ``1 / sqrt(C)``, the kurtosis term and the largest cluster's share as ``1 / C``,
+    the effective cluster count grows as ``C``, the relative spread stays. ``independent_pair``: the difference of two
+    independent candidates of this spread (symmetric: no skew, half the excess kurtosis)."""
+    shape = ClusterShape.of(p.sums[:, None], p.positions)
+    f = (clusters or p.n_clusters) / p.n_clusters
+    skew = np.zeros(1) if independent_pair else shape.skew / math.sqrt(f)
+    kurt = shape.kurt / f / (2.0 if independent_pair else 1.0)
+    return ClusterShape(skew, kurt, shape.spread, np.minimum(shape.top_share / f, 1.0), shape.c_eff * f,
+                        int(clusters or p.n_clusters))
+
+
+def side_quantiles(p: ClusterPilot, clusters: int, level: float = LEVEL, *, independent_pair: bool = False) -> tuple[float, float]:
+    """The arms ``(lower, upper)``, in standard errors, of the harness's ``level`` interval with ``clusters`` clusters
+    like the pilot's: the interval is about ``[r - lower se, r + upper se]``. Each arm is the ``t_(C-1)`` quantile
+    ``t`` at the level its side is read at (:func:`harness.metrics.bootstrap.side_levels` of :func:`pilot_shape`);
+    for a mean (not a difference, whose skewness already lowers its levels) moved by the studentized mean's skewness
+    term ``g (2 t^2 + 1) / 6`` (Hall's one-term Edgeworth expansion; ``g`` the skewness of the cluster residuals'
+    total): a right-skewed total has the longer upper arm."""
+    alpha = (1.0 - level) / 2.0
+    shape = pilot_shape(p, clusters, independent_pair=independent_pair)
+    rs = np.array([not (p.difference or independent_pair)])
+    g = 0.0 if (p.difference or independent_pair) else float(shape.skew[0])
+    t_lo, t_hi = (_t(1.0 - float(side_levels(alpha, shape, toward, rs)[0]), clusters) for toward in (-1, 1))
+    return max(t_lo - g * (2.0 * t_lo**2 + 1.0) / 6.0, 0.0), max(t_hi + g * (2.0 * t_hi**2 + 1.0) / 6.0, 0.0)
+
+
 def _smallest(ok: Any) -> int | None:
     """The fewest clusters (>= 2) for which ``ok`` holds; None when not even :data:`MAX_CLUSTERS` suffice
     (the search stops there: the answer is "more than MAX_CLUSTERS", never the cap itself)."""
@@ -99,46 +132,58 @@ def _smallest(ok: Any) -> int | None:
 
 
 def clusters_for_precision(p: ClusterPilot, eps: float, level: float = LEVEL) -> int | None:
-    """Fewest clusters whose ``level`` interval half-width is within ``eps`` x the mean (None: more than
-    :data:`MAX_CLUSTERS`)."""
-    q = 0.5 + level / 2
-    return _smallest(lambda c: _t(q, c) * p.se(c) <= eps * abs(p.mean))
+    """Fewest clusters whose ``level`` interval has both arms within ``eps`` x the mean (:func:`achievable_eps`;
+    None: more than :data:`MAX_CLUSTERS`)."""
+    return _smallest(lambda c: achievable_eps(p, c, level) <= eps)
 
 
 def clusters_for_difference(p: ClusterPilot, delta: float, level: float = LEVEL, power: float = POWER) -> int | None:
-    """Fewest clusters for a two-sided test at ``level`` to detect ``delta`` with ``power`` (paired pilot; None:
-    more than :data:`MAX_CLUSTERS`)."""
-    q = 0.5 + level / 2
-    return _smallest(lambda c: (_t(q, c) + _t(power, c)) * p.se(c) <= abs(delta))
+    """Fewest clusters at which the harness's ``level`` interval of the difference excludes 0 with ``power`` for a
+    true difference ``delta`` (:func:`resolvable_delta`; paired pilot; None: more than :data:`MAX_CLUSTERS`)."""
+    return _smallest(lambda c: resolvable_delta(p, c, level, power) <= abs(delta))
+
+
+def _toward_zero(p: ClusterPilot, clusters: int, level: float, independent_pair: bool = False) -> tuple[float, float]:
+    """The arms ``(near, far)`` of :func:`side_quantiles`: ``near`` the one that must clear 0 for a difference of the
+    pilot's sign (the lower arm when the pilot's mean is >= 0, else the upper), ``far`` the other."""
+    lower, upper = side_quantiles(p, clusters, level, independent_pair=independent_pair)
+    return (lower, upper) if p.mean >= 0 else (upper, lower)
 
 
 def power_at(p: ClusterPilot, delta: float, clusters: int, level: float = LEVEL) -> float:
-    """Power of the two-sided cluster t-test at ``level`` for a true difference ``delta`` with ``clusters``."""
+    """Power of the harness's paired verdict ("A/B better": the ``level`` interval of the difference excludes 0 on
+    the side of ``delta``) for a true difference ``delta`` of the pilot's sign with ``clusters``, under a shifted
+    ``t_(C-1)``: each side read at its level, with its skewness term (:func:`side_quantiles`)."""
     df = max(clusters - 1, 1)
-    tc = _t(0.5 + level / 2, clusters)
+    near, far = _toward_zero(p, clusters, level)
     shift = abs(delta) / p.se(clusters)
     from scipy import special
 
     # t.sf(x, df) = stdtr(df, -x) and t.cdf(x, df) = stdtr(df, x), as scipy.stats computes them
-    return float(special.stdtr(df, -(tc - shift)) + special.stdtr(df, -tc - shift))
+    return float(special.stdtr(df, -(near - shift)) + special.stdtr(df, -far - shift))
 
 
-def resolvable_delta(p: ClusterPilot, clusters: int | None = None, level: float = LEVEL, power: float = POWER) -> float:
-    """The difference detected with ``power`` at ``level`` with ``clusters`` (default: the pilot's own)."""
+def resolvable_delta(p: ClusterPilot, clusters: int | None = None, level: float = LEVEL, power: float = POWER,
+                     *, independent_pair: bool = False) -> float:
+    """The difference (of the pilot's sign) the harness's ``level`` interval separates from 0 with ``power`` with
+    ``clusters`` (default: the pilot's own): ``(arm + t_(C-1)(power)) se``, ``arm`` the one that must clear 0
+    (:func:`side_quantiles`)."""
     c = clusters or p.n_clusters
-    return float((_t(0.5 + level / 2, c) + _t(power, c)) * p.se(c))
+    return float((_toward_zero(p, c, level, independent_pair)[0] + _t(power, c)) * p.se(c))
 
 
 def achievable_eps(p: ClusterPilot, clusters: int | None = None, level: float = LEVEL) -> float:
-    """Relative half-width of the ``level`` interval of the mean with ``clusters`` (default: the pilot's)."""
+    """Relative half-width of the ``level`` interval of the mean with ``clusters`` (default: the pilot's): its
+    longer arm (:func:`side_quantiles`) over the mean."""
     c = clusters or p.n_clusters
-    return float(_t(0.5 + level / 2, c) * p.se(c) / abs(p.mean)) if p.mean else math.inf
+    return float(max(side_quantiles(p, c, level)) * p.se(c) / abs(p.mean)) if p.mean else math.inf
 
 
 def single_run_resolvable_delta(rows: Sequence[Mapping[str, Any]], level: float = LEVEL, power: float = POWER) -> float | None:
     """Resolvable delta of one run alone: two *independent* candidates with this run's cluster spread
-    (``sqrt(2) x`` its standard error). A paired comparison on the same positions resolves less."""
+    (``sqrt(2) x`` its standard error, the levels of their symmetric difference). A paired comparison on the same
+    positions resolves less."""
     p = ClusterPilot.from_rows(rows)
     if p.n_clusters < 3:
         return None
-    return math.sqrt(2.0) * resolvable_delta(p, level=level, power=power)
+    return math.sqrt(2.0) * resolvable_delta(p, level=level, power=power, independent_pair=True)
