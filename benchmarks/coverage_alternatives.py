@@ -2,9 +2,10 @@
 
 Run by hand (minutes per set): ``python benchmarks/coverage_alternatives.py collect SET REPS CLUSTERS DIR`` with
 ``SET`` one of ``cal`` (the calibration models, 2 contexts per cluster), ``unseen`` (``coverage_unseen.SHAPES``),
-``in_use`` (``IN_USE_SHAPES``) or ``held`` (``HELD_OUT_SHAPES``) and ``CLUSTERS`` a comma list, e.g.
-``python benchmarks/coverage_alternatives.py collect cal 1000 8,16,47,85,842 /tmp/alt``; then
-``python benchmarks/coverage_alternatives.py table DIR summary|cells``.
+``in_use`` (``IN_USE_SHAPES``), ``held`` (``HELD_OUT_SHAPES``) or ``typical`` (:data:`MILD` and two calibration
+models) and ``CLUSTERS`` a comma list, e.g. ``python benchmarks/coverage_alternatives.py collect cal 1000
+8,16,47,85,842 /tmp/alt`` (an optional last argument, e.g. :data:`FRESH_OFFSET`, is added to every seed: fresh data
+sets and draws); then ``python benchmarks/coverage_alternatives.py table DIR summary|cells``.
 
 ``collect`` draws each cell's data sets (half from 100 clusters) as ``coverage_unseen`` does and, per data set on one
 draw of 10,000 replicates (no extension), stores the bootstrap-t quantiles at a grid of levels (:data:`LEVELS`), the
@@ -15,9 +16,12 @@ overstated), so all candidates see the same data sets and draws:
 
 * ``previous``: per side the wider of the percentile interval and the bootstrap-t at ``0.25 a C'/(C' + 200)``;
 * ``percentile``; ``bootstrap-t``: read at the stated ``a``;
-* ``skew only``: the upper end at ``a / (1 + 8 skew)^2``, no few-cluster term;
-* ``few-cluster, m = 1``: the harness's rule without the spread factor (every suite pays the whole ``C'/(C' + 200)``);
-* ``chosen``: the harness's rule (:func:`harness.metrics.bootstrap.side_levels`, its module constants).
+* ``double bootstrap``: the fast double bootstrap (one inner replicate per outer one);
+* ``before``: the upper end at ``a C'/(C' + 200 m) / (1 + 3 skew+ + 5 kurt)^2``, ``m = min(1, v / 0.6)^2`` (the rule
+  the relative-standard-error rule replaced); ``rel. SE^2`` / ``rel. SE^4, no shape term``: the latter's relative
+  standard error (squared over 0.04, or to the 4th power over 0.1) and few-cluster terms without its skewness and
+  kurtosis term;
+* ``now``: the harness's rule (:func:`harness.metrics.bootstrap.side_levels`, its module constants).
 """
 
 from __future__ import annotations
@@ -32,17 +36,23 @@ from coverage_table import HEAVIER  # run as a script: benchmarks/ is on the pat
 from coverage_unseen import HELD_OUT_SHAPES, IN_USE_SHAPES, SHAPES, Shape, cluster_sizes, draw_mean_data
 
 import harness.metrics.bootstrap as bs
-from harness.metrics.simulation import ALL_MODELS
+from harness.metrics.simulation import ALL_MODELS, FIXTURE, HEAVY, ClusterModel
 
 A = 0.025
 LEVELS = np.array([0.00025, 0.0005, 0.001, 0.0015, 0.002, 0.003, 0.004, 0.005, 0.0065, 0.008, 0.01, 0.0125, 0.015,
                    0.0175, 0.02, 0.025, 0.03, 0.035, 0.04, 0.05, 0.06])
+#: Typical shapes (``typical``): embedded-like (fixture-fitted), real-LLM-like tails with mild document effects (this
+#: model) and with strong ones (heavy-tailed), 2 contexts per cluster, at 12, 16, 47 and 85 clusters.
+MILD = ClusterModel("real-LLM-like, mild document effects", sigma_cluster=0.3, sigma_context=0.3, sigma_position=1.5)
 SETS = {
     "cal": ([Shape(m) for m in ALL_MODELS[:2] + HEAVIER + ALL_MODELS[2:]], 61_000),
     "unseen": (list(SHAPES), 62_000),
     "in_use": (list(IN_USE_SHAPES), 63_000),
     "held": (list(HELD_OUT_SHAPES), 64_000),
+    "typical": ([Shape(FIXTURE), Shape(MILD), Shape(HEAVY)], 65_000),
 }
+#: ``collect``'s optional last argument: added to every cell's seed (fresh data sets and draws for a confirmation).
+FRESH_OFFSET = 1_000_000
 
 
 def _grid_quantiles(xs: np.ndarray, p: np.ndarray) -> np.ndarray:
@@ -108,8 +118,9 @@ def _inner_weights(W: np.ndarray, seed: int) -> np.ndarray:
     return out
 
 
-def collect(name: str, reps: int, clusters: list[int], out: str) -> None:
+def collect(name: str, reps: int, clusters: list[int], out: str, offset: int = 0) -> None:
     shapes, base = SETS[name]
+    base += offset
     os.makedirs(out, exist_ok=True)
     for i, shape in enumerate(shapes):
         for C in clusters:
@@ -140,12 +151,25 @@ def _interp(arr: np.ndarray, level: np.ndarray) -> np.ndarray:
     return np.asarray(arr[rows, j] * (1 - f) + arr[rows, j + 1] * f, dtype=np.float64)
 
 
-def _main_level(o: dict[str, np.ndarray]) -> np.ndarray:
-    """The upper end's level of the rule before the dominance diagnostic and the raised lower end (a right-skewed mean;
-    its lower end at ``a``)."""
+def _before_upper(o: dict[str, np.ndarray]) -> np.ndarray:
+    """The upper end's level of the rule before the relative-standard-error rule (a right-skewed mean): ``a C'/(C' +
+    200 m) / (1 + 3 skew+ + 5 kurt)^2``, ``m = min(1, v / 0.6)^2``, at the floor where the dominance diagnostic fires."""
     m = np.minimum(1.0, o["spread"] / bs.SPREAD_SCALE) ** 2
     ce = o["c_eff"]
     lev = A * ce / (ce + bs.SMALL_SAMPLE_CLUSTERS * m) / (1 + bs.SKEW_WEIGHT * np.maximum(o["skew"], 0) + bs.KURTOSIS_WEIGHT * o["kurt"]) ** 2
+    lev = np.where(bs.dominated(_shape(o)), 0.0, lev)
+    return np.asarray(np.maximum(lev, A * bs.LEVEL_FLOOR), dtype=np.float64)
+
+
+def _rel_se_upper(o: dict[str, np.ndarray], scale: float, power: float, few: float, kurt: float, shape_power: float) -> np.ndarray:
+    """A relative-standard-error rule's upper level: ``a / ((1 + (se / (scale r))^power) (1 + few / C') (1 + skew+ +
+    kurt kurt)^shape_power)`` (the harness's rule: ``scale`` 0.1, ``power`` 4, ``few`` 10, ``kurt`` 20,
+    ``shape_power`` 2), at the floor where the dominance diagnostic fires."""
+    ce = o["c_eff"]
+    rel = o["spread"] / np.sqrt(ce)
+    shape = (1 + np.maximum(o["skew"], 0) + kurt * o["kurt"]) ** shape_power
+    lev = A / ((1 + (rel / scale) ** power) * (1 + few / ce) * shape)
+    lev = np.where(bs.dominated(_shape(o)), 0.0, lev)
     return np.asarray(np.maximum(lev, A * bs.LEVEL_FLOOR), dtype=np.float64)
 
 
@@ -187,14 +211,16 @@ def candidate_ends(o: dict[str, np.ndarray]) -> dict[str, tuple[np.ndarray, np.n
         "percentile": (p_lo, p_hi),
         "bootstrap-t": t_ends(full, full),
         "double bootstrap": t_ends(*double_bootstrap_levels(o)),
-        "main": t_ends(full, _main_level(o)),
+        "before": t_ends(bs.side_levels(A, shape, -1, rs), _before_upper(o)),
+        "rel. SE^2, no shape term": t_ends(bs.side_levels(A, shape, -1, rs), _rel_se_upper(o, 0.04, 2.0, 10.0, 0.0, 0.0)),
+        "rel. SE^4, no shape term": t_ends(bs.side_levels(A, shape, -1, rs), _rel_se_upper(o, 0.1, 4.0, 10.0, 0.0, 0.0)),
         "now": t_ends(bs.side_levels(A, shape, -1, rs), bs.side_levels(A, shape, +1, rs)),
     }
     return {k: (np.maximum(lo, 0.0), hi) for k, (lo, hi) in out.items()}
 
 
 def table(folder: str, kind: str) -> None:
-    names = {k: [s.model.name if k == "cal" else s.name for s in v[0]] for k, v in SETS.items()}
+    names = {k: [s.model.name if k in ("cal", "typical") else s.name for s in v[0]] for k, v in SETS.items()}
     rows: dict[str, list[tuple[str, str, int, int, float, float, float, float]]] = {}
     for f in sorted(glob.glob(os.path.join(folder, "*.npz"))):
         name, i, C = os.path.basename(f)[:-4].rsplit("_", 2)
@@ -224,13 +250,14 @@ def table(folder: str, kind: str) -> None:
     print("|---|---|---|---|---|---|---|---|")
     key = {s: i for i, s in enumerate(SETS)}
     fires = {(x[0], x[1], x[2]): x[7] for x in rows["now"]}
-    for b, c in sorted(zip(rows["main"], rows["now"]), key=lambda z: (key[z[0][0]], names[z[0][0]].index(z[0][1]), z[0][2])):
+    for b, c in sorted(zip(rows["before"], rows["now"]), key=lambda z: (key[z[0][0]], names[z[0][0]].index(z[0][1]), z[0][2])):
         print(f"| {c[0]} | {c[1]} | {c[2]} | {c[3]} | {100 * b[4]:.1f} / **{100 * c[4]:.1f}** % | "
               f"{100 * b[5]:.1f} / **{100 * c[5]:.1f}** % | {b[6]:.2f} / **{c[6]:.2f}** | {100 * fires[c[:3]]:.1f} % |")
 
 
 if __name__ == "__main__":
     if sys.argv[1] == "collect":
-        collect(sys.argv[2], int(sys.argv[3]), [int(c) for c in sys.argv[4].split(",")], sys.argv[5])
+        collect(sys.argv[2], int(sys.argv[3]), [int(c) for c in sys.argv[4].split(",")], sys.argv[5],
+                int(sys.argv[6]) if len(sys.argv) > 6 else 0)
     else:
         table(sys.argv[2], sys.argv[3] if len(sys.argv) > 3 else "summary")

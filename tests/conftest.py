@@ -271,8 +271,10 @@ def _reference_studentized_interval(values: Any, cluster: Any, weights: Any, lev
             return a * min(2.4, 1.0 + 8.0 * max(se / abs(r) - 0.25, 0.0))
         if dominant:
             return a / 100.0
-        m = min(1.0, v / 0.6) ** 2 if right_skewed else 1.0
-        return max(a * c_eff / (c_eff + 200.0 * m) / (1.0 + 3.0 * max(toward * g, 0.0) + 5.0 * x) ** 2, a / 100.0)
+        if right_skewed:  # the upper end: relative standard error, few clusters, skewness and kurtosis
+            rel = v / math.sqrt(c_eff)
+            return max(a / ((1.0 + (rel / 0.1) ** 4) * (1.0 + 10.0 / c_eff) * (1.0 + max(g, 0.0) + 20.0 * x) ** 2), a / 100.0)
+        return max(a * c_eff / (c_eff + 200.0) / (1.0 + 3.0 * max(toward * g, 0.0) + 5.0 * x) ** 2, a / 100.0)
 
     a_lo, a_hi = side(-1), side(+1)
     rows = [list(map(int, row)) for row in np.asarray(weights)]

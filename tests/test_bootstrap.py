@@ -107,9 +107,11 @@ def test_studentized_interval_matches_an_independent_float64_implementation(refe
 
 
 def test_levels_follow_the_clusters_spread_and_skew() -> None:
-    """side_levels against the documented formula, computed here from the residuals; a homogeneous suite is read near
-    the stated level, a spread-out skewed one far below it, and the lower end of a right-skewed mean at the stated
-    level raised with its relative standard error (``a min(2.4, 1 + 8 (se / r - 0.25)+)``)."""
+    """side_levels against the documented formula, computed here from the residuals: the upper end of a right-skewed
+    mean at ``a / ((1 + (se / (0.1 r))^4) (1 + 10 / C') (1 + skew+ + 20 kurt)^2)`` (a homogeneous suite near the stated
+    level, a spread-out skewed one far below it), its lower end at the stated level raised with its relative standard error
+    (``a min(2.4, 1 + 8 (se / r - 0.25)+)``), both ends of a statistic of unknown skew at
+    ``a C' / (C' + 200) / (1 + 3 skew+ + 5 kurt)^2``."""
     rng = np.random.default_rng(3)
     C = 47
     counts = np.full(C, 500.0)
@@ -124,15 +126,18 @@ def test_levels_follow_the_clusters_spread_and_skew() -> None:
         e = s - r * counts
         g = (e**3).sum() / (e**2).sum() ** 1.5
         x = max(C * (e**4).sum() / (e**2).sum() ** 2 - 3.0, 0.0) / C
-        v = np.sqrt(C / (C - 1) * (e**2).sum()) / counts.sum() * np.sqrt(C) / r
-        m = min(1.0, v / 0.6) ** 2
-        want = max(0.025 * C / (C + 200 * m) / (1 + 3 * max(g, 0.0) + 5 * x) ** 2, 0.025 / 100)
+        se_r = np.sqrt(C / (C - 1) * (e**2).sum()) / counts.sum() / r
+        want = max(0.025 / ((1 + (se_r / 0.1) ** 4) * (1 + 10 / C) * (1 + max(g, 0.0) + 20 * x) ** 2), 0.025 / 100)
         assert up[j] == pytest.approx(want, rel=1e-12)
-        se_r = v / np.sqrt(C)
         assert down[j] == pytest.approx(0.025 * min(2.4, 1 + 8 * max(se_r - 0.25, 0.0)), rel=1e-12)
-    assert up[0] > 0.3 * 0.025 and up[1] < up[0] / 5
-    unknown = side_levels(0.025, shape, -1, np.array([False, False]))
-    assert (unknown < 0.025).all()  # a statistic of unknown skew: both ends get the few-cluster term
+        unknown = side_levels(0.025, shape, -1, np.array([False, False]))[j]
+        # a statistic of unknown skew: both ends at the few-cluster term and the skew toward that end
+        assert unknown == pytest.approx(max(0.025 * C / (C + 200) / (1 + 3 * max(-g, 0.0) + 5 * x) ** 2, 0.025 / 100), rel=1e-12)
+    # over 40 data sets of each: a homogeneous suite is read near the stated level, a spread-out skewed one far below
+    many = np.concatenate([counts[:, None] * 1e-3 * rng.lognormal(0.0, sd, (C, 40)) for sd in (0.1, 1.2)], axis=1)
+    levels = side_levels(0.025, ClusterShape.of(many, counts), +1, np.ones(80, dtype=bool))
+    homogeneous_level, skewed_level = float(np.median(levels[:40])), float(np.median(levels[40:]))
+    assert homogeneous_level > 0.5 * 0.025 and skewed_level < homogeneous_level / 5
 
 
 @pytest.mark.parametrize("n_clusters", [8, 16, 85, 842])

@@ -32,7 +32,7 @@ MIN_CLUSTERS = 8
 MEAN_METHOD = "studentized"
 MEAN_METHOD_TEXT = (
     "source-cluster bootstrap-t (studentized: cluster-robust standard error per replicate), each side read at "
-    "a level set by the effective cluster count and the clusters' spread, skewness and kurtosis "
+    "a level set by the mean's relative standard error, the effective cluster count and the clusters' skewness and kurtosis "
     "(docs/statistics.md, 'Each side at its level')"
 )
 #: Fewest source clusters for which the tails' (p99, CVaR1%) intervals are reported: below it the simulated
@@ -48,12 +48,22 @@ TAIL_METHOD_TEXT = (
     f"source-cluster bootstrap, percentile interval read at {TAIL_ALPHA:g} per side; not estimable below "
     f"{TAIL_MIN_CLUSTERS} source clusters"
 )
-#: The bootstrap-t level of each side (:func:`side_levels`): the stated tail probability ``alpha`` times
-#: ``C' / (C' + K m)`` (a few-cluster term: the resampled ``t`` is too short-tailed when the clusters at hand lack
-#: the population's rare heavy ones) divided by ``(1 + 3 skew+ + 5 kurt)^2`` (the cluster residuals' own skewness
-#: and excess kurtosis). ``m = min(1, v / 0.6)^2`` with ``v`` the relative spread of the clusters (``se sqrt(C') / r``):
-#: a homogeneous suite (``v`` ~ 0.1, the embedded default's) is read near ``alpha``; a heterogeneous one (``v`` >= 0.6)
-#: carries the whole few-cluster term. ``docs/statistics.md`` has the simulations that chose the constants.
+#: The upper end of a right-skewed mean (:func:`side_levels`) is read at
+#: ``alpha / ((1 + (se / (REL_SE_SCALE r))^4) (1 + FEW_CLUSTERS / C') (1 + skew+ + UPPER_KURTOSIS_WEIGHT kurt)^2)``:
+#: its relative standard error ``se / r`` (the resampled ``t`` is too short-tailed when the clusters at hand lack the
+#: population's rare heavy ones, and what such a cluster moves is the mean's relative error), a few-cluster term and
+#: the residuals' skewness and excess kurtosis over C (heavy-tailed cluster effects). ``docs/statistics.md`` has the
+#: simulations that chose the constants (fitted on the calibration and in-use shapes, two seeds each; reported
+#: separately on shapes they were not fitted on).
+REL_SE_SCALE = 0.1
+REL_SE_POWER = 4.0
+FEW_CLUSTERS = 10.0
+UPPER_SKEW_WEIGHT = 1.0
+UPPER_KURTOSIS_WEIGHT = 20.0
+#: A statistic whose heavy side is not known in advance (a paired difference, an agreement rate) reads both ends at
+#: ``alpha C' / (C' + K) / (1 + 3 skew+ + 5 kurt)^2`` (``skew+`` the residuals' skew toward that end, ``kurt`` their
+#: excess kurtosis over C); :data:`SPREAD_SCALE` is the relative spread the previous rule of a right-skewed mean's
+#: upper end saturated at (``benchmarks/coverage_alternatives.py`` compares it).
 SMALL_SAMPLE_CLUSTERS = 200.0
 SPREAD_SCALE = 0.6
 SKEW_WEIGHT = 3.0
@@ -123,25 +133,29 @@ def side_levels(alpha: float, shape: ClusterShape, toward: int, right_skewed: np
 
     A ``right_skewed`` statistic (a mean of nonnegative, right-tailed per-position values: KLD, JSD) reads its lower
     end at ``alpha min(LOWER_CAP, 1 + LOWER_SLOPE (se / r - LOWER_REL)+)`` (``se / r = spread / sqrt(C')``) and its
-    upper end at ``alpha C'/(C' + K m) / (1 + 3 skew+ + 5 kurt)^2`` (the module constants; ``skew+`` the positive part
-    of the residuals' skew). Any other statistic (a
-    paired difference, an agreement rate: the heavy side is not known in advance) reads both ends at the latter, with
-    ``m = 1`` and ``skew+`` the skew toward that end. A side the dominance diagnostic widens (:func:`dominated`: the
+    upper end at ``alpha / ((1 + (se / (REL_SE_SCALE r))^4) (1 + FEW_CLUSTERS / C') (1 + skew+ + UPPER_KURTOSIS_WEIGHT
+    kurt)^2)`` (the module constants; ``skew+`` the positive part of the residuals' skew). Any other statistic (a paired difference, an agreement rate: the heavy side is not known
+    in advance) reads both ends at ``alpha C'/(C' + K) / (1 + 3 skew+ + 5 kurt)^2`` (``skew+`` the residuals' skew
+    toward that end). A side the dominance diagnostic widens (:func:`dominated`: the
     upper end of a right-skewed mean, both ends of any other) is read at the floor. Never below ``LEVEL_FLOOR * alpha``
     (and the memory floor ``MIN_BEYOND C / MAX_READ_ELEMENTS``)."""
     k = shape.skew.shape[0]
     if alpha <= 0:
         return np.zeros(k)
     rs = np.broadcast_to(np.asarray(right_skewed, dtype=bool), (k,))
-    m = np.where(rs, np.minimum(1.0, shape.spread / SPREAD_SCALE) ** 2, 1.0)
     c = shape.c_eff
     skew = np.maximum(toward * shape.skew, 0.0)
-    level = alpha * c / (c + SMALL_SAMPLE_CLUSTERS * m) / (1.0 + SKEW_WEIGHT * skew + KURTOSIS_WEIGHT * shape.kurt) ** 2
+    level = alpha * c / (c + SMALL_SAMPLE_CLUSTERS) / (1.0 + SKEW_WEIGHT * skew + KURTOSIS_WEIGHT * shape.kurt) ** 2
     floor = level_floor(alpha, shape.n_clusters)
+    rel = shape.spread / math.sqrt(c)
     if toward < 0:
-        rel = shape.spread / math.sqrt(c)
-        raised = alpha * np.minimum(LOWER_CAP, 1.0 + LOWER_SLOPE * np.maximum(rel - LOWER_REL, 0.0))
-        level = np.where(rs, raised, level)
+        own = alpha * np.minimum(LOWER_CAP, 1.0 + LOWER_SLOPE * np.maximum(rel - LOWER_REL, 0.0))
+    else:
+        with np.errstate(over="ignore", invalid="ignore"):
+            own = alpha / ((1.0 + (rel / REL_SE_SCALE) ** REL_SE_POWER) * (1.0 + FEW_CLUSTERS / c)
+                           * (1.0 + UPPER_SKEW_WEIGHT * skew + UPPER_KURTOSIS_WEIGHT * shape.kurt) ** 2)
+        own = np.where(np.isfinite(rel), own, 0.0)
+    level = np.where(rs, own, level)
     widened = dominated(shape) & (~rs if toward < 0 else np.ones(k, dtype=bool))
     level = np.where(widened, floor, level)
     return np.asarray(np.maximum(level, floor), dtype=np.float64)

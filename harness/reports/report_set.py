@@ -389,7 +389,7 @@ hidden states go through one shared BF16 LM head, so the number measures the mod
 * Per position: KLD, top-1 agreement, EAR = Σ min(p, q), JSD, NLL of the true next token.
 * Headline: token-mean KLD with a 95% **studentized source-cluster bootstrap** interval
   (whole source documents resampled; fixed seed; bootstrap-t, each side read at a level set by the
-  clusters' count, spread, skewness and kurtosis; not estimable below 8 source clusters).
+  clusters' count, the mean's relative standard error and the clusters' kurtosis; not estimable below 8 source clusters).
 * Tails: exact per-shard percentiles; cumulative percentiles are bracketed by a fixed
   log-spaced histogram (40 bins per decade) whose counts add across shards; exceedance counts
   are exact.
