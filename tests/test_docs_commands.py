@@ -137,7 +137,9 @@ def _workspace(workspaces: dict[str, Path], page: str, factory: pytest.TempPathF
 
 
 @pytest.mark.slow  # the docs' commands on the embedded default; shared outputs per page
-@pytest.mark.parametrize("block", _runnable(), ids=lambda b: b.id)
+# one page's blocks stay on one pytest-xdist worker, in document order (`-n 2 --dist loadgroup`)
+@pytest.mark.parametrize("block", [pytest.param(b, marks=pytest.mark.xdist_group(f"docs:{b.page}")) for b in _runnable()],
+                         ids=lambda b: b.id)
 def test_docs_block_runs_as_written(block: Block, workspaces: dict[str, Path],
                                     tmp_path_factory: pytest.TempPathFactory) -> None:
     ws = _workspace(workspaces, block.page, tmp_path_factory)

@@ -164,6 +164,7 @@ def test_xdist_gives_the_store_paths_reports(tmp_path: Path, stored: dict[str, A
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("ray")  # `-n 2 --dist loadgroup`: one local Ray cluster at a time, on one worker
 def test_ray_gives_the_store_paths_reports(tmp_path: Path, stored: dict[str, Any]) -> None:
     pytest.importorskip("ray")
     config = write_config(tmp_path, "scores")

@@ -153,6 +153,7 @@ def _kill_first_task(proc: subprocess.Popen[bytes], captures: Path, deadline_s: 
 
 
 @pytest.mark.slow  # starts a local Ray cluster, captures and scores the tiny project twice
+@pytest.mark.xdist_group("ray")  # `-n 2 --dist loadgroup`: one local Ray cluster at a time, on one worker
 def test_ray_run_equals_serial_and_survives_a_killed_worker(project: pytest.Pytester) -> None:
     """Serial, then on a local Ray cluster with one worker SIGKILLed mid-task: Ray retries the task, every case
     passes as it did serially, and the report folders are the same (no report duplicated, none partial).
@@ -202,6 +203,7 @@ def test_ray_run_equals_serial_and_survives_a_killed_worker(project: pytest.Pyte
 
 
 @pytest.mark.slow  # the embedded ladder's captures (shared with fidelity.toml's own cases) and a local Ray cluster
+@pytest.mark.xdist_group("ray")  # `-n 2 --dist loadgroup`: one local Ray cluster at a time, on one worker
 def test_embedded_ladder_on_ray_equals_serial(tmp_path: Path) -> None:
     """Two candidates x two shards of the embedded ladder (fidelity.toml): same reports as a serial run."""
     pytest.importorskip("ray")

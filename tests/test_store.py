@@ -110,6 +110,39 @@ def test_extra_file(store: Path, suite: Suite) -> None:
         CaptureStore.open(store, suite)
 
 
+def test_a_reader_waits_for_a_writer_between_its_file_and_its_manifest(store: Path, suite: Suite) -> None:
+    """A writer renames a context file into place, then rewrites the manifest, under the store's lock: a reader
+    opening the store meanwhile (another process capturing the same cache folder) waits for the manifest instead
+    of refusing the file as unlisted."""
+    import threading
+
+    from filelock import FileLock
+
+    doc = _manifest(store)
+    del doc["files"]["ctx-000005.safetensors"]
+    _save_manifest(store, doc)  # ctx-000005 renamed into place, the manifest not yet rewritten
+    lock = FileLock(store / ".lock")
+    lock.acquire()  # ... by a writer holding the store's lock
+    opened: list[CaptureStore | BaseException] = []
+
+    def read() -> None:
+        try:
+            opened.append(CaptureStore.open(store, suite))
+        except BaseException as e:  # noqa: BLE001 -- handed to the test's thread
+            opened.append(e)
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    reader.join(0.5)
+    assert reader.is_alive() and not opened  # waiting for the writer's lock
+    doc["files"]["ctx-000005.safetensors"] = {"index": 5, "sha256": sha256_file(store / "ctx-000005.safetensors")}
+    _save_manifest(store, doc)  # the writer rewrites the manifest, then releases the lock
+    lock.release()
+    reader.join(10)
+    assert len(opened) == 1 and isinstance(opened[0], CaptureStore), opened
+    assert opened[0].indices == list(range(6))
+
+
 def test_duplicate_index(store: Path, suite: Suite) -> None:
     shutil.copy(store / "ctx-000001.safetensors", store / "ctx-0000001.safetensors")
     doc = _manifest(store)

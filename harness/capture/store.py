@@ -205,6 +205,11 @@ class CaptureStore:
     def open(cls, path: str | Path, suite: Suite, verify: bool = True) -> CaptureStore:
         """Open a store for ``suite``; structural checks always, content checks on load if ``verify``."""
         root = Path(path)
+        with _between_writes(root):
+            return cls._open(root, suite, verify)
+
+    @classmethod
+    def _open(cls, root: Path, suite: Suite, verify: bool) -> CaptureStore:
         mf = root / MANIFEST
         doc = _read_manifest(root)
         if doc.get("suite_token_sha256") != suite.suite_token_sha256:
@@ -292,6 +297,26 @@ class CaptureStore:
 
 
 # ----------------------------------------------------------------------------- writing
+
+
+@contextmanager
+def _between_writes(root: Path) -> Iterator[None]:
+    """Hold the store's writer lock (``.lock``, where a :class:`StoreWriter` made one) while it is read: a writer
+    renames a context file into place and then rewrites the manifest, both under that lock, so a reader in
+    between would see a context file the manifest does not list yet (another process capturing the same cache
+    folder, e.g. a pytest-xdist worker). A store without a lock file, or one this user cannot lock, is read as it is."""
+    lock = FileLock(root / LOCK, mode=0o666)
+    try:
+        if not (root / LOCK).is_file():
+            raise FileNotFoundError(root / LOCK)
+        lock.acquire()
+    except OSError:
+        yield
+        return
+    try:
+        yield
+    finally:
+        lock.release()
 
 
 class StoreWriter:
