@@ -20,6 +20,7 @@ import platform
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import replace
 
 import numpy as np
@@ -37,7 +38,7 @@ from harness.metrics.simulation import FIXTURE, HEAVY, ClusterModel
 from harness.planning.design import ClusterPilot, achievable_eps, resolvable_delta
 from harness.reports.paired import verdict
 
-MODELS = (FIXTURE, HEAVY)
+MODELS: tuple[ClusterModel, ...] = (FIXTURE, HEAVY)
 #: (clusters, contexts per cluster): one shard of the embedded default, its ladder, a larger ladder, the seed suite.
 LAYOUTS = ((16, 1), (47, 2), (85, 2), (842, 6))
 #: (clusters, contexts per cluster, shards) of the adaptive rule (no early stop below 40 clusters).
@@ -75,7 +76,7 @@ def diff_pilot(sums: np.ndarray, counts: np.ndarray, per_cluster: int) -> Cluste
     """A paired pilot of per-cluster differences (as ``ClusterPilot.from_rows(a, b)`` makes it; a planner without
     the ``difference`` field, before it read each side at its level, takes it as it took every pilot)."""
     extra = {"difference": True} if "difference" in ClusterPilot.__dataclass_fields__ else {}
-    return ClusterPilot(sums, counts, np.full(counts.shape[0], float(per_cluster)), **extra)  # type: ignore[arg-type]
+    return ClusterPilot(sums, counts, np.full(counts.shape[0], float(per_cluster)), **extra)
 
 
 def shard_plan(n_clusters: int, per_cluster: int, looks: int, seed: int) -> np.ndarray:
@@ -109,8 +110,7 @@ def adaptive(model: ClusterModel, C: int, k: int, looks: int, reps: int, seed: i
     return passed, failed
 
 
-def paired_rows(reps: int, seed: int) -> list[str]:
-    rows = []
+def paired_rows(reps: int, seed: int) -> Iterator[str]:
     for model in MODELS:
         for C, k in LAYOUTS:
             W = draw_cluster_weights(C, DEFAULT_N_BOOT, DEFAULT_SEED)
@@ -127,15 +127,13 @@ def paired_rows(reps: int, seed: int) -> list[str]:
                 else:
                     a_better, b_better = iv[:, 1] < 0.0, iv[:, 0] > 0.0
                     cells += [f"{rate(a_better)} ({band(a_better)})", f"{rate(b_better)} ({band(b_better)})"]
-            rows.append(f"| {model.name} | {C} | {reps} | {' | '.join(cells)} |")
-    return rows
+            yield (f"| {model.name} | {C} | {reps} | {' | '.join(cells)} |")
 
 
-def window_rows(reps: int, seed: int) -> list[str]:
+def window_rows(reps: int, seed: int) -> Iterator[str]:
     """Two candidates on the same positions, rescored from the middle of each context (window ``n_ctx/2``): a's KLD
     is 1.5x b's on the first half and equal on the second, so the true order is "b lower" at the base window and a
     tie at the half window; a failure is both paired intervals excluding 0, on opposite sides (and the mirror)."""
-    rows = []
     for model in MODELS:
         half = replace(model, positions=model.positions // 2)
         for C, k in LAYOUTS:
@@ -155,16 +153,14 @@ def window_rows(reps: int, seed: int) -> list[str]:
                 order_base = np.where(base[:, 1] < 0, -1, np.where(base[:, 0] > 0, 1, 0))
                 order_late = np.where(late[:, 1] < 0, -1, np.where(late[:, 0] > 0, 1, 0))
                 out.append(order_base * order_late == -1)
-            rows.append(f"| {model.name} | {C} | {reps} | {rate(out[0])} ({band(out[0])}) | {rate(out[1])} ({band(out[1])}) |")
-    return rows
+            yield (f"| {model.name} | {C} | {reps} | {rate(out[0])} ({band(out[0])}) | {rate(out[1])} ({band(out[1])}) |")
 
 
-def plan_rows(reps: int, seed: int) -> list[str]:
+def plan_rows(reps: int, seed: int) -> Iterator[str]:
     """Per data set, ``fidelity plan``'s "known within ±eps" from that data set's own clusters against the interval
     its report prints (median ratio of each printed arm to eps); and per data set its paired "resolves δ" (80 %
     power) against a fresh data set at a true difference δ: the share whose paired interval excludes 0 on the side
     of δ (the verdict "A/B better")."""
-    rows = []
     for model in MODELS:
         for C, k in LAYOUTS:
             W = draw_cluster_weights(C, DEFAULT_N_BOOT, DEFAULT_SEED)
@@ -189,10 +185,9 @@ def plan_rows(reps: int, seed: int) -> list[str]:
                 div = intervals(W, diff, dc)
                 powers.append(div[:, 0] > 0.0 if sign > 0 else div[:, 1] < 0.0)
                 planned.append(float(np.median(deltas)))
-            rows.append(f"| {model.name} | {C} | {reps} | {np.median(up):.2f} | {np.median(down):.2f} | "
+            yield (f"| {model.name} | {C} | {reps} | {np.median(up):.2f} | {np.median(down):.2f} | "
                         f"{100 * float(np.mean(iv[:, 1] - r <= eps * r)):.1f} % | {planned[0]:.3g} / {planned[1]:.3g} | 80 % | "
                         f"{rate(powers[0])} | {rate(powers[1])} |")
-    return rows
 
 
 def main(reps: int, parts: str, models: str) -> None:
@@ -219,16 +214,19 @@ def main(reps: int, parts: str, models: str) -> None:
     if "paired" in todo:
         print("\n| model | clusters | data sets | \"equivalent\" at +margin | at -margin | \"A better\" at 0 | \"B better\" at 0 |")
         print("|---|---|---|---|---|---|---|")
-        print("\n".join(paired_rows(reps, SEED0 + 20_000)), flush=True)
+        for row in paired_rows(reps, SEED0 + 20_000):
+            print(row, flush=True)
     if "windows" in todo:
         print("\n| model | clusters | data sets | false flip failure (a's upper end) | mirror (a's lower end) |")
         print("|---|---|---|---|---|")
-        print("\n".join(window_rows(reps, SEED0 + 40_000)), flush=True)
+        for row in window_rows(reps, SEED0 + 40_000):
+            print(row, flush=True)
     if "plan" in todo:
         print("\n| model | clusters | data sets | printed upper arm / plan's eps (median) | lower arm / eps | upper arms "
               "within eps | plan's δ at + / - (median) | predicted power | realised at +δ (\"B better\") | at -δ (\"A better\") |")
         print("|---|---|---|---|---|---|---|---|---|---|")
-        print("\n".join(plan_rows(reps, SEED0 + 60_000)), flush=True)
+        for row in plan_rows(reps, SEED0 + 60_000):
+            print(row, flush=True)
 
 
 if __name__ == "__main__":
