@@ -37,6 +37,7 @@ from harness.metrics.bootstrap import (
 from harness.metrics.simulation import FIXTURE, HEAVY, ClusterModel
 from harness.planning.design import ClusterPilot, achievable_eps, resolvable_delta
 from harness.reports.paired import verdict
+from harness.reports.windows import WindowSummary, detectable_reversal
 
 MODELS: tuple[ClusterModel, ...] = (FIXTURE, HEAVY)
 #: (clusters, contexts per cluster): one shard of the embedded default, its ladder, a larger ladder, the seed suite.
@@ -130,30 +131,73 @@ def paired_rows(reps: int, seed: int) -> Iterator[str]:
             yield (f"| {model.name} | {C} | {reps} | {' | '.join(cells)} |")
 
 
+def two_windows(model: ClusterModel, rng: np.random.Generator, C: int, k: int, rel: tuple[object, object],
+                reps: int) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """Two candidates on the same positions at the base window (whole contexts) and at ``n_ctx/2`` (their second
+    halves): a's KLD is ``1 + rel[h]`` times b's on half ``h`` (a number, or one per data set). Per window: a's and
+    b's per-cluster KLD sums ``[C, reps]`` and the positions ``[C]``."""
+    half = replace(model, positions=model.positions // 2)
+    shape = (C, k, reps)
+    common = model.cluster_multipliers(rng, (C, 1, reps)) * rng.lognormal(-0.5 * model.sigma_context**2,
+                                                                            model.sigma_context, shape)
+    scale = model.mean * half.positions
+    a, b = [], []
+    for h in range(2):
+        a.append(scale * ((1.0 + np.asarray(rel[h])) * common * half.context_means(rng, shape)).sum(axis=1))
+        b.append(scale * (common * half.context_means(rng, shape)).sum(axis=1))
+    n2 = np.full(C, float(half.positions * k))
+    return [(a[0] + a[1], b[0] + b[1], 2.0 * n2), (a[1], b[1], n2)]
+
+
 def window_rows(reps: int, seed: int) -> Iterator[str]:
     """Two candidates on the same positions, rescored from the middle of each context (window ``n_ctx/2``): a's KLD
     is 1.5x b's on the first half and equal on the second, so the true order is "b lower" at the base window and a
     tie at the half window; a failure is both paired intervals excluding 0, on opposite sides (and the mirror)."""
     for model in MODELS:
-        half = replace(model, positions=model.positions // 2)
         for C, k in LAYOUTS:
             W = draw_cluster_weights(C, DEFAULT_N_BOOT, DEFAULT_SEED)
             out = []
             for j, rel in enumerate((0.5, -0.5)):  # base order b lower (a's upper end at the half window), mirror
-                rng = np.random.default_rng(seed + 10 * C + j)
-                shape = (C, k, reps)
-                common = model.cluster_multipliers(rng, (C, 1, reps)) * rng.lognormal(
-                    -0.5 * model.sigma_context**2, model.sigma_context, shape)
-                halves = [(common * half.context_means(rng, shape), common * half.context_means(rng, shape)) for _ in range(2)]
-                scale = model.mean * half.positions
-                d1 = scale * ((1.0 + rel) * halves[0][0] - halves[0][1]).sum(axis=1)
-                d2 = scale * (halves[1][0] - halves[1][1]).sum(axis=1)
-                n2 = np.full(C, float(half.positions * k))
-                base, late = intervals(W, d1 + d2, 2.0 * n2), intervals(W, d2, n2)
+                (a0, b0, n0), (a1, b1, n1) = two_windows(model, np.random.default_rng(seed + 10 * C + j), C, k, (rel, 0.0), reps)
+                base, late = intervals(W, a0 - b0, n0), intervals(W, a1 - b1, n1)
                 order_base = np.where(base[:, 1] < 0, -1, np.where(base[:, 0] > 0, 1, 0))
                 order_late = np.where(late[:, 1] < 0, -1, np.where(late[:, 0] > 0, 1, 0))
                 out.append(order_base * order_late == -1)
             yield (f"| {model.name} | {C} | {reps} | {rate(out[0])} ({band(out[0])}) | {rate(out[1])} ({band(out[1])}) |")
+
+
+def _summary(sums: np.ndarray, counts: np.ndarray) -> WindowSummary:
+    """A :func:`harness.reports.windows.window_summary` of one candidate's per-cluster sums (what its reader keeps)."""
+    C = counts.shape[0]
+    return {"score_from": 0, "n_positions": int(counts.sum()), "n_contexts": C, "mean_kld": float(sums.sum() / counts.sum()),
+            "ci95": None, "clusters": {"names": [f"c{c}" for c in range(C)], "sum_kld": sums.tolist(),
+                                       "positions": counts.tolist(), "n_boot": DEFAULT_N_BOOT, "seed": DEFAULT_SEED}}
+
+
+def reversal_rows(reps: int, seed: int) -> Iterator[str]:
+    """``window.md``'s power statement: per data set, :func:`harness.reports.windows.detectable_reversal` (the
+    smallest reversal ``rho`` flagged with 80 % power, from that data set's own draws); a fresh data set with the
+    true reversal ``+rho`` x the pair's mean at the base window and ``-rho`` x it at ``n_ctx/2`` is flagged (both
+    paired intervals exclude 0, on opposite sides) in the share printed, 80 % promised."""
+    for model in MODELS:
+        for C, k in LAYOUTS[:3]:
+            W = draw_cluster_weights(C, DEFAULT_N_BOOT, DEFAULT_SEED)
+            # true relative differences per half for a reversal rho: base (mean of the halves) +rho, late -rho, each
+            # relative to the pair's mean at that window
+            def halves(rho: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+                base, late = rho / (1.0 - rho / 2.0), -rho / (1.0 + rho / 2.0)
+                return 2.0 * base - late, late
+            (a0, b0, n0), (a1, b1, n1) = two_windows(model, np.random.default_rng(seed + 10 * C), C, k,
+                                                     halves(np.full(reps, 0.1)), reps)
+            rhos = np.array([detectable_reversal(_summary(a0[:, j], n0), _summary(b0[:, j], n0), _summary(a1[:, j], n1),
+                                                 _summary(b1[:, j], n1)) or math.nan for j in range(reps)])
+            ok = np.isfinite(rhos)
+            (a0, b0, n0), (a1, b1, n1) = two_windows(model, np.random.default_rng(seed + 10 * C + 1), C, k,
+                                                     halves(np.where(ok, rhos, 0.0)), reps)
+            base, late = intervals(W, a0 - b0, n0), intervals(W, a1 - b1, n1)
+            hit = ((base[:, 0] > 0) & (late[:, 1] < 0))[ok]
+            yield (f"| {model.name} | {C} | {reps} | {float(np.median(rhos[ok])):.3f} | {int((~ok).sum())} | 80 % | "
+                   f"{rate(hit)} |")
 
 
 def plan_rows(reps: int, seed: int) -> Iterator[str]:
@@ -201,7 +245,7 @@ def main(reps: int, parts: str, models: str) -> None:
     print(f"# interval consumers: {reps} data sets per cell; code {head or '?'}, harness at {harness.__file__}; "
           f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}; "
           f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
-    todo = parts.split(",") if parts else ["adaptive", "paired", "windows", "plan"]
+    todo = parts.split(",") if parts else ["adaptive", "paired", "windows", "reversal", "plan"]
     if "adaptive" in todo:
         print("\n| model | clusters | contexts | shards | data sets | early wrong pass | early wrong fail |")
         print("|---|---|---|---|---|---|---|")
@@ -220,6 +264,12 @@ def main(reps: int, parts: str, models: str) -> None:
         print("\n| model | clusters | data sets | false flip failure (a's upper end) | mirror (a's lower end) |")
         print("|---|---|---|---|---|")
         for row in window_rows(reps, SEED0 + 40_000):
+            print(row, flush=True)
+    if "reversal" in todo:
+        print("\n| model | clusters | data sets | window.md's smallest reversal (median, x mean) | not detectable | "
+              "promised power | realised |")
+        print("|---|---|---|---|---|---|---|")
+        for row in reversal_rows(reps, SEED0 + 80_000):
             print(row, flush=True)
     if "plan" in todo:
         print("\n| model | clusters | data sets | printed upper arm / plan's eps (median) | lower arm / eps | upper arms "
