@@ -26,6 +26,7 @@ pytestmark = [
         reason="triton is not installed (optional: pip install --no-deps 'triton==3.8.0'); the fused kernel is untested here",
     ),
     pytest.mark.slow,  # the Triton kernel under the CPU interpreter (a subprocess, minutes on 2 cores)
+    pytest.mark.xdist_group("fused_kl"),  # `-n 2 --dist loadgroup`: one worker runs the module's subprocess once
 ]
 
 CASES = ["random", "own_head", "identical", "ties", "peaked", "flat", "odd_hidden", "overflow"]

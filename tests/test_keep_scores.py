@@ -27,6 +27,10 @@ from harness.inputs.suite import Suite
 from harness.run.live_scores import capture_scored
 from harness.scoring.scorer import score_hidden
 
+#: `-n 2 --dist loadgroup`: one worker builds the module's stored project once (its Ray test is in the Ray
+#: tests' group)
+pytestmark = pytest.mark.xdist_group("keep_scores")
+
 ROOT = Path(__file__).resolve().parents[1]
 FIX = ROOT / "fixtures"
 SHARD = 0
