@@ -403,6 +403,23 @@ def fresh_project(tmp_path: Path, fidelity_project: Path) -> Path:
     return root
 
 
+def project_with_candidate(project: Path, root: Path, folders: tuple[str, ...], files: tuple[str, ...]) -> Path:
+    """``root`` holding ``folders`` and ``files`` copied from the tiny ``project`` and ``cand/``: its ``good`` model
+    captured over the suite (the store's writer lock removed, so copies of ``root`` start unlocked)."""
+    import shutil
+
+    from harness.capture.loop import capture
+
+    for name in folders:
+        shutil.copytree(project / name, root / name)
+    for name in files:
+        shutil.copy(project / name, root / name)
+    capture("transformers", project / "models" / "good", root / "suite", root / "cand", progress=False)
+    for p in root.rglob(".lock"):
+        p.unlink()
+    return root
+
+
 def shutil_copytree(src: Path, dst: Path) -> Path:
     """``shutil.copytree`` keeping symbolic links as links."""
     import shutil

@@ -29,7 +29,7 @@ from harness.cli.main import main
 from harness.errors import VerificationError
 from harness.io.hashing import sha256_file
 
-from .conftest import ctx, manifest, save_manifest
+from .conftest import ctx, manifest, project_with_candidate, save_manifest
 
 N_BOOT = "200"
 
@@ -40,17 +40,8 @@ N_BOOT = "200"
 @pytest.fixture(scope="module")
 def base(tmp_path_factory: pytest.TempPathFactory, fidelity_project: Path) -> Path:
     """suite/, reference/, cand/ (``good`` captured), the shared head, the models, fidelity.toml."""
-    from harness.capture.loop import capture
-
-    root = tmp_path_factory.mktemp("trust-base")
-    for name in ("suite", "reference", "models"):
-        shutil.copytree(fidelity_project / name, root / name)
-    for name in ("lm_head.safetensors", "lm_head.json", "fidelity.toml"):
-        shutil.copy(fidelity_project / name, root / name)
-    capture("transformers", fidelity_project / "models" / "good", root / "suite", root / "cand", progress=False)
-    for p in root.rglob(".lock"):
-        p.unlink()
-    return root
+    return project_with_candidate(fidelity_project, tmp_path_factory.mktemp("trust-base"), ("suite", "reference", "models"),
+                                  ("lm_head.safetensors", "lm_head.json", "fidelity.toml"))
 
 
 @pytest.fixture
