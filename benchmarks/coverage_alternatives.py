@@ -51,6 +51,9 @@ SETS = {
     "held": (list(HELD_OUT_SHAPES), 64_000),
     "typical": ([Shape(FIXTURE), Shape(MILD), Shape(HEAVY)], 65_000),
 }
+#: The rule the relative-standard-error rule replaced (``before``): ``a C'/(C' + 200 m) / (1 + 3 skew+ + 5 kurt)^2``,
+#: ``m = min(1, v / 0.6)^2`` (also how differences were read before ``benchmarks/coverage_differences.py``'s rule).
+BEFORE_CLUSTERS, BEFORE_SPREAD, BEFORE_SKEW, BEFORE_KURTOSIS = 200.0, 0.6, 3.0, 5.0
 #: ``collect``'s optional last argument: added to every cell's seed (fresh data sets and draws for a confirmation).
 FRESH_OFFSET = 1_000_000
 
@@ -154,9 +157,9 @@ def _interp(arr: np.ndarray, level: np.ndarray) -> np.ndarray:
 def _before_upper(o: dict[str, np.ndarray]) -> np.ndarray:
     """The upper end's level of the rule before the relative-standard-error rule (a right-skewed mean): ``a C'/(C' +
     200 m) / (1 + 3 skew+ + 5 kurt)^2``, ``m = min(1, v / 0.6)^2``, at the floor where the dominance diagnostic fires."""
-    m = np.minimum(1.0, o["spread"] / bs.SPREAD_SCALE) ** 2
+    m = np.minimum(1.0, o["spread"] / BEFORE_SPREAD) ** 2
     ce = o["c_eff"]
-    lev = A * ce / (ce + bs.SMALL_SAMPLE_CLUSTERS * m) / (1 + bs.SKEW_WEIGHT * np.maximum(o["skew"], 0) + bs.KURTOSIS_WEIGHT * o["kurt"]) ** 2
+    lev = A * ce / (ce + BEFORE_CLUSTERS * m) / (1 + BEFORE_SKEW * np.maximum(o["skew"], 0) + BEFORE_KURTOSIS * o["kurt"]) ** 2
     lev = np.where(bs.dominated(_shape(o)), 0.0, lev)
     return np.asarray(np.maximum(lev, A * bs.LEVEL_FLOOR), dtype=np.float64)
 

@@ -226,10 +226,11 @@ def _reference_studentized_interval(values: Any, cluster: Any, weights: Any, lev
     token mean, from raw positions: every replicate is expanded into its resampled positions and
     its mean and cluster-robust standard error are computed directly, with plain loops (no matrix
     products, no residual expansion). Bootstrap-t, each side's quantile read at the documented level
-    (docs/statistics.md): ``a C' / (C' + 200 m) / (1 + 3 g + 5 x)^2`` with ``C' = (sum n_c)^2 / sum n_c^2``, ``g`` the
-    cluster residuals' skew toward that side (``sum e^3 / (sum e^2)^1.5``, positive part), ``x`` their excess kurtosis
-    over C, ``m = min(1, v / 0.6)^2`` for a right-skewed statistic's upper side (``v = se sqrt(C') / r``) and 1
-    otherwise, a right-skewed statistic's lower side at ``a min(2.4, 1 + 8 (se / r - 0.25)+)``; never below ``a / 100``;
+    (docs/statistics.md) with ``C' = (sum n_c)^2 / sum n_c^2``, ``g`` the cluster residuals' skew
+    (``sum e^3 / (sum e^2)^1.5``), ``x`` their excess kurtosis over C: a right-skewed statistic's upper side at
+    ``a / ((1 + (se / (0.1 r))^4) (1 + 10 / C') (1 + g+ + 20 x)^2)``, its lower side at ``a min(2.4, 1 + 8 (se / r -
+    0.25)+)``; any other statistic's side at ``a min(2.4, 1 + 5 g-) / ((1 + 8 / C') (1 + 3 (1 + 60 / C') g+ + 20 x)^2)``
+    (``g+`` / ``g-`` the skew toward / away from that side); never below ``a / 100``;
     where one cluster holds more than half of ``sum |s_c|`` (dominance) a right-skewed statistic's upper side and any
     other statistic's both sides at ``a / 100``. Each side's quantile from
     the given draws, or when fewer than 20 / level, from the draws doubled until they hold as many: the given draws
@@ -274,7 +275,11 @@ def _reference_studentized_interval(values: Any, cluster: Any, weights: Any, lev
         if right_skewed:  # the upper end: relative standard error, few clusters, skewness and kurtosis
             rel = v / math.sqrt(c_eff)
             return max(a / ((1.0 + (rel / 0.1) ** 4) * (1.0 + 10.0 / c_eff) * (1.0 + max(g, 0.0) + 20.0 * x) ** 2), a / 100.0)
-        return max(a * c_eff / (c_eff + 200.0) / (1.0 + 3.0 * max(toward * g, 0.0) + 5.0 * x) ** 2, a / 100.0)
+        # unknown heavy side: few clusters, the skew toward this side (more weight with few clusters) and kurtosis,
+        # the skew away from it raising the level (at most 2.4 a)
+        light = min(2.4, 1.0 + 5.0 * max(-toward * g, 0.0))
+        heavy = (1.0 + 3.0 * (1.0 + 60.0 / c_eff) * max(toward * g, 0.0) + 20.0 * x) ** 2
+        return max(a * light / ((1.0 + 8.0 / c_eff) * heavy), a / 100.0)
 
     a_lo, a_hi = side(-1), side(+1)
     rows = [list(map(int, row)) for row in np.asarray(weights)]

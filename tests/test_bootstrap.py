@@ -110,8 +110,8 @@ def test_levels_follow_the_clusters_spread_and_skew() -> None:
     """side_levels against the documented formula, computed here from the residuals: the upper end of a right-skewed
     mean at ``a / ((1 + (se / (0.1 r))^4) (1 + 10 / C') (1 + skew+ + 20 kurt)^2)`` (a homogeneous suite near the stated
     level, a spread-out skewed one far below it), its lower end at the stated level raised with its relative standard error
-    (``a min(2.4, 1 + 8 (se / r - 0.25)+)``), both ends of a statistic of unknown skew at
-    ``a C' / (C' + 200) / (1 + 3 skew+ + 5 kurt)^2``."""
+    (``a min(2.4, 1 + 8 (se / r - 0.25)+)``), each end of a statistic of unknown skew at
+    ``a min(2.4, 1 + 5 skew-) / ((1 + 8 / C') (1 + 3 (1 + 60 / C') skew+ + 20 kurt)^2)``."""
     rng = np.random.default_rng(3)
     C = 47
     counts = np.full(C, 500.0)
@@ -131,8 +131,11 @@ def test_levels_follow_the_clusters_spread_and_skew() -> None:
         assert up[j] == pytest.approx(want, rel=1e-12)
         assert down[j] == pytest.approx(0.025 * min(2.4, 1 + 8 * max(se_r - 0.25, 0.0)), rel=1e-12)
         unknown = side_levels(0.025, shape, -1, np.array([False, False]))[j]
-        # a statistic of unknown skew: both ends at the few-cluster term and the skew toward that end
-        assert unknown == pytest.approx(max(0.025 * C / (C + 200) / (1 + 3 * max(-g, 0.0) + 5 * x) ** 2, 0.025 / 100), rel=1e-12)
+        # a statistic of unknown skew: the few-cluster term, the skew toward that end (weighted up with few
+        # clusters) and the kurtosis; the skew away from it raises the level
+        heavy = (1 + 3 * (1 + 60 / C) * max(-g, 0.0) + 20 * x) ** 2
+        want_unknown = 0.025 * min(2.4, 1 + 5 * max(g, 0.0)) / ((1 + 8 / C) * heavy)
+        assert unknown == pytest.approx(max(want_unknown, 0.025 / 100), rel=1e-12)
     # over 40 data sets of each: a homogeneous suite is read near the stated level, a spread-out skewed one far below
     many = np.concatenate([counts[:, None] * 1e-3 * rng.lognormal(0.0, sd, (C, 40)) for sd in (0.1, 1.2)], axis=1)
     levels = side_levels(0.025, ClusterShape.of(many, counts), +1, np.ones(80, dtype=bool))

@@ -60,14 +60,21 @@ REL_SE_POWER = 4.0
 FEW_CLUSTERS = 10.0
 UPPER_SKEW_WEIGHT = 1.0
 UPPER_KURTOSIS_WEIGHT = 20.0
-#: A statistic whose heavy side is not known in advance (a paired difference, an agreement rate) reads both ends at
-#: ``alpha C' / (C' + K) / (1 + 3 skew+ + 5 kurt)^2`` (``skew+`` the residuals' skew toward that end, ``kurt`` their
-#: excess kurtosis over C); :data:`SPREAD_SCALE` is the relative spread the previous rule of a right-skewed mean's
-#: upper end saturated at (``benchmarks/coverage_alternatives.py`` compares it).
+#: A statistic whose heavy side is not known in advance (a paired difference, an agreement rate) reads the end its
+#: residuals skew toward at ``alpha / ((1 + DIFF_FEW_CLUSTERS / C') (1 + DIFF_SKEW_WEIGHT (1 + DIFF_SKEW_FEW / C') skew+
+#: + DIFF_KURTOSIS_WEIGHT kurt)^2)`` and the other end at ``alpha min(LOWER_CAP, 1 + DIFF_LIGHT_SLOPE skew-)`` over the
+#: same first factor (``skew+`` / ``skew-`` the residuals' skew toward / away from that end, ``kurt`` their excess
+#: kurtosis over C): the bootstrap-t of a skewed difference is too short on its heavy side and too long on its light
+#: one, more so with few clusters. ``benchmarks/coverage_differences.py`` has the simulations that chose the constants
+#: (fitted on paired differences of the calibration models and agreement rates; reported on shapes held out).
+DIFF_FEW_CLUSTERS = 8.0
+DIFF_SKEW_WEIGHT = 3.0
+DIFF_SKEW_FEW = 60.0
+DIFF_KURTOSIS_WEIGHT = 20.0
+DIFF_LIGHT_SLOPE = 5.0
+#: The adaptive looks' replicate count (:func:`harness.gate.adaptive.n_boot_for`) plans for a level ``alpha_k C' / (C'
+#: + SMALL_SAMPLE_CLUSTERS)`` (more are drawn inside :func:`ratio_intervals` where a side is read lower).
 SMALL_SAMPLE_CLUSTERS = 200.0
-SPREAD_SCALE = 0.6
-SKEW_WEIGHT = 3.0
-KURTOSIS_WEIGHT = 5.0
 #: No side is read below ``LEVEL_FLOOR * alpha`` (nor, for memory, where more than :data:`MAX_READ_ELEMENTS`
 #: replicate x cluster entries would be needed).
 LEVEL_FLOOR = 0.01
@@ -134,18 +141,21 @@ def side_levels(alpha: float, shape: ClusterShape, toward: int, right_skewed: np
     A ``right_skewed`` statistic (a mean of nonnegative, right-tailed per-position values: KLD, JSD) reads its lower
     end at ``alpha min(LOWER_CAP, 1 + LOWER_SLOPE (se / r - LOWER_REL)+)`` (``se / r = spread / sqrt(C')``) and its
     upper end at ``alpha / ((1 + (se / (REL_SE_SCALE r))^4) (1 + FEW_CLUSTERS / C') (1 + skew+ + UPPER_KURTOSIS_WEIGHT
-    kurt)^2)`` (the module constants; ``skew+`` the positive part of the residuals' skew). Any other statistic (a paired difference, an agreement rate: the heavy side is not known
-    in advance) reads both ends at ``alpha C'/(C' + K) / (1 + 3 skew+ + 5 kurt)^2`` (``skew+`` the residuals' skew
-    toward that end). A side the dominance diagnostic widens (:func:`dominated`: the
-    upper end of a right-skewed mean, both ends of any other) is read at the floor. Never below ``LEVEL_FLOOR * alpha``
-    (and the memory floor ``MIN_BEYOND C / MAX_READ_ELEMENTS``)."""
+    kurt)^2)`` (the module constants; ``skew+`` the positive part of the residuals' skew). Any other statistic (a
+    paired difference, an agreement rate: the heavy side is not known in advance) reads each end at ``alpha min(LOWER_CAP,
+    1 + DIFF_LIGHT_SLOPE skew-) / ((1 + DIFF_FEW_CLUSTERS / C') (1 + DIFF_SKEW_WEIGHT (1 + DIFF_SKEW_FEW / C') skew+ +
+    DIFF_KURTOSIS_WEIGHT kurt)^2)`` (``skew+`` / ``skew-`` the residuals' skew toward / away from that end). A side the
+    dominance diagnostic widens (:func:`dominated`: the upper end of a right-skewed mean, both ends of any other) is
+    read at the floor. Never below ``LEVEL_FLOOR * alpha`` (and the memory floor ``MIN_BEYOND C / MAX_READ_ELEMENTS``)."""
     k = shape.skew.shape[0]
     if alpha <= 0:
         return np.zeros(k)
     rs = np.broadcast_to(np.asarray(right_skewed, dtype=bool), (k,))
     c = shape.c_eff
     skew = np.maximum(toward * shape.skew, 0.0)
-    level = alpha * c / (c + SMALL_SAMPLE_CLUSTERS) / (1.0 + SKEW_WEIGHT * skew + KURTOSIS_WEIGHT * shape.kurt) ** 2
+    light = np.minimum(LOWER_CAP, 1.0 + DIFF_LIGHT_SLOPE * np.maximum(-toward * shape.skew, 0.0))
+    level = alpha * light / ((1.0 + DIFF_FEW_CLUSTERS / c)
+                             * (1.0 + DIFF_SKEW_WEIGHT * (1.0 + DIFF_SKEW_FEW / c) * skew + DIFF_KURTOSIS_WEIGHT * shape.kurt) ** 2)
     floor = level_floor(alpha, shape.n_clusters)
     rel = shape.spread / math.sqrt(c)
     if toward < 0:
