@@ -162,14 +162,17 @@ def _shape(o: dict[str, np.ndarray]) -> bs.ClusterShape:
     return bs.ClusterShape(o["skew"], o["kurt"], o["spread"], o["share_s"], float(o["c_eff"][0]), int(o["C"][0]))
 
 
-#: The family :func:`fit` searches: (few, skew, skew_few, kurt, light) of :func:`rule_levels`.
-GRID = ((2.0, 4.0, 8.0, 16.0), (3.0, 5.0, 8.0), (30.0, 60.0, 120.0), (10.0, 20.0, 40.0, 80.0), (2.0, 5.0))
+#: The family :func:`fit` searches: (few, skew, skew_few, kurt, light, scale) of :func:`rule_levels`.
+GRID = ((4.0, 8.0, 16.0), (3.0, 5.0), (30.0, 60.0, 120.0), (10.0, 20.0), (2.0, 5.0), (0.7, 0.8, 0.9, 1.0))
+#: Shapes beyond any rule of this family at few clusters (Pareto and 5 %-of-20x-harder cluster effects, lognormal
+#: 1.0): left out of :func:`fit`'s loss, reported in the tables.
+BEYOND = ("Pareto", "mixture", "lognormal 1.0")
 
 
 def rule_levels(o: dict[str, np.ndarray], few: float, skew_w: float, skew_few: float, kurt_w: float, light: float,
-                ) -> tuple[np.ndarray, np.ndarray]:
-    """A candidate rule's (lower, upper) levels: ``a min(LOWER_CAP, 1 + light skew-) / ((1 + few / C') (1 + skew_w (1 +
-    skew_few / C') skew+ + kurt_w kurt)^2)``, ``skew+`` / ``skew-`` the residuals' skew toward / away from that end; the
+                scale: float) -> tuple[np.ndarray, np.ndarray]:
+    """A candidate rule's (lower, upper) levels: ``scale a min(LOWER_CAP, 1 + light skew-) / ((1 + few / C') (1 + skew_w
+    (1 + skew_few / C') skew+ + kurt_w kurt)^2)``, ``skew+`` / ``skew-`` the residuals' skew toward / away from that end; the
     floor where the dominance diagnostic fires (the harness's rule: :data:`harness.metrics.bootstrap.DIFF_FEW_CLUSTERS`
     and the constants after it)."""
     ce = o["c_eff"]
@@ -177,7 +180,7 @@ def rule_levels(o: dict[str, np.ndarray], few: float, skew_w: float, skew_few: f
     out = []
     for toward in (-1, 1):
         sk = toward * o["skew"]
-        lev = (A * np.minimum(bs.LOWER_CAP, 1 + light * np.maximum(-sk, 0.0))
+        lev = (scale * A * np.minimum(bs.LOWER_CAP, 1 + light * np.maximum(-sk, 0.0))
                / ((1 + few / ce) * (1 + skew_w * (1 + skew_few / ce) * np.maximum(sk, 0.0) + kurt_w * o["kurt"]) ** 2))
         out.append(np.maximum(np.where(dom, 0.0, lev), A * bs.LEVEL_FLOOR))
     return out[0], out[1]
@@ -238,17 +241,17 @@ def band_counts(cells: list[tuple[str, str, int, dict[str, np.ndarray]]], levels
 
 
 def fit(folder: str) -> None:
-    """The grid search over :data:`GRID` on the ``dcal`` cells: fewest sides above 2.5 % + SE (counted twice: a miss
-    above the level is worse than one below), then fewest below 1.0 % - SE, then the squared distance to 1.75 %."""
-    cells = [c for c in load(folder) if c[0] == "dcal"]
+    """The grid search over :data:`GRID` on the ``dcal`` cells but :data:`BEYOND`'s: fewest sides outside [1.0 %, 2.5 %]
+    with one SE, then the squared distance to 1.75 % (25 times that above 2.5 % + SE)."""
+    cells = [c for c in load(folder) if c[0] == "dcal" and not any(b in c[1] for b in BEYOND)]
     results = []
     for params in itertools.product(*GRID):
         levels = [rule_levels(o, *params) for *_, o in cells]
         bc = band_counts(cells, levels)
-        results.append((2 * (bc[0] + bc[2]) + bc[1] + bc[3], bc[4], params, bc))
+        results.append((bc[0] + bc[2] + bc[1] + bc[3], bc[4], params, bc))
     results.sort(key=lambda x: (x[0], x[1]))
-    print("| few | skew | skew few | kurt | light | upper over | upper under | lower over | lower under | distance |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("| few | skew | skew few | kurt | light | scale | upper over | upper under | lower over | lower under | distance |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for _, _, params, bc in results[:10]:
         print(f"| {' | '.join(f'{x:g}' for x in params)} | {bc[0]} | {bc[1]} | {bc[2]} | {bc[3]} | {bc[4]:.2e} |")
 

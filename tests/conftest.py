@@ -229,7 +229,7 @@ def _reference_studentized_interval(values: Any, cluster: Any, weights: Any, lev
     (docs/statistics.md) with ``C' = (sum n_c)^2 / sum n_c^2``, ``g`` the cluster residuals' skew
     (``sum e^3 / (sum e^2)^1.5``), ``x`` their excess kurtosis over C: a right-skewed statistic's upper side at
     ``a / ((1 + (se / (0.1 r))^4) (1 + 10 / C') (1 + g+ + 20 x)^2)``, its lower side at ``a min(2.4, 1 + 8 (se / r -
-    0.25)+)``; any other statistic's side at ``a min(2.4, 1 + 5 g-) / ((1 + 8 / C') (1 + 3 (1 + 60 / C') g+ + 20 x)^2)``
+    0.25)+)``; any other statistic's side at ``0.8 a min(2.4, 1 + 5 g-) / ((1 + 8 / C') (1 + 3 (1 + 60 / C') g+ + 10 x)^2)``
     (``g+`` / ``g-`` the skew toward / away from that side); never below ``a / 100``;
     where one cluster holds more than half of ``sum |s_c|`` (dominance) a right-skewed statistic's upper side and any
     other statistic's both sides at ``a / 100``. Each side's quantile from
@@ -278,8 +278,8 @@ def _reference_studentized_interval(values: Any, cluster: Any, weights: Any, lev
         # unknown heavy side: few clusters, the skew toward this side (more weight with few clusters) and kurtosis,
         # the skew away from it raising the level (at most 2.4 a)
         light = min(2.4, 1.0 + 5.0 * max(-toward * g, 0.0))
-        heavy = (1.0 + 3.0 * (1.0 + 60.0 / c_eff) * max(toward * g, 0.0) + 20.0 * x) ** 2
-        return max(a * light / ((1.0 + 8.0 / c_eff) * heavy), a / 100.0)
+        heavy = (1.0 + 3.0 * (1.0 + 60.0 / c_eff) * max(toward * g, 0.0) + 10.0 * x) ** 2
+        return max(0.8 * a * light / ((1.0 + 8.0 / c_eff) * heavy), a / 100.0)
 
     a_lo, a_hi = side(-1), side(+1)
     rows = [list(map(int, row)) for row in np.asarray(weights)]

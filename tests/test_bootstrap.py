@@ -111,7 +111,7 @@ def test_levels_follow_the_clusters_spread_and_skew() -> None:
     mean at ``a / ((1 + (se / (0.1 r))^4) (1 + 10 / C') (1 + skew+ + 20 kurt)^2)`` (a homogeneous suite near the stated
     level, a spread-out skewed one far below it), its lower end at the stated level raised with its relative standard error
     (``a min(2.4, 1 + 8 (se / r - 0.25)+)``), each end of a statistic of unknown skew at
-    ``a min(2.4, 1 + 5 skew-) / ((1 + 8 / C') (1 + 3 (1 + 60 / C') skew+ + 20 kurt)^2)``."""
+    ``0.8 a min(2.4, 1 + 5 skew-) / ((1 + 8 / C') (1 + 3 (1 + 60 / C') skew+ + 10 kurt)^2)``."""
     rng = np.random.default_rng(3)
     C = 47
     counts = np.full(C, 500.0)
@@ -133,8 +133,8 @@ def test_levels_follow_the_clusters_spread_and_skew() -> None:
         unknown = side_levels(0.025, shape, -1, np.array([False, False]))[j]
         # a statistic of unknown skew: the few-cluster term, the skew toward that end (weighted up with few
         # clusters) and the kurtosis; the skew away from it raises the level
-        heavy = (1 + 3 * (1 + 60 / C) * max(-g, 0.0) + 20 * x) ** 2
-        want_unknown = 0.025 * min(2.4, 1 + 5 * max(g, 0.0)) / ((1 + 8 / C) * heavy)
+        heavy = (1 + 3 * (1 + 60 / C) * max(-g, 0.0) + 10 * x) ** 2
+        want_unknown = 0.8 * 0.025 * min(2.4, 1 + 5 * max(g, 0.0)) / ((1 + 8 / C) * heavy)
         assert unknown == pytest.approx(max(want_unknown, 0.025 / 100), rel=1e-12)
     # over 40 data sets of each: a homogeneous suite is read near the stated level, a spread-out skewed one far below
     many = np.concatenate([counts[:, None] * 1e-3 * rng.lognormal(0.0, sd, (C, 40)) for sd in (0.1, 1.2)], axis=1)

@@ -241,7 +241,7 @@ def _paired(a: argparse.Namespace) -> int:
     ci, cm = rep["kld_mean"]["ci95"], rep["certifiable_margin"]
     iv = "95% interval not estimable (too few source clusters)" if ci is None else f"95% [{ci[0]:.4g}, {ci[1]:.4g}]"
     print(f"{a.name_a} vs {a.name_b}: {rep['verdict_named']} (mean KLD difference {rep['kld_mean']['diff']:.4g}, "
-          f"{iv}, margin ±{margin:g}" + ("" if cm is None else f", smallest certifiable margin ±{cm:.4g}") + "; TOST 5% per side)")
+          f"{iv}, margin ±{margin:g}" + ("" if cm is None else f", smallest certifiable margin ±{cm:.4g}") + "; TOST 2.5% per side)")
     print(f"{json_path}\n{md_path}")
     return 0
 

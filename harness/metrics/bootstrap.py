@@ -61,16 +61,17 @@ FEW_CLUSTERS = 10.0
 UPPER_SKEW_WEIGHT = 1.0
 UPPER_KURTOSIS_WEIGHT = 20.0
 #: A statistic whose heavy side is not known in advance (a paired difference, an agreement rate) reads the end its
-#: residuals skew toward at ``alpha / ((1 + DIFF_FEW_CLUSTERS / C') (1 + DIFF_SKEW_WEIGHT (1 + DIFF_SKEW_FEW / C') skew+
-#: + DIFF_KURTOSIS_WEIGHT kurt)^2)`` and the other end at ``alpha min(LOWER_CAP, 1 + DIFF_LIGHT_SLOPE skew-)`` over the
-#: same first factor (``skew+`` / ``skew-`` the residuals' skew toward / away from that end, ``kurt`` their excess
+#: residuals skew toward at ``DIFF_SCALE alpha / ((1 + DIFF_FEW_CLUSTERS / C') (1 + DIFF_SKEW_WEIGHT (1 + DIFF_SKEW_FEW /
+#: C') skew+ + DIFF_KURTOSIS_WEIGHT kurt)^2)`` and the other end at ``DIFF_SCALE alpha min(LOWER_CAP, 1 + DIFF_LIGHT_SLOPE
+#: skew-)`` over the same first factor (``skew+`` / ``skew-`` the residuals' skew toward / away from that end, ``kurt`` their excess
 #: kurtosis over C): the bootstrap-t of a skewed difference is too short on its heavy side and too long on its light
 #: one, more so with few clusters. ``benchmarks/coverage_differences.py`` has the simulations that chose the constants
 #: (fitted on paired differences of the calibration models and agreement rates; reported on shapes held out).
+DIFF_SCALE = 0.8
 DIFF_FEW_CLUSTERS = 8.0
 DIFF_SKEW_WEIGHT = 3.0
 DIFF_SKEW_FEW = 60.0
-DIFF_KURTOSIS_WEIGHT = 20.0
+DIFF_KURTOSIS_WEIGHT = 10.0
 DIFF_LIGHT_SLOPE = 5.0
 #: The adaptive looks' replicate count (:func:`harness.gate.adaptive.n_boot_for`) plans for a level ``alpha_k C' / (C'
 #: + SMALL_SAMPLE_CLUSTERS)`` (more are drawn inside :func:`ratio_intervals` where a side is read lower).
@@ -142,8 +143,8 @@ def side_levels(alpha: float, shape: ClusterShape, toward: int, right_skewed: np
     end at ``alpha min(LOWER_CAP, 1 + LOWER_SLOPE (se / r - LOWER_REL)+)`` (``se / r = spread / sqrt(C')``) and its
     upper end at ``alpha / ((1 + (se / (REL_SE_SCALE r))^4) (1 + FEW_CLUSTERS / C') (1 + skew+ + UPPER_KURTOSIS_WEIGHT
     kurt)^2)`` (the module constants; ``skew+`` the positive part of the residuals' skew). Any other statistic (a
-    paired difference, an agreement rate: the heavy side is not known in advance) reads each end at ``alpha min(LOWER_CAP,
-    1 + DIFF_LIGHT_SLOPE skew-) / ((1 + DIFF_FEW_CLUSTERS / C') (1 + DIFF_SKEW_WEIGHT (1 + DIFF_SKEW_FEW / C') skew+ +
+    paired difference, an agreement rate: the heavy side is not known in advance) reads each end at ``DIFF_SCALE alpha
+    min(LOWER_CAP, 1 + DIFF_LIGHT_SLOPE skew-) / ((1 + DIFF_FEW_CLUSTERS / C') (1 + DIFF_SKEW_WEIGHT (1 + DIFF_SKEW_FEW / C') skew+ +
     DIFF_KURTOSIS_WEIGHT kurt)^2)`` (``skew+`` / ``skew-`` the residuals' skew toward / away from that end). A side the
     dominance diagnostic widens (:func:`dominated`: the upper end of a right-skewed mean, both ends of any other) is
     read at the floor. Never below ``LEVEL_FLOOR * alpha`` (and the memory floor ``MIN_BEYOND C / MAX_READ_ELEMENTS``)."""
@@ -154,7 +155,7 @@ def side_levels(alpha: float, shape: ClusterShape, toward: int, right_skewed: np
     c = shape.c_eff
     skew = np.maximum(toward * shape.skew, 0.0)
     light = np.minimum(LOWER_CAP, 1.0 + DIFF_LIGHT_SLOPE * np.maximum(-toward * shape.skew, 0.0))
-    level = alpha * light / ((1.0 + DIFF_FEW_CLUSTERS / c)
+    level = DIFF_SCALE * alpha * light / ((1.0 + DIFF_FEW_CLUSTERS / c)
                              * (1.0 + DIFF_SKEW_WEIGHT * (1.0 + DIFF_SKEW_FEW / c) * skew + DIFF_KURTOSIS_WEIGHT * shape.kurt) ** 2)
     floor = level_floor(alpha, shape.n_clusters)
     rel = shape.spread / math.sqrt(c)
