@@ -7,7 +7,7 @@ difference of +50 %, 0 and -50 %, 2 contexts per cluster, and agreement rates), 
 fitted on: other models, differences of +10 % / -20 %, candidate-specific cluster effects, skewed cluster sizes,
 other agreement rates), e.g. ``python benchmarks/coverage_differences.py collect dcal 1000 8,16,47,85,842 /tmp/dif``
 (an optional last argument is added to every seed); then ``python benchmarks/coverage_differences.py table DIR
-summary|cells`` or ``fit DIR`` (the grid search that chose the constants; prints the best rules).
+summary|cells|typical`` (``typical``: the cells but :data:`BEYOND`'s) or ``fit DIR`` (the grid search that chose the constants; prints the best rules).
 
 ``collect`` stores per data set, on one draw of 10,000 replicates (as every report draws), each side's bootstrap-t
 tail share at the truth (``p_up``: the share of ``t*`` at or below ``t = (r - truth) / se``; the upper end misses the
@@ -218,8 +218,8 @@ def misses(o: dict[str, np.ndarray], lo: np.ndarray, hi: np.ndarray) -> tuple[fl
 
 def load(folder: str) -> list[tuple[str, str, int, dict[str, np.ndarray]]]:
     out = []
-    for f in sorted(glob.glob(os.path.join(folder, "*.npz"))):
-        name, i, C = os.path.basename(f)[:-4].rsplit("_", 2)
+    files = [(os.path.basename(f)[:-4].rsplit("_", 2), f) for f in glob.glob(os.path.join(folder, "*.npz"))]
+    for (name, i, C), f in sorted(files, key=lambda x: (list(SETS).index(x[0][0]), int(x[0][1]), int(x[0][2]))):
         out.append((name, SETS[name][0][int(i)].name, int(C), dict(np.load(f))))
     return out
 
@@ -264,23 +264,27 @@ def table(folder: str, kind: str) -> None:
             up, dn, w = misses(o, lo, hi)
             rows.setdefault(k, []).append((name, shape, C, o["r"].shape[0], up, dn, w))
     if kind == "summary":
-        print("| rule | set | cells | upper > 2.5 % + SE | upper < 1.0 % - SE | lower > 2.5 % + SE | lower < 1.0 % - SE "
+        print("| rule | set | shapes | cells | upper > 2.5 % + SE | upper < 1.0 % - SE | lower > 2.5 % + SE | lower < 1.0 % - SE "
               "| largest miss | median width / bootstrap-t's |")
-        print("|---|---|---|---|---|---|---|---|---|")
+        print("|---|---|---|---|---|---|---|---|---|---|")
         for k, rs in rows.items():
             for s in SETS:
-                sel = [x for x in rs if x[0] == s]
-                if not sel:
-                    continue
-                se = np.array([math.sqrt(A * (1 - A) / x[3]) for x in sel])
-                up, dn = np.array([x[4] for x in sel]), np.array([x[5] for x in sel])
-                print(f"| {k} | {s} | {len(sel)} | {(up > A + se).sum()} | {(up < 0.01 - se).sum()} | {(dn > A + se).sum()} | "
-                      f"{(dn < 0.01 - se).sum()} | {100 * max(up.max(), dn.max()):.1f} % | {np.nanmedian([x[6] for x in sel]):.2f} |")
+                for beyond in (False, True):
+                    sel = [x for x in rs if x[0] == s and any(b in x[1] for b in BEYOND) == beyond]
+                    if not sel:
+                        continue
+                    se = np.array([math.sqrt(A * (1 - A) / x[3]) for x in sel])
+                    up, dn = np.array([x[4] for x in sel]), np.array([x[5] for x in sel])
+                    print(f"| {k} | {s} | {'beyond (Pareto, mixture, lognormal 1.0)' if beyond else 'the rest'} | {len(sel)} | "
+                          f"{(up > A + se).sum()} | {(up < 0.01 - se).sum()} | {(dn > A + se).sum()} | {(dn < 0.01 - se).sum()} | "
+                          f"{100 * max(up.max(), dn.max()):.1f} % | {np.nanmedian([x[6] for x in sel]):.2f} |")
         return
     print("| set | shape | clusters | data sets | upper end below the truth: before / now | lower end above: before / now "
           "| width / bootstrap-t's: before / now |")
     print("|---|---|---|---|---|---|---|")
     for b, c in zip(rows["before"], rows["now"]):
+        if kind == "typical" and any(x in c[1] for x in BEYOND):
+            continue
         print(f"| {c[0]} | {c[1]} | {c[2]} | {c[3]} | {100 * b[4]:.1f} / **{100 * c[4]:.1f}** % | "
               f"{100 * b[5]:.1f} / **{100 * c[5]:.1f}** % | {b[6]:.2f} / **{c[6]:.2f}** |")
 

@@ -22,6 +22,7 @@ import numpy as np
 from harness.metrics.bootstrap import (
     DEFAULT_N_BOOT,
     DEFAULT_SEED,
+    DIFF_METHOD_TEXT,
     MEAN_METHOD,
     MEAN_METHOD_TEXT,
     draw_cluster_weights,
@@ -31,8 +32,10 @@ from harness.metrics.bootstrap import (
 MIB = 2**20
 #: The intervals' method: the shard reports' studentized source-cluster bootstrap (``bootstrap.method``).
 INTERVAL_METHOD = MEAN_METHOD
-#: The same in words, with the pairing: every variant's interval applies the same cluster draws.
-INTERVAL_METHOD_TEXT = MEAN_METHOD_TEXT + "; common random numbers (the same cluster draws for every variant)"
+#: The same in words (a KLD's and a difference's rule), with the pairing: every variant's interval applies the same
+#: cluster draws.
+INTERVAL_METHOD_TEXT = (f"a KLD: {MEAN_METHOD_TEXT}; a difference (effect, interaction): {DIFF_METHOD_TEXT}; common random "
+                        "numbers (the same cluster draws for every variant)")
 
 
 class Estimate(TypedDict):

@@ -35,6 +35,12 @@ MEAN_METHOD_TEXT = (
     "a level set by the mean's relative standard error, the effective cluster count and the clusters' skewness and kurtosis "
     "(docs/statistics.md, 'Each side at its level')"
 )
+#: The interval method of differences and agreement rates (statistics whose heavy side is not known in advance).
+DIFF_METHOD_TEXT = (
+    "source-cluster bootstrap-t (studentized: cluster-robust standard error per replicate), each end read at a level "
+    "set by the effective cluster count and the clusters' skewness toward and away from it and their kurtosis "
+    "(docs/statistics.md, 'Differences and agreement rates at their level')"
+)
 #: Fewest source clusters for which the tails' (p99, CVaR1%) intervals are reported: below it the simulated
 #: coverage falls short of 93 % (one side above 3.5 %) for skewed data at every level tried; at 250 clusters with
 #: skewed cluster sizes it holds read at :data:`TAIL_ALPHA` (``docs/statistics.md``), so below 250 they are

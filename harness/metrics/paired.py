@@ -14,9 +14,9 @@ from harness.metrics.bootstrap import (
     DEFAULT_N_BOOT,
     DEFAULT_N_BOOT_TAILS,
     DEFAULT_SEED,
+    DIFF_METHOD_TEXT,
     LEVEL,
     MEAN_METHOD,
-    MEAN_METHOD_TEXT,
     MIN_CLUSTERS,
     TAIL_ALPHA,
     TAIL_METHOD_TEXT,
@@ -116,7 +116,7 @@ def paired(
 
     bootstrap: PairedBootstrap = {
             "method": MEAN_METHOD,
-            "method_text": MEAN_METHOD_TEXT + ", common random numbers (the same draws for a and b)",
+            "method_text": DIFF_METHOD_TEXT + ", common random numbers (the same draws for a and b)",
             "tail_method": TAIL_METHOD_TEXT + ", common random numbers",
             "level": LEVEL,
             "min_clusters": MIN_CLUSTERS,
