@@ -26,7 +26,7 @@ from harness.reports.numbers import fmt_g
 SCHEMA = "fidelity.paired/1"
 VERDICTS = ("equivalent", "A better", "B better", "inconclusive", "not estimable")
 #: Level of each one-sided test of the equivalence (TOST) verdict: each end of the 95 % interval, read at its level
-#: (measured 0.9-2.5 % at the margin: docs/statistics.md "What reads the interval, measured").
+#: (measured 0.7-2.1 % at the margin: docs/statistics.md "What reads the interval, measured").
 ALPHA_SIDE = 0.025
 TEST = (f"equivalent: TOST at alpha {ALPHA_SIDE} per side, each end of the 95% studentized interval of the "
         "mean-KLD difference (it lies within ±margin); better: the interval excludes 0 (two-sided, 5%)")
