@@ -31,9 +31,10 @@ MIN_CLUSTERS = 8
 #: The interval method of means, recorded in every report's ``bootstrap.method``.
 MEAN_METHOD = "studentized"
 MEAN_METHOD_TEXT = (
-    "source-cluster bootstrap-t (studentized: cluster-robust standard error per replicate), each side read at "
-    "a level set by the mean's relative standard error, the effective cluster count and the clusters' skewness and kurtosis "
-    "(docs/statistics.md, 'Each side at its level')"
+    "source-cluster bootstrap-t (studentized: cluster-robust standard error per replicate), each side of a KLD-like mean "
+    "read at a level set by the mean's relative standard error, the effective cluster count and the clusters' skewness "
+    "and kurtosis (docs/statistics.md, 'Each side at its level'), each end of an agreement rate by the clusters' skewness "
+    "toward and away from it ('Differences and agreement rates at their level')"
 )
 #: The interval method of differences and agreement rates (statistics whose heavy side is not known in advance).
 DIFF_METHOD_TEXT = (

@@ -393,8 +393,9 @@ hidden states go through one shared BF16 LM head, so the number measures the mod
 * Tails: exact per-shard percentiles; cumulative percentiles are bracketed by a fixed
   log-spaced histogram (40 bins per decade) whose counts add across shards; exceedance counts
   are exact.
-* Paired comparisons: common-random-number studentized bootstrap of the difference; verdict
-  `equivalent` when the 95% interval lies within ±margin (TOST, alpha 0.05 per side, read from the 95% interval).
+* Paired comparisons: common-random-number studentized bootstrap of the difference, each end read at a level set
+  by the clusters' count and their skewness toward and away from it (as for top-1 and EAR); verdict
+  `equivalent` when the 95% interval lies within ±margin (TOST, alpha 0.025 per side: each end of the 95% interval).
 
 ## Files
 
