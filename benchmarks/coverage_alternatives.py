@@ -30,6 +30,8 @@ import glob
 import math
 import os
 import sys
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 from coverage_table import HEAVIER  # run as a script: benchmarks/ is on the path
@@ -67,26 +69,39 @@ def _grid_quantiles(xs: np.ndarray, p: np.ndarray) -> np.ndarray:
     return np.asarray((xs[i] * (1 - f)[:, None] + xs[i + 1] * f[:, None]).T, dtype=np.float64)
 
 
-def collect_chunk(sums: np.ndarray, counts: np.ndarray, W: np.ndarray) -> dict[str, np.ndarray]:
-    """What ``table`` reads of each data set (a column of ``sums``) on the draws ``W`` [B, C]."""
-    n = counts
-    C, N = n.shape[0], float(n.sum())
-    fac = C / (C - 1.0)
+def residuals(sums: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Each data set's (column's) ratio mean ``r``, cluster residuals ``e`` [C, R] and CR1 standard error ``se``."""
+    C, N = counts.shape[0], float(counts.sum())
     r = sums.sum(0) / N
-    e = sums - n[:, None] * r[None]
-    se = np.sqrt(fac * (e * e).sum(0)) / N
+    e = sums - counts[:, None] * r[None]
+    return r, e, np.sqrt(C / (C - 1.0) * (e * e).sum(0)) / N
+
+
+def replicates(W: np.ndarray, counts: np.ndarray, e: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per draw (row of ``W``) and data set: ``r_b - r`` and the replicate's own CR1 standard error ``se_b``."""
+    n, C = counts, counts.shape[0]
     Nb = W @ n
     d = (W @ e) / Nb[:, None]
     Q = W @ (e * e) - 2 * d * (W @ (e * n[:, None])) + d * d * (W @ (n * n))[:, None]
-    seb = np.sqrt(fac * np.maximum(Q, 0)) / Nb[:, None]
-    t = np.clip(np.divide(d, seb, out=np.sign(d) * 1e12, where=seb > 0), -1e12, 1e12)
+    return d, np.sqrt(C / (C - 1.0) * np.maximum(Q, 0)) / Nb[:, None]
+
+
+def studentized(num: np.ndarray, se: np.ndarray) -> np.ndarray:
+    """``num / se`` as the harness computes a replicate's ``t`` (``+-1e12`` where ``se`` is 0)."""
+    return np.asarray(np.clip(np.divide(num, se, out=np.sign(num) * 1e12, where=se > 0), -1e12, 1e12), dtype=np.float64)
+
+
+def collect_chunk(sums: np.ndarray, counts: np.ndarray, W: np.ndarray) -> dict[str, np.ndarray]:
+    """What ``table`` reads of each data set (a column of ``sums``) on the draws ``W`` [B, C]."""
+    n = counts
+    N = float(n.sum())
+    r, e, se = residuals(sums, n)
+    d, seb = replicates(W, n, e)
+    t = studentized(d, seb)
     # one inner replicate per outer one (fast double bootstrap): clusters redrawn from the outer replicate's
     W2 = _inner_weights(W, seed=int(W[0].sum() + W[:, 0].sum()))
-    Nb2 = W2 @ n
-    d2 = (W2 @ e) / Nb2[:, None]
-    Q2 = W2 @ (e * e) - 2 * d2 * (W2 @ (e * n[:, None])) + d2 * d2 * (W2 @ (n * n))[:, None]
-    seb2 = np.sqrt(fac * np.maximum(Q2, 0)) / Nb2[:, None]
-    t2 = np.clip(np.divide(d2 - d, seb2, out=np.sign(d2 - d) * 1e12, where=seb2 > 0), -1e12, 1e12)
+    d2, seb2 = replicates(W2, n, e)
+    t2 = studentized(d2 - d, seb2)
     t.sort(0)
     d.sort(0)
     t2.sort(0)
@@ -121,28 +136,37 @@ def _inner_weights(W: np.ndarray, seed: int) -> np.ndarray:
     return out
 
 
-def collect(name: str, reps: int, clusters: list[int], out: str, offset: int = 0) -> None:
-    shapes, base = SETS[name]
-    base += offset
+def collect_cells(name: str, cases: Sequence[Any], base: int, reps: int, clusters: list[int], out: str,
+                  chunk: Callable[[Any, np.random.Generator, int, np.ndarray, np.ndarray], dict[str, np.ndarray]]) -> None:
+    """Every case x cluster count of a set: ``reps`` data sets (half from 100 clusters) in chunks of 250 on one draw of
+    10,000 replicates, ``chunk(case, rng, reps, sizes, W)`` giving what the table reads of a chunk; one ``.npz`` per
+    cell in ``out`` (``SET_CASE_CLUSTERS.npz``)."""
     os.makedirs(out, exist_ok=True)
-    for i, shape in enumerate(shapes):
+    for i, case in enumerate(cases):
         for C in clusters:
             seed = base + 100 * i + C
             n = reps if C < 100 else reps // 2
-            sizes = cluster_sizes(C, shape.skewed_sizes, seed)
+            sizes = cluster_sizes(C, case.skewed_sizes, seed)
             rng = np.random.default_rng(seed + 1)
-            W = bs.draw_cluster_weights(C, 10_000, seed=seed + 2).astype(np.float64)
-            parts = []
-            for r0 in range(0, n, 250):
-                sums, counts, truth = draw_mean_data(shape, rng, min(250, n - r0), sizes)
-                part = collect_chunk(sums, counts, W)
-                part["truth"] = np.full(part["r"].shape, truth)
-                parts.append(part)
+            W = bs.draw_cluster_weights(C, bs.DEFAULT_N_BOOT, seed=seed + 2).astype(np.float64)
+            parts = [chunk(case, rng, min(250, n - r0), sizes, W) for r0 in range(0, n, 250)]
             cell = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
             cell["c_eff"] = np.full(n, bs.effective_clusters(sizes.astype(np.float64)))
             cell["C"] = np.full(n, C)
             np.savez(os.path.join(out, f"{name}_{i}_{C}.npz"), **cell)
-            print(name, i, C, flush=True)
+            print(name, i, C, case.name, flush=True)
+
+
+def _mean_chunk(shape: Shape, rng: np.random.Generator, reps: int, sizes: np.ndarray, W: np.ndarray) -> dict[str, np.ndarray]:
+    sums, counts, truth = draw_mean_data(shape, rng, reps, sizes)
+    part = collect_chunk(sums, counts, W)
+    part["truth"] = np.full(part["r"].shape, truth)
+    return part
+
+
+def collect(name: str, reps: int, clusters: list[int], out: str, offset: int = 0) -> None:
+    shapes, base = SETS[name]
+    collect_cells(name, shapes, base + offset, reps, clusters, out, _mean_chunk)
 
 
 def _interp(arr: np.ndarray, level: np.ndarray) -> np.ndarray:

@@ -35,16 +35,21 @@ from coverage_alternatives import (  # run as a script: benchmarks/ is on the pa
     BEFORE_KURTOSIS,
     BEFORE_SKEW,
     LEVELS,
+    MILD,
     _grid_quantiles,
+    _interp,
+    _shape,
+    collect_cells,
+    replicates,
+    residuals,
+    studentized,
 )
 from coverage_table import HEAVIER
-from coverage_unseen import cluster_sizes
 
 import harness.metrics.bootstrap as bs
 from harness.metrics.simulation import EXTREME, FIXTURE, HEAVY, ClusterModel
 
 A = 0.025
-MILD = ClusterModel("real-LLM-like, mild document effects", sigma_cluster=0.3, sigma_context=0.3, sigma_position=1.5)
 MIXTURE = ClusterModel("mixture 0.5 (5 % of clusters 20x)", sigma_cluster=0.5, sigma_context=0.3, sigma_position=1.5,
                        cluster_law="mixture")
 PARETO3 = ClusterModel("Pareto(3) clusters", sigma_cluster=0.0, sigma_context=0.4, sigma_position=1.8,
@@ -121,16 +126,8 @@ SETS: dict[str, tuple[list[Case], int]] = {
 def collect_chunk(sums: np.ndarray, counts: np.ndarray, truth: float, W: np.ndarray) -> dict[str, np.ndarray]:
     """What ``table`` reads of each data set (a column of ``sums``) on the draws ``W`` [B, C]."""
     n = counts
-    C, N = n.shape[0], float(n.sum())
-    fac = C / (C - 1.0)
-    r = sums.sum(0) / N
-    e = sums - n[:, None] * r[None]
-    se = np.sqrt(fac * (e * e).sum(0)) / N
-    Nb = W @ n
-    d = (W @ e) / Nb[:, None]
-    Q = W @ (e * e) - 2 * d * (W @ (e * n[:, None])) + d * d * (W @ (n * n))[:, None]
-    seb = np.sqrt(fac * np.maximum(Q, 0)) / Nb[:, None]
-    t = np.clip(np.divide(d, seb, out=np.sign(d) * 1e12, where=seb > 0), -1e12, 1e12)
+    r, e, se = residuals(sums, n)
+    t = studentized(*replicates(W, n, e))
     t_obs = np.divide(r - truth, se, out=np.sign(r - truth) * 1e12, where=se > 0)
     shape = bs.ClusterShape.of(sums, n)
     t.sort(0)
@@ -139,27 +136,14 @@ def collect_chunk(sums: np.ndarray, counts: np.ndarray, truth: float, W: np.ndar
             "tlo": _grid_quantiles(t, LEVELS), "thi": _grid_quantiles(t, 1 - LEVELS), "truth": np.full(r.shape, truth)}
 
 
+def _difference_chunk(case: Case, rng: np.random.Generator, reps: int, sizes: np.ndarray, W: np.ndarray,
+                      ) -> dict[str, np.ndarray]:
+    return collect_chunk(*case.draw(rng, reps, sizes), W)
+
+
 def collect(name: str, reps: int, clusters: list[int], out: str, offset: int = 0) -> None:
     cases, base = SETS[name]
-    base += offset
-    os.makedirs(out, exist_ok=True)
-    for i, case in enumerate(cases):
-        for C in clusters:
-            seed = base + 100 * i + C
-            n = reps if C < 100 else reps // 2
-            sizes = cluster_sizes(C, case.skewed_sizes, seed)
-            rng = np.random.default_rng(seed + 1)
-            W = bs.draw_cluster_weights(C, bs.DEFAULT_N_BOOT, seed=seed + 2).astype(np.float64)
-            parts = [collect_chunk(*case.draw(rng, min(250, n - r0), sizes), W) for r0 in range(0, n, 250)]
-            cell = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
-            cell["c_eff"] = np.full(n, bs.effective_clusters(sizes.astype(np.float64)))
-            cell["C"] = np.full(n, C)
-            np.savez(os.path.join(out, f"{name}_{i}_{C}.npz"), **cell)
-            print(name, i, C, case.name, flush=True)
-
-
-def _shape(o: dict[str, np.ndarray]) -> bs.ClusterShape:
-    return bs.ClusterShape(o["skew"], o["kurt"], o["spread"], o["share_s"], float(o["c_eff"][0]), int(o["C"][0]))
+    collect_cells(name, cases, base + offset, reps, clusters, out, _difference_chunk)
 
 
 #: The family :func:`fit` searches: (few, skew, skew_few, kurt, light, scale) of :func:`rule_levels`.
@@ -197,15 +181,6 @@ def candidates(o: dict[str, np.ndarray]) -> dict[str, tuple[np.ndarray, np.ndarr
     full = np.full_like(ce, A)
     return {"before": (lo_b, hi_b), "bootstrap-t": (full, full),
             "now": (bs.side_levels(A, shape, -1, rs), bs.side_levels(A, shape, +1, rs))}
-
-
-def _interp(arr: np.ndarray, level: np.ndarray) -> np.ndarray:
-    ll = np.log(LEVELS)
-    x = np.clip(np.log(level), ll[0], ll[-1])
-    j = np.clip(np.searchsorted(ll, x) - 1, 0, len(ll) - 2)
-    f = (x - ll[j]) / (ll[j + 1] - ll[j])
-    rows = np.arange(arr.shape[0])
-    return np.asarray(arr[rows, j] * (1 - f) + arr[rows, j + 1] * f, dtype=np.float64)
 
 
 def misses(o: dict[str, np.ndarray], lo: np.ndarray, hi: np.ndarray) -> tuple[float, float, float]:
