@@ -85,6 +85,12 @@ def _misses(iv: np.ndarray, truth: float) -> tuple[float, float]:
     return float((iv[:, 1] < truth).mean()), float((iv[:, 0] > truth).mean())
 
 
+def _assert_in_band(what: str, below: float, above: float, mc_se: float) -> None:
+    """Each side's miss (upper end below the truth, lower end above it) within :data:`BAND` ± ``mc_se``."""
+    for name, miss in (("upper end below the truth", below), ("lower end above the truth", above)):
+        assert BAND[0] - mc_se <= miss <= BAND[1] + mc_se, f"{what}: {name} {miss:.4f} outside {BAND} ± {mc_se:.4f}"
+
+
 @pytest.mark.parametrize("model", BAND_MODELS, ids=lambda m: m.name)
 @pytest.mark.parametrize("layout", BAND_LAYOUTS, ids=lambda t: f"{t[0]}clusters")
 def test_interval_each_side_within_its_band_on_held_out_shapes(model: ClusterModel, layout: tuple[int, int]) -> None:
@@ -94,8 +100,7 @@ def test_interval_each_side_within_its_band_on_held_out_shapes(model: ClusterMod
     side = (1.0 - LEVEL) / 2.0
     mc_se = float(np.sqrt(side * (1.0 - side) / BAND_REPS))
     print(f"{model.name}, {C} clusters: upper end below the truth {below:.4f}, lower end above {above:.4f} (SE {mc_se:.4f})")
-    for name, miss in (("upper end below the truth", below), ("lower end above the truth", above)):
-        assert BAND[0] - mc_se <= miss <= BAND[1] + mc_se, f"{model.name}, {C} clusters: {name} {miss:.4f} outside {BAND} ± {mc_se:.4f}"
+    _assert_in_band(f"{model.name}, {C} clusters", below, above, mc_se)
 
 
 def test_previous_rule_fails_the_band() -> None:
@@ -131,8 +136,7 @@ def test_difference_each_side_within_its_band_on_held_out_shapes(cell: tuple[Clu
     below, above = _misses(np.array(ratio_intervals(W, diff, counts), dtype=np.float64), truth)
     mc_se = float(np.sqrt(0.025 * 0.975 / BAND_REPS))
     print(f"{model.name}, difference {rel:+.0%}, {C} clusters: upper end below the truth {below:.4f}, lower end above {above:.4f}")
-    for name, miss in (("upper end below the truth", below), ("lower end above the truth", above)):
-        assert BAND[0] - mc_se <= miss <= BAND[1] + mc_se, f"{model.name}, {C} clusters: {name} {miss:.4f} outside {BAND} ± {mc_se:.4f}"
+    _assert_in_band(f"{model.name}, {C} clusters", below, above, mc_se)
 
 
 def _column_quantiles(t: np.ndarray, p: np.ndarray) -> np.ndarray:
