@@ -18,9 +18,10 @@ overstated), so all candidates see the same data sets and draws:
 * ``percentile``; ``bootstrap-t``: read at the stated ``a``;
 * ``double bootstrap``: the fast double bootstrap (one inner replicate per outer one);
 * ``before``: the upper end at ``a C'/(C' + 200 m) / (1 + 3 skew+ + 5 kurt)^2``, ``m = min(1, v / 0.6)^2`` (the rule
-  the relative-standard-error rule replaced); ``rel. SE^2`` / ``rel. SE^4, no shape term``: the latter's relative
-  standard error (squared over 0.04, or to the 4th power over 0.1) and few-cluster terms without its skewness and
-  kurtosis term;
+  the relative-standard-error rule replaced), the lower end at ``a min(2.4, 1 + 8 (se / r - 0.25)+)`` (before the
+  lower end was scaled, :data:`BEFORE_LOWER_REL`; also the ``rel. SE`` candidates' lower end); ``rel. SE^2`` /
+  ``rel. SE^4, no shape term``: the latter's relative standard error (squared over 0.04, or to the 4th power over
+  0.1) and few-cluster terms without its skewness and kurtosis term;
 * ``now``: the harness's rule (:func:`harness.metrics.bootstrap.side_levels`, its module constants).
 """
 
@@ -56,6 +57,9 @@ SETS = {
 #: The rule the relative-standard-error rule replaced (``before``): ``a C'/(C' + 200 m) / (1 + 3 skew+ + 5 kurt)^2``,
 #: ``m = min(1, v / 0.6)^2`` (also how differences were read before ``benchmarks/coverage_differences.py``'s rule).
 BEFORE_CLUSTERS, BEFORE_SPREAD, BEFORE_SKEW, BEFORE_KURTOSIS = 200.0, 0.6, 3.0, 5.0
+#: The lower end of a mean before its rule was scaled (``before`` and the ``rel. SE`` candidates): ``a min(2.4, 1 + 8
+#: (se / r - 0.25)+)``, the stated level raised with the relative standard error.
+BEFORE_LOWER_REL = 0.25
 #: ``collect``'s optional last argument: added to every cell's seed (fresh data sets and draws for a confirmation).
 FRESH_OFFSET = 1_000_000
 
@@ -188,6 +192,13 @@ def _before_upper(o: dict[str, np.ndarray]) -> np.ndarray:
     return np.asarray(np.maximum(lev, A * bs.LEVEL_FLOOR), dtype=np.float64)
 
 
+def _before_lower(o: dict[str, np.ndarray]) -> np.ndarray:
+    """The lower end's level before it was scaled: ``a min(LOWER_CAP, 1 + LOWER_SLOPE (se / r - 0.25)+)``."""
+    rel = o["spread"] / np.sqrt(o["c_eff"])
+    return np.asarray(A * np.minimum(bs.LOWER_CAP, 1.0 + bs.LOWER_SLOPE * np.maximum(rel - BEFORE_LOWER_REL, 0.0)),
+                      dtype=np.float64)
+
+
 def _rel_se_upper(o: dict[str, np.ndarray], scale: float, power: float, few: float, kurt: float, shape_power: float) -> np.ndarray:
     """A relative-standard-error rule's upper level: ``a / ((1 + (se / (scale r))^power) (1 + few / C') (1 + skew+ +
     kurt kurt)^shape_power)`` (the harness's rule: ``scale`` 0.1, ``power`` 4, ``few`` 10, ``kurt`` 20,
@@ -238,9 +249,9 @@ def candidate_ends(o: dict[str, np.ndarray]) -> dict[str, tuple[np.ndarray, np.n
         "percentile": (p_lo, p_hi),
         "bootstrap-t": t_ends(full, full),
         "double bootstrap": t_ends(*double_bootstrap_levels(o)),
-        "before": t_ends(bs.side_levels(A, shape, -1, rs), _before_upper(o)),
-        "rel. SE^2, no shape term": t_ends(bs.side_levels(A, shape, -1, rs), _rel_se_upper(o, 0.04, 2.0, 10.0, 0.0, 0.0)),
-        "rel. SE^4, no shape term": t_ends(bs.side_levels(A, shape, -1, rs), _rel_se_upper(o, 0.1, 4.0, 10.0, 0.0, 0.0)),
+        "before": t_ends(_before_lower(o), _before_upper(o)),
+        "rel. SE^2, no shape term": t_ends(_before_lower(o), _rel_se_upper(o, 0.04, 2.0, 10.0, 0.0, 0.0)),
+        "rel. SE^4, no shape term": t_ends(_before_lower(o), _rel_se_upper(o, 0.1, 4.0, 10.0, 0.0, 0.0)),
         "now": t_ends(bs.side_levels(A, shape, -1, rs), bs.side_levels(A, shape, +1, rs)),
     }
     return {k: (np.maximum(lo, 0.0), hi) for k, (lo, hi) in out.items()}

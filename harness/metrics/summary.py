@@ -43,9 +43,9 @@ DELTA_P_PERCENTILES = (1, 5, 10, 25, 50, 75, 90, 95, 99)
 
 
 #: Which of ("kld", "top1", "ear", "jsd_bits") are means of nonnegative right-tailed per-position values
-#: (:func:`harness.metrics.bootstrap.side_levels`: their lower end is read at the stated level or above it, never
-#: below); the agreement
-#: rates' heavy side is not known in advance.
+#: (:func:`harness.metrics.bootstrap.side_levels`: their upper end is read by the mean's relative standard error and
+#: shape, their lower end at ``LOWER_SCALE`` times the stated level, raised with few, spread-out clusters); the
+#: agreement rates' heavy side is not known in advance.
 RIGHT_SKEWED_MEANS = (True, False, False, True)
 
 def _f(x: Any) -> float:
