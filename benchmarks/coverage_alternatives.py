@@ -22,7 +22,12 @@ overstated), so all candidates see the same data sets and draws:
   lower end was scaled, :data:`BEFORE_LOWER_REL`; also the ``rel. SE`` candidates' lower end); ``rel. SE^2`` /
   ``rel. SE^4, no shape term``: the latter's relative standard error (squared over 0.04, or to the 4th power over
   0.1) and few-cluster terms without its skewness and kurtosis term;
+* ``last``: the rule before both ends were scaled: the upper end at ``a / ((1 + (se / (0.1 r))^4) (1 + 10 / C') (1 +
+  skew+ + 20 kurt)^2)``, the lower end as ``before``;
 * ``now``: the harness's rule (:func:`harness.metrics.bootstrap.side_levels`, its module constants).
+
+``table DIR sides`` prints each cell's upper and lower miss and width, ``last`` against ``now``, with the cell's
+Monte-Carlo SE (docs/statistics.md, 'The lower end of a mean').
 """
 
 from __future__ import annotations
@@ -252,9 +257,16 @@ def candidate_ends(o: dict[str, np.ndarray]) -> dict[str, tuple[np.ndarray, np.n
         "before": t_ends(_before_lower(o), _before_upper(o)),
         "rel. SE^2, no shape term": t_ends(_before_lower(o), _rel_se_upper(o, 0.04, 2.0, 10.0, 0.0, 0.0)),
         "rel. SE^4, no shape term": t_ends(_before_lower(o), _rel_se_upper(o, 0.1, 4.0, 10.0, 0.0, 0.0)),
+        "last": t_ends(_before_lower(o), _rel_se_upper(o, 0.1, 4.0, 10.0, 20.0, 2.0)),
         "now": t_ends(bs.side_levels(A, shape, -1, rs), bs.side_levels(A, shape, +1, rs)),
     }
     return {k: (np.maximum(lo, 0.0), hi) for k, (lo, hi) in out.items()}
+
+
+def _marked(miss: float, se: float) -> str:
+    """A miss in percent, marked HIGH / LOW where it lies outside [1.0 %, 2.5 %] by more than ``se``."""
+    mark = " HIGH" if miss > A + se else " LOW" if miss < 0.01 - se else ""
+    return f"{100 * miss:.2f} %{mark}"
 
 
 def table(folder: str, kind: str) -> None:
@@ -282,6 +294,16 @@ def table(folder: str, kind: str) -> None:
                 up, dn = np.array([x[4] for x in sel]), np.array([x[5] for x in sel])
                 print(f"| {k} | {s} | {len(sel)} | {(up > A + se).sum()} | {(up < 0.01 - se).sum()} | {(dn > A + se).sum()} | "
                       f"{(dn < 0.01 - se).sum()} | {100 * up.max():.1f} % | {np.median([x[6] for x in sel]):.2f} |")
+        return
+    if kind == "sides":
+        print("| set | shape | clusters | data sets | upper end below the truth: last / now | lower end above it: last / now "
+              "| width / percentile's: last / now | SE |")
+        print("|---|---|---|---|---|---|---|---|")
+        key = {s: i for i, s in enumerate(SETS)}
+        for b, c in sorted(zip(rows["last"], rows["now"]), key=lambda z: (key[z[0][0]], names[z[0][0]].index(z[0][1]), z[0][2])):
+            se = math.sqrt(A * (1 - A) / c[3])
+            print(f"| {c[0]} | {c[1]} | {c[2]} | {c[3]} | {_marked(b[4], se)} / **{_marked(c[4], se)}** | "
+                  f"{_marked(b[5], se)} / **{_marked(c[5], se)}** | {b[6]:.2f} / **{c[6]:.2f}** | {100 * se:.2f} |")
         return
     print("| set | shape | clusters | data sets | upper end below the truth: before / now | lower end above: before / now "
           "| width / percentile's: before / now | diagnostic fired |")

@@ -228,7 +228,7 @@ def _reference_studentized_interval(values: Any, cluster: Any, weights: Any, lev
     products, no residual expansion). Bootstrap-t, each side's quantile read at the documented level
     (docs/statistics.md) with ``C' = (sum n_c)^2 / sum n_c^2``, ``g`` the cluster residuals' skew
     (``sum e^3 / (sum e^2)^1.5``), ``x`` their excess kurtosis over C: a right-skewed statistic's upper side at
-    ``a / ((1 + (se / (0.1 r))^4) (1 + 10 / C') (1 + g+ + 20 x)^2)``, its lower side at ``0.7 a min(2.4, 1 + 8 (se / r -
+    ``0.9 a / ((1 + (se / (0.1 r))^4) (1 + 10 / C') (1 + g+ + 16 x)^2)``, its lower side at ``0.7 a min(2.4, 1 + 8 (se / r -
     0.15)+)``; any other statistic's side at ``0.8 a min(2.4, 1 + 5 g-) / ((1 + 8 / C') (1 + 3 (1 + 60 / C') g+ + 10 x)^2)``
     (``g+`` / ``g-`` the skew toward / away from that side); never below ``a / 100``;
     where one cluster holds more than half of ``sum |s_c|`` (dominance) a right-skewed statistic's upper side and any
@@ -274,7 +274,7 @@ def _reference_studentized_interval(values: Any, cluster: Any, weights: Any, lev
             return a / 100.0
         if right_skewed:  # the upper end: relative standard error, few clusters, skewness and kurtosis
             rel = v / math.sqrt(c_eff)
-            return max(a / ((1.0 + (rel / 0.1) ** 4) * (1.0 + 10.0 / c_eff) * (1.0 + max(g, 0.0) + 20.0 * x) ** 2), a / 100.0)
+            return max(0.9 * a / ((1.0 + (rel / 0.1) ** 4) * (1.0 + 10.0 / c_eff) * (1.0 + max(g, 0.0) + 16.0 * x) ** 2), a / 100.0)
         # unknown heavy side: few clusters, the skew toward this side (more weight with few clusters) and kurtosis,
         # the skew away from it raising the level (at most 2.4 a)
         light = min(2.4, 1.0 + 5.0 * max(-toward * g, 0.0))

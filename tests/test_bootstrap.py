@@ -108,7 +108,7 @@ def test_studentized_interval_matches_an_independent_float64_implementation(refe
 
 def test_levels_follow_the_clusters_spread_and_skew() -> None:
     """side_levels against the documented formula, computed here from the residuals: the upper end of a right-skewed
-    mean at ``a / ((1 + (se / (0.1 r))^4) (1 + 10 / C') (1 + skew+ + 20 kurt)^2)`` (a homogeneous suite near the stated
+    mean at ``0.9 a / ((1 + (se / (0.1 r))^4) (1 + 10 / C') (1 + skew+ + 16 kurt)^2)`` (a homogeneous suite near the stated
     level, a spread-out skewed one far below it), its lower end at 0.7 times the stated level, raised with its relative
     standard error (``0.7 a min(2.4, 1 + 8 (se / r - 0.15)+)``), each end of a statistic of unknown skew at
     ``0.8 a min(2.4, 1 + 5 skew-) / ((1 + 8 / C') (1 + 3 (1 + 60 / C') skew+ + 10 kurt)^2)``."""
@@ -127,7 +127,7 @@ def test_levels_follow_the_clusters_spread_and_skew() -> None:
         g = (e**3).sum() / (e**2).sum() ** 1.5
         x = max(C * (e**4).sum() / (e**2).sum() ** 2 - 3.0, 0.0) / C
         se_r = np.sqrt(C / (C - 1) * (e**2).sum()) / counts.sum() / r
-        want = max(0.025 / ((1 + (se_r / 0.1) ** 4) * (1 + 10 / C) * (1 + max(g, 0.0) + 20 * x) ** 2), 0.025 / 100)
+        want = max(0.9 * 0.025 / ((1 + (se_r / 0.1) ** 4) * (1 + 10 / C) * (1 + max(g, 0.0) + 16 * x) ** 2), 0.025 / 100)
         assert up[j] == pytest.approx(want, rel=1e-12)
         assert down[j] == pytest.approx(0.7 * 0.025 * min(2.4, 1 + 8 * max(se_r - 0.15, 0.0)), rel=1e-12)
         unknown = side_levels(0.025, shape, -1, np.array([False, False]))[j]

@@ -56,17 +56,20 @@ TAIL_METHOD_TEXT = (
     f"{TAIL_MIN_CLUSTERS} source clusters"
 )
 #: The upper end of a right-skewed mean (:func:`side_levels`) is read at
-#: ``alpha / ((1 + (se / (REL_SE_SCALE r))^4) (1 + FEW_CLUSTERS / C') (1 + skew+ + UPPER_KURTOSIS_WEIGHT kurt)^2)``:
+#: ``UPPER_SCALE alpha / ((1 + (se / (REL_SE_SCALE r))^4) (1 + FEW_CLUSTERS / C') (1 + skew+ + UPPER_KURTOSIS_WEIGHT
+#: kurt)^2)``:
 #: its relative standard error ``se / r`` (the resampled ``t`` is too short-tailed when the clusters at hand lack the
 #: population's rare heavy ones, and what such a cluster moves is the mean's relative error), a few-cluster term and
 #: the residuals' skewness and excess kurtosis over C (heavy-tailed cluster effects). ``docs/statistics.md`` has the
 #: simulations that chose the constants (fitted on the calibration and in-use shapes, two seeds each; reported
-#: separately on shapes they were not fitted on).
+#: separately on shapes they were not fitted on; the scale 0.9 and the kurtosis weight 16 then moved a homogeneous
+#: suite's upper miss from 2.2-2.6 % at 150-842 clusters toward the middle of [1 %, 2.5 %], 'The lower end of a mean').
+UPPER_SCALE = 0.9
 REL_SE_SCALE = 0.1
 REL_SE_POWER = 4.0
 FEW_CLUSTERS = 10.0
 UPPER_SKEW_WEIGHT = 1.0
-UPPER_KURTOSIS_WEIGHT = 20.0
+UPPER_KURTOSIS_WEIGHT = 16.0
 #: A statistic whose heavy side is not known in advance (a paired difference, an agreement rate) reads the end its
 #: residuals skew toward at ``DIFF_SCALE alpha / ((1 + DIFF_FEW_CLUSTERS / C') (1 + DIFF_SKEW_WEIGHT (1 + DIFF_SKEW_FEW /
 #: C') skew+ + DIFF_KURTOSIS_WEIGHT kurt)^2)`` and the other end at ``DIFF_SCALE alpha min(LOWER_CAP, 1 + DIFF_LIGHT_SLOPE
@@ -151,7 +154,7 @@ def side_levels(alpha: float, shape: ClusterShape, toward: int, right_skewed: np
 
     A ``right_skewed`` statistic (a mean of nonnegative, right-tailed per-position values: KLD, JSD) reads its lower
     end at ``LOWER_SCALE alpha min(LOWER_CAP, 1 + LOWER_SLOPE (se / r - LOWER_REL)+)`` (``se / r = spread / sqrt(C')``) and its
-    upper end at ``alpha / ((1 + (se / (REL_SE_SCALE r))^4) (1 + FEW_CLUSTERS / C') (1 + skew+ + UPPER_KURTOSIS_WEIGHT
+    upper end at ``UPPER_SCALE alpha / ((1 + (se / (REL_SE_SCALE r))^4) (1 + FEW_CLUSTERS / C') (1 + skew+ + UPPER_KURTOSIS_WEIGHT
     kurt)^2)`` (the module constants; ``skew+`` the positive part of the residuals' skew). Any other statistic (a
     paired difference, an agreement rate: the heavy side is not known in advance) reads each end at ``DIFF_SCALE alpha
     min(LOWER_CAP, 1 + DIFF_LIGHT_SLOPE skew-) / ((1 + DIFF_FEW_CLUSTERS / C') (1 + DIFF_SKEW_WEIGHT (1 + DIFF_SKEW_FEW / C') skew+ +
@@ -173,7 +176,7 @@ def side_levels(alpha: float, shape: ClusterShape, toward: int, right_skewed: np
         own = LOWER_SCALE * alpha * np.minimum(LOWER_CAP, 1.0 + LOWER_SLOPE * np.maximum(rel - LOWER_REL, 0.0))
     else:
         with np.errstate(over="ignore", invalid="ignore"):
-            own = alpha / ((1.0 + (rel / REL_SE_SCALE) ** REL_SE_POWER) * (1.0 + FEW_CLUSTERS / c)
+            own = UPPER_SCALE * alpha / ((1.0 + (rel / REL_SE_SCALE) ** REL_SE_POWER) * (1.0 + FEW_CLUSTERS / c)
                            * (1.0 + UPPER_SKEW_WEIGHT * skew + UPPER_KURTOSIS_WEIGHT * shape.kurt) ** 2)
         own = np.where(np.isfinite(rel), own, 0.0)
     level = np.where(rs, own, level)
