@@ -75,12 +75,20 @@ def reports(folder: Path) -> dict[str, Any]:
     return out
 
 
+#: Every run this module compares holds one torch thread count (``FIDELITY_THREADS``): left to the load average, a
+#: pytest run on a busy machine takes 1 thread and a quiet one 2, and the bf16 forwards then sum in another order
+#: (numbers that differ in the 3rd digit of a reverse KLD of 1e-4), so "the same report" would depend on the load.
+THREADS_ENV = {"FIDELITY_THREADS": "1"}
+
+
 def run_pytest(config: Path, report_dir: Path, *extra: str, update: bool = True) -> str:
-    """``pytest CONFIG`` on shard 0 (recording the baselines unless ``update`` is false); its output."""
+    """``pytest CONFIG`` on shard 0 (recording the baselines unless ``update`` is false), one torch thread per
+    process (:data:`THREADS_ENV`); its output."""
     cmd = [sys.executable, "-m", "pytest", str(config), "-q", "-p", "no:cacheprovider", "-m", "fidelity",
            "--fidelity-shards", str(SHARD), *(["--fidelity-update-baselines"] if update else []), "--fidelity-no-floor",
            "--fidelity-report-dir", str(report_dir), *extra]
-    out = subprocess.run(cmd, cwd=config.parent, capture_output=True, text=True, check=False)
+    out = subprocess.run(cmd, cwd=config.parent, capture_output=True, text=True, env={**os.environ, **THREADS_ENV},
+                         check=False)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     return out.stdout
 
@@ -151,7 +159,7 @@ def test_ladder_cli_gives_the_store_paths_reports(tmp_path: Path, stored: dict[s
     config = write_config(tmp_path, "scores")
     out = subprocess.run([sys.executable, "-m", "harness", "ladder", str(config), "--shards", str(SHARD), "--out",
                           str(tmp_path / "reports"), "--device", "cpu", "--quiet"],
-                         cwd=tmp_path, capture_output=True, text=True, check=False)
+                         cwd=tmp_path, capture_output=True, text=True, env={**os.environ, **THREADS_ENV}, check=False)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert reports(tmp_path / "reports") == stored["reports"]
     assert not any(f.startswith("captures/") for f in cache_files(config))
@@ -182,6 +190,9 @@ import os, signal, sys
 from harness.engines import transformers as tf
 from harness.inputs.config import load_config
 from harness.run.session import FidelitySession
+from harness.scoring.threads import apply_default_threads
+
+apply_default_threads()  # FIDELITY_THREADS, as the runs it is compared with
 
 kill_at, log = int(sys.argv[2]), open(sys.argv[3], "a")
 forward = tf.TransformersLoaded.forward
@@ -210,7 +221,7 @@ def test_a_run_killed_with_sigkill_resumes_at_the_first_context_without_scores(t
     config = write_config(tmp_path, "scores")
     script = tmp_path / "run.py"
     script.write_text(_KILLED_RUN, "utf-8")
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PYTHONPATH": str(ROOT), **THREADS_ENV}
     first = subprocess.run([sys.executable, str(script), str(config), "10", str(tmp_path / "first.log")],
                            capture_output=True, text=True, env=env, check=False)
     assert first.returncode == -signal.SIGKILL, first.stderr[-2000:]
