@@ -14,8 +14,11 @@ from harness.gate.adaptive import (
     MIN_EARLY_CLUSTERS,
     AdaptiveMonitor,
     alpha_per_look,
+    cluster_totals,
     decide,
+    look_bounds,
     render_adaptive,
+    side_of,
 )
 from harness.metrics.simulation import HEAVY
 
@@ -45,13 +48,44 @@ def _run(rng: np.random.Generator, true_mean: float, threshold: float) -> str | 
     return None
 
 
+def _sides(rng: np.random.Generator, reps: int, true_mean: float, threshold: float, through_decide: int) -> list[str | None]:
+    """:func:`_run` of ``reps`` data sets, their looks taken together: at a look every data set has the same
+    clusters and seed, so one bootstrap draw serves all (``look_bounds`` of sums ``[C, reps]``). The first
+    ``through_decide`` data sets also go through ``decide`` row by row, look by look, and must stop alike."""
+    m = HEAVY.cluster_multipliers(rng, (reps, K, CLUSTERS_PER_SHARD)) * HEAVY.context_means(rng, (reps, K, CLUSTERS_PER_SHARD))
+    rows = [[[{"cluster": f"s{k}c{c}", "positions": POSITIONS, "sum_kld": float(m[r, k - 1, c] * true_mean) * POSITIONS}
+              for c in range(CLUSTERS_PER_SHARD)] for k in range(1, K + 1)] for r in range(reps)]
+    first = next(k for k in range(1, K + 1) if k * CLUSTERS_PER_SHARD >= MIN_EARLY_CLUSTERS)
+    sides: list[str | None] = [None] * reps
+    for k in range(first, K):  # the looks that may stop
+        looked = [[row for shard in rows[r][:k] for row in shard] for r in range(reps)]
+        totals = [cluster_totals(rs) for rs in looked]  # decide's per-cluster sums, in its cluster order
+        sums, counts = np.stack([t[0] for t in totals], axis=1), totals[0][1]
+        bounds = look_bounds(sums, counts, alpha_per_look(K, first), 400, 1000 + k)
+        for r in range(reps):
+            if sides[r] is None:
+                sides[r] = side_of(float(bounds[r, 0]), float(bounds[r, 1]), threshold)
+    for r in range(through_decide):
+        shards = rows[r]
+        seen: list[dict] = []
+        side = None
+        for k in range(1, K + 1):
+            seen += shards[k - 1]
+            d = decide(seen, k, K, threshold, first_look=first if k >= first else None, n_boot=400, seed=1000 + k)
+            if d.stop:
+                side = d.side
+                break
+        assert side == sides[r], (r, side, sides[r])
+    return sides
+
+
 @pytest.mark.slow
 def test_each_side_error_rate_at_the_boundary() -> None:
     """True mean exactly at the threshold (the worst case): an early pass and an early fail are both
     errors, each bounded by ALPHA_SIDE; counted separately."""
     rng = np.random.default_rng(7)
     reps = 300
-    sides = [_run(rng, 1e-3, 1e-3) for _ in range(reps)]
+    sides = _sides(rng, reps, 1e-3, 1e-3, through_decide=20)
     wrong_pass, wrong_fail = sides.count("below") / reps, sides.count("above") / reps
     # 300 repeats: a true 2.5 % gives at most 13 stops (4.3 %) with probability > 0.99
     assert wrong_pass <= ALPHA_SIDE + 0.02, f"early wrong-pass rate {wrong_pass:.3f} > {ALPHA_SIDE} + 0.02"
