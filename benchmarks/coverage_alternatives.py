@@ -27,7 +27,7 @@ overstated), so all candidates see the same data sets and draws:
 * ``now``: the harness's rule (:func:`harness.metrics.bootstrap.side_levels`, its module constants).
 
 ``table DIR sides`` prints each cell's upper and lower miss and width, ``last`` against ``now``, with the cell's
-Monte-Carlo SE (docs/statistics.md, 'The lower end of a mean').
+Monte-Carlo SE (docs/statistics.md, 'Both ends in the middle of the band').
 """
 
 from __future__ import annotations

@@ -63,7 +63,8 @@ TAIL_METHOD_TEXT = (
 #: the residuals' skewness and excess kurtosis over C (heavy-tailed cluster effects). ``docs/statistics.md`` has the
 #: simulations that chose the constants (fitted on the calibration and in-use shapes, two seeds each; reported
 #: separately on shapes they were not fitted on; the scale 0.9 and the kurtosis weight 16 then moved a homogeneous
-#: suite's upper miss from 2.2-2.6 % at 150-842 clusters toward the middle of [1 %, 2.5 %], 'The lower end of a mean').
+#: suite's upper miss from 2.2-2.85 % at 150-842 clusters toward the middle of [1 %, 2.5 %]: 'Both ends in the middle
+#: of the band').
 UPPER_SCALE = 0.9
 REL_SE_SCALE = 0.1
 REL_SE_POWER = 4.0
@@ -96,7 +97,7 @@ DOMINANT_SHARE = 0.5
 #: LOWER_REL)+)`` (``se / r`` its relative standard error): read at the stated ``alpha`` it missed 2.7-3.2 % from 150
 #: clusters on (the bootstrap-t's lower end of a right-skewed mean sits a little high), so it is read lower; with few,
 #: spread-out clusters it sits near 0 and misses far less than ``alpha``, so it is read higher there;
-#: ``docs/statistics.md`` ('The lower end of a mean') has the simulations.
+#: ``docs/statistics.md`` ('Both ends in the middle of the band') has the simulations.
 LOWER_SCALE = 0.7
 LOWER_REL = 0.15
 LOWER_SLOPE = 8.0
