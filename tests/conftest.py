@@ -362,6 +362,30 @@ def session_captures(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
     return captured
 
 
+@pytest.fixture(scope="session")
+def once_per_session(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str, Callable[[], Any]], Any]:
+    """``once(name, build)``: ``build()`` computed once per pytest session. Under pytest-xdist the first worker that
+    needs it builds it and pickles it in the workers' shared base folder (written whole, then renamed), the other
+    waits on the lock and reads it; alone, the session's own folder. ``name`` names the value across the suite."""
+    import os
+    import pickle
+
+    from filelock import FileLock
+
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+    def once(name: str, build: Callable[[], Any]) -> Any:
+        done = shared / f"once-{name}.pickle"
+        with FileLock(f"{done}.lock"):
+            if not done.is_file():
+                done.with_suffix(".tmp").write_bytes(pickle.dumps(build()))
+                done.with_suffix(".tmp").replace(done)
+        return pickle.loads(done.read_bytes())
+
+    return once
+
+
 @pytest.fixture
 def reference_interval() -> Any:
     """:func:`_reference_studentized_interval` (an independent check of the bootstrap module)."""

@@ -9,8 +9,6 @@ decoder linear is int8 (group 32) except the ``v_proj`` of every layer, which ge
 from __future__ import annotations
 
 import json
-import os
-import pickle
 import shutil
 import sys
 from collections.abc import Callable
@@ -64,23 +62,8 @@ def _planted_candidate(out: Path) -> Path:
     return out
 
 
-def _once_per_session(factory: pytest.TempPathFactory, name: str, build: Callable[[], Any]) -> Any:
-    """``build()``, computed once per pytest session: under pytest-xdist the first worker that needs it builds it
-    and pickles it in the workers' shared base folder, the other waits on the lock and reads it (the module's
-    tests are spread over both workers)."""
-    from filelock import FileLock
-
-    base = factory.getbasetemp()
-    done = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / f"test_attribution-{name}.pickle"
-    with FileLock(f"{done}.lock"):
-        if not done.is_file():
-            done.with_suffix(".tmp").write_bytes(pickle.dumps(build()))
-            done.with_suffix(".tmp").replace(done)
-    return pickle.loads(done.read_bytes())
-
-
 @pytest.fixture(scope="module")
-def planted(tmp_path_factory: pytest.TempPathFactory) -> dict:
+def planted(tmp_path_factory: pytest.TempPathFactory, once_per_session: Callable[[str, Callable[[], Any]], Any]) -> dict:
     def build() -> dict:
         import torch
 
@@ -92,14 +75,14 @@ def planted(tmp_path_factory: pytest.TempPathFactory) -> dict:
                            n_boot=2000, progress=False)
         return attribute(req)
 
-    return _once_per_session(tmp_path_factory, "planted", build)
+    return once_per_session("test_attribution-planted", build)
 
 
 @pytest.fixture(scope="module")
-def by_hand(planted: dict, tmp_path_factory: pytest.TempPathFactory) -> tuple[float, dict[str, float]]:
+def by_hand(planted: dict, once_per_session: Callable[[str, Callable[[], Any]], Any]) -> tuple[float, dict[str, float]]:
     """Whole KLD and per-kind ΔKLD (restore) of the planted candidate on shard 0, computed independently:
     full float64 forwards of the weight-swapped variants (fixtures/kld_by_hand.py)."""
-    return _once_per_session(tmp_path_factory, "by_hand", lambda: _by_hand(planted))
+    return once_per_session("test_attribution-by_hand", lambda: _by_hand(planted))
 
 
 def _by_hand(planted: dict) -> tuple[float, dict[str, float]]:

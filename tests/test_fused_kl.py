@@ -13,7 +13,9 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -36,27 +38,21 @@ EXACT = ("argmax_ref", "argmax_cand", "top5_overlap", "top10_overlap")
 
 
 @pytest.fixture(scope="module")
-def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, np.ndarray]:
-    from filelock import FileLock
+def results(tmp_path_factory: pytest.TempPathFactory,
+            once_per_session: Callable[[str, Callable[[], Any]], Any]) -> dict[str, np.ndarray]:
+    # once per session: the xdist_group above does not keep the module on one worker with pytest 9.2's node ids
+    def build() -> dict[str, np.ndarray]:
+        out = tmp_path_factory.mktemp("fused") / "fused.npz"
+        env = dict(os.environ, TRITON_INTERPRET="1", OMP_NUM_THREADS="1")
+        script = Path(__file__).with_name("fused_kl_cases.py")
+        root = Path(__file__).resolve().parents[1]
+        proc = subprocess.run([sys.executable, str(script), str(out)], env=env, cwd=root, capture_output=True,
+                              text=True, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-4000:]
+        with np.load(out) as z:
+            return {k: z[k] for k in z.files}
 
-    # Under pytest-xdist the workers share the session's base folder's parent: the first worker that needs the
-    # results runs the child process, the other waits on the lock and reads its file (the xdist_group above does
-    # not keep the module on one worker with pytest 9.2's node ids). Alone, the session's own folder.
-    base = tmp_path_factory.getbasetemp()
-    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
-    out = shared / "fused-kl-cases.npz"
-    with FileLock(str(out) + ".lock"):
-        if not out.is_file():
-            env = dict(os.environ, TRITON_INTERPRET="1", OMP_NUM_THREADS="1")
-            script = Path(__file__).with_name("fused_kl_cases.py")
-            root = Path(__file__).resolve().parents[1]
-            tmp = out.with_suffix(".tmp.npz")
-            proc = subprocess.run([sys.executable, str(script), str(tmp)], env=env, cwd=root, capture_output=True,
-                                  text=True, timeout=600)
-            assert proc.returncode == 0, proc.stderr[-4000:]
-            tmp.replace(out)
-    with np.load(out) as z:
-        return {k: z[k] for k in z.files}
+    return once_per_session("test_fused_kl-results", build)
 
 
 def reference64(r: dict[str, np.ndarray], name: str) -> dict[str, np.ndarray]:
