@@ -77,12 +77,21 @@ class Shape:
         return f"{law} / {m.sigma_context:g} / {m.sigma_position:g}, {sizes}{extra}"
 
 
+#: Skewed cluster sizes: contexts per cluster ``rint(lognormal(SIZE_LOG_MEAN, SIZE_LOG_SD))`` clipped to
+#: ``1..MAX_SIZE`` (a few large documents).
+SIZE_LOG_MEAN, SIZE_LOG_SD, MAX_SIZE = 0.8, 0.9, 40
+
+
+def draw_sizes(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
+    """Skewed cluster sizes (contexts per cluster) of the given array shape from ``rng``."""
+    return np.clip(np.rint(rng.lognormal(SIZE_LOG_MEAN, SIZE_LOG_SD, shape)), 1, MAX_SIZE).astype(np.int64)
+
+
 def cluster_sizes(n_clusters: int, skewed: bool, seed: int) -> np.ndarray:
-    """Contexts per cluster: 2 each, or lognormal(0.8, 0.9) rounded, 1..40 (a few large documents)."""
+    """Contexts per cluster: 2 each, or skewed (:func:`draw_sizes`) from ``seed``, fixed per layout."""
     if not skewed:
         return np.full(n_clusters, 2, dtype=np.int64)
-    rng = np.random.default_rng(seed)
-    return np.clip(np.rint(rng.lognormal(0.8, 0.9, n_clusters)), 1, 40).astype(np.int64)
+    return draw_sizes(np.random.default_rng(seed), (n_clusters,))
 
 
 def difficulty(sizes: np.ndarray, exponent: float) -> np.ndarray:
