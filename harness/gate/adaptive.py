@@ -42,9 +42,10 @@ RULE = (
 
 
 def n_boot_for(alpha_k: float, n_boot: int, n_clusters: float) -> int:
-    """Replicates for a one-sided bound at level ``1 - alpha_k`` over ``n_clusters`` (effective) clusters: at least 20
-    beyond the upper bound's quantile when read at ``alpha_k C' / (C' + K)`` (:func:`side_levels` of a spread-out,
-    unskewed suite; a smaller level extends the draws inside ``ratio_intervals``)."""
+    """Replicates drawn up front for a one-sided bound at level ``1 - alpha_k`` over ``n_clusters`` (effective)
+    clusters: at least 20 beyond a quantile read at ``alpha_k C' / (C' + K)``. A planning count only: the level each
+    side is read at comes from :func:`~harness.metrics.bootstrap.side_levels`, and where it needs more replicates
+    ``ratio_intervals`` extends these draws (:func:`~harness.metrics.bootstrap.read_rows`)."""
     return max(int(n_boot), int(math.ceil(20.0 * (n_clusters + SMALL_SAMPLE_CLUSTERS) / (alpha_k * n_clusters) - 1e-9)))
 
 

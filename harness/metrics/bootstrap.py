@@ -84,8 +84,9 @@ DIFF_SKEW_WEIGHT = 3.0
 DIFF_SKEW_FEW = 60.0
 DIFF_KURTOSIS_WEIGHT = 10.0
 DIFF_LIGHT_SLOPE = 5.0
-#: The adaptive looks' replicate count (:func:`harness.gate.adaptive.n_boot_for`) plans for a level ``alpha_k C' / (C'
-#: + SMALL_SAMPLE_CLUSTERS)`` (more are drawn inside :func:`ratio_intervals` where a side is read lower).
+#: The adaptive looks' replicate count drawn up front (:func:`harness.gate.adaptive.n_boot_for`) plans for a level
+#: ``alpha_k C' / (C' + SMALL_SAMPLE_CLUSTERS)``; it never sets the level a side is read at (:func:`side_levels`), and
+#: more are drawn inside :func:`ratio_intervals` where a side is read lower.
 SMALL_SAMPLE_CLUSTERS = 200.0
 #: No side is read below ``LEVEL_FLOOR * alpha`` (nor, for memory, where more than :data:`MAX_READ_ELEMENTS`
 #: replicate x cluster entries would be needed).
