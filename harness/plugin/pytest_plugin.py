@@ -1,7 +1,8 @@
 """pytest plugin (entry point ``fidelity``): options, markers, fixtures; the rest is :class:`FidelityRun`.
 
 The plugin stays in its lane. In a project without a fidelity configuration (no ``--fidelity-config``,
-no ``.toml`` argument, no ``<rootdir>/fidelity.toml``) it only adds its options and its own markers:
+no ``.toml`` argument, no ``<rootdir>/fidelity.toml``) it only adds its options and its own markers
+(and, on a ``--dist loadgroup`` worker, keeps ``xdist_group`` marks working: :mod:`harness.plugin.xdist_groups`):
 it creates no run, collects, skips and reports nothing. With a configuration, one
 :class:`harness.plugin.run.FidelityRun` holds the plan, the session, the adaptive monitor and the
 reporter, and implements the hooks. Nothing heavy (torch, transformers) is imported until a
@@ -18,7 +19,15 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from harness.errors import FidelityError
-from harness.plugin import kind_allocate, kind_attribution, kind_paired, kind_precision_floor, kind_tails, kind_window
+from harness.plugin import (
+    kind_allocate,
+    kind_attribution,
+    kind_paired,
+    kind_precision_floor,
+    kind_tails,
+    kind_window,
+    xdist_groups,
+)
 from harness.plugin.ini import IniKey, add_ini, apply_ini
 from harness.plugin.plan import PARAMETRIZED
 from harness.plugin.registry import REPORT_KINDS
@@ -137,6 +146,7 @@ def pytest_configure(config: pytest.Config) -> None:
     error); pytest shows its own usage error as one ``ERROR:`` line (exit status 4), so it is raised as that."""
     for name, doc in MARKERS.items():
         config.addinivalue_line("markers", f"{name}: {doc}")
+    config.pluginmanager.register(xdist_groups, "fidelity-xdist-groups")
     try:
         apply_ini(config, OPTION_KEYS)  # before anything reads an option
         run = FidelityRun.configure(config)
