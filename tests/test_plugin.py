@@ -235,7 +235,7 @@ def test_xdist_matches_serial(project: pytest.Pytester) -> None:
     par = project.runpytest_subprocess("-m", "fidelity", "-n", "2", "--dist", "loadgroup", "--fidelity-report-dir", "par",
                                        "-v")
     par.assert_outcomes(passed=8)
-    # --dist loadgroup keeps each candidate's cases on one worker (harness.plugin.xdist_groups), under their plain ids
+    # --dist loadgroup keeps each candidate's cases on one worker (harness.plugin.pytest_plugin), under their plain ids
     ran = re.findall(r"^\[(gw\d+)\] .*PASSED \S*::test_fidelity\[(\w+)-shard\d+\]\s*$", par.stdout.str(), re.M)
     workers: dict[str, set[str]] = {}
     for worker, name in ran:

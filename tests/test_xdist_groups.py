@@ -1,5 +1,5 @@
-"""``--dist loadgroup`` keeps an ``xdist_group``'s tests on one worker (:mod:`harness.plugin.xdist_groups`); the
-node ids that reports, ``-k`` and the plugin's parsers see stay as they are."""
+"""``--dist loadgroup`` keeps an ``xdist_group``'s tests on one worker (the plugin's ``pytest_collection_finish``);
+the node ids that reports, ``-k`` and the plugin's parsers see stay as they are."""
 
 from __future__ import annotations
 
@@ -32,6 +32,7 @@ def test_free(i):
 """
 
 
+@pytest.mark.slow  # a pytest run with two pytest-xdist workers of its own
 def test_a_group_runs_on_one_worker_under_its_plain_ids(pytester: pytest.Pytester) -> None:
     pytest.importorskip("xdist")
     pytester.makepyfile(test_grouped=GROUPED)
@@ -44,10 +45,7 @@ def test_a_group_runs_on_one_worker_under_its_plain_ids(pytester: pytest.Pyteste
     for worker, nodeid in ran:
         workers.setdefault(nodeid.split("::")[1].split("[")[0], set()).add(worker)
     assert len(workers["test_a"]) == 1 and len(workers["test_b"]) == 1, result.stdout.str()
-
-
-def test_case_ids_parse_with_or_without_a_group_suffix() -> None:
-    """pytest-xdist's own suffix (a pytest before 9.2 keeps it in the node id) does not hide the case."""
+    # xdist's own suffix (a pytest before 9.2 keeps it in the node id) does not hide a case from the plugin's parsers
     for nodeid in ("fidelity.toml::test_fidelity[int8-shard03]", "fidelity.toml::test_fidelity[int8-shard03]@int8"):
         case = _CASE_ID.search(nodeid)
         assert case is not None and case.group(1) == "int8", nodeid

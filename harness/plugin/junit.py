@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 KEYS = ("mean_kld", "ci_low", "ci_high", "p99", "top1")
 #: The families whose schema holds per-testcase properties.
 PER_CASE_FAMILIES = ("xunit1", "legacy")
-#: A case's parameter id, at the end of its node id or before ``@<group>`` (harness.plugin.xdist_groups).
+#: A case's parameter id, at the end of its node id or before ``@<group>`` (harness.plugin.pytest_plugin).
 _CASE = re.compile(r"\[([^\]]+)\](?:@[^\[\]]*)?$")
 
 

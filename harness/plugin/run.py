@@ -87,7 +87,7 @@ def _reason_of(report: pytest.TestReport) -> str:
 
 
 #: A candidate x shard case's node id: ``...::test_fidelity[<candidate>-shard<NN>]``, perhaps ``@<group>`` after it
-#: (pytest-xdist's ``--dist loadgroup`` on a pytest before 9.2; :mod:`harness.plugin.xdist_groups`).
+#: (pytest-xdist's ``--dist loadgroup`` on a pytest before 9.2; ``harness.plugin.pytest_plugin.pytest_collection_finish``).
 _CASE_ID = re.compile(r"::test_fidelity\[([A-Za-z0-9][A-Za-z0-9_.+]*)-shard\d+\](?:@[^\[\]]*)?$")
 
 
