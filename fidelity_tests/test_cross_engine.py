@@ -29,7 +29,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-pytestmark = pytest.mark.fidelity_cross_engine
+pytestmark = [
+    pytest.mark.fidelity_cross_engine,
+    # `-n 2 --dist loadgroup`: one worker captures and scores the module's engines once (its module fixtures)
+    pytest.mark.xdist_group("cross_engine"),
+]
 
 ROOT = Path(__file__).resolve().parent.parent
 #: Configurations whose candidates get a net-of-floor row; the first one's reference is the transformers row.

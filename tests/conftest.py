@@ -393,19 +393,25 @@ def reference_interval() -> Any:
 
 
 @pytest.fixture(scope="session")
-def fidelity_run(tmp_path_factory: pytest.TempPathFactory, fidelity_project: Path) -> Path:
+def fidelity_run(tmp_path_factory: pytest.TempPathFactory, fidelity_project: Path,
+                 once_per_session: Callable[[str, Callable[[], Any]], Any]) -> Path:
     """The tiny project after one run of its shard and tail cases with ``--fidelity-update-baselines``: baselines,
     ``reports/`` (shard reports, ladder, tails) and the candidates' captures in ``.fidelity-cache``. Copy it
-    (``shutil.copytree``) before changing it."""
+    (``shutil.copytree``) before changing it. Run once per session: under pytest-xdist the workers share one folder
+    (every user copies it; the tiny project is built alike on each worker, fixed seeds)."""
     import subprocess
     import sys
 
-    root = tmp_path_factory.mktemp("run") / "p"
-    shutil_copytree(fidelity_project, root)
-    out = subprocess.run([sys.executable, "-m", "pytest", "fidelity.toml", "-q", "-p", "no:cacheprovider", "-m",
-                          "fidelity or fidelity_tails", "--fidelity-update-baselines", "--fidelity-report-dir", "reports"],
-                         cwd=root, capture_output=True, text=True, check=False)
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    def build() -> Path:
+        root = tmp_path_factory.mktemp("run") / "p"
+        shutil_copytree(fidelity_project, root)
+        out = subprocess.run([sys.executable, "-m", "pytest", "fidelity.toml", "-q", "-p", "no:cacheprovider", "-m",
+                              "fidelity or fidelity_tails", "--fidelity-update-baselines", "--fidelity-report-dir",
+                              "reports"], cwd=root, capture_output=True, text=True, check=False)
+        assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+        return root
+
+    root: Path = once_per_session("fidelity_run", build)
     return root
 
 

@@ -40,7 +40,8 @@ EXACT = ("argmax_ref", "argmax_cand", "top5_overlap", "top10_overlap")
 @pytest.fixture(scope="module")
 def results(tmp_path_factory: pytest.TempPathFactory,
             once_per_session: Callable[[str, Callable[[], Any]], Any]) -> dict[str, np.ndarray]:
-    # once per session: the xdist_group above does not keep the module on one worker with pytest 9.2's node ids
+    # once per session: the xdist_group above keeps the module on one worker (harness.plugin.pytest_plugin); a run
+    # without --dist loadgroup spreads it, and the other worker reads the first one's results
     def build() -> dict[str, np.ndarray]:
         out = tmp_path_factory.mktemp("fused") / "fused.npz"
         env = dict(os.environ, TRITON_INTERPRET="1", OMP_NUM_THREADS="1")

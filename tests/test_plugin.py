@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -231,8 +232,15 @@ def test_xdist_matches_serial(project: pytest.Pytester) -> None:
     _update(project)
     serial = project.runpytest_subprocess("-m", "fidelity", "--fidelity-report-dir", "serial")
     serial.assert_outcomes(passed=8)
-    par = project.runpytest_subprocess("-m", "fidelity", "-n", "2", "--dist", "loadgroup", "--fidelity-report-dir", "par")
+    par = project.runpytest_subprocess("-m", "fidelity", "-n", "2", "--dist", "loadgroup", "--fidelity-report-dir", "par",
+                                       "-v")
     par.assert_outcomes(passed=8)
+    # --dist loadgroup keeps each candidate's cases on one worker (harness.plugin.pytest_plugin), under their plain ids
+    ran = re.findall(r"^\[(gw\d+)\] .*PASSED \S*::test_fidelity\[(\w+)-shard\d+\]\s*$", par.stdout.str(), re.M)
+    workers: dict[str, set[str]] = {}
+    for worker, name in ran:
+        workers.setdefault(name, set()).add(worker)
+    assert len(ran) == 8 and {n: len(w) for n, w in workers.items()} == {"good": 1, "bad": 1}, par.stdout.str()
     files = sorted(p.relative_to(project.path / "serial") for p in (project.path / "serial").rglob("shard-*.json"))
     assert len(files) == 8
     for rel in files:

@@ -16,7 +16,8 @@ if TYPE_CHECKING:
 KEYS = ("mean_kld", "ci_low", "ci_high", "p99", "top1")
 #: The families whose schema holds per-testcase properties.
 PER_CASE_FAMILIES = ("xunit1", "legacy")
-_CASE = re.compile(r"\[([^\]]+)\]$")
+#: A case's parameter id, at the end of its node id or before ``@<group>`` (harness.plugin.pytest_plugin).
+_CASE = re.compile(r"\[([^\]]+)\](?:@[^\[\]]*)?$")
 
 
 def junit_family(config: pytest.Config) -> str | None:

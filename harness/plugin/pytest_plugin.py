@@ -1,7 +1,8 @@
 """pytest plugin (entry point ``fidelity``): options, markers, fixtures; the rest is :class:`FidelityRun`.
 
 The plugin stays in its lane. In a project without a fidelity configuration (no ``--fidelity-config``,
-no ``.toml`` argument, no ``<rootdir>/fidelity.toml``) it only adds its options and its own markers:
+no ``.toml`` argument, no ``<rootdir>/fidelity.toml``) it only adds its options and its own markers
+(and, on a ``--dist loadgroup`` worker, keeps ``xdist_group`` marks working: :func:`pytest_collection_finish`):
 it creates no run, collects, skips and reports nothing. With a configuration, one
 :class:`harness.plugin.run.FidelityRun` holds the plan, the session, the adaptive monitor and the
 reporter, and implements the hooks. Nothing heavy (torch, transformers) is imported until a
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 import argparse
 import re
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -150,6 +151,44 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if RUN_KEY not in metafunc.config.stash and any(f in metafunc.fixturenames for f in PARAMETRIZED):
         active_run(metafunc.config)  # fails: a fidelity case without a configuration
+
+
+# ---------------------------------------------------------------- pytest-xdist's --dist loadgroup
+def xdist_group_suffix(item: pytest.Item) -> str | None:
+    """``@<names>`` as pytest-xdist forms it from an item's ``xdist_group`` marks (sorted, joined by ``_``), or None."""
+    names = {str(m.args[0] if m.args else m.kwargs.get("name", "default")) for m in item.iter_markers("xdist_group")}
+    return "@" + "_".join(sorted(names)) if names else None
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_collection_finish(session: pytest.Session) -> Generator[None, object, object]:
+    """``--dist loadgroup`` as pytest-xdist documents it (a candidate's cases on one worker, :mod:`harness.plugin.plan`).
+
+    xdist groups the tests marked ``xdist_group(name)`` by appending ``@name`` to each item's node id on the worker
+    (``item._nodeid``); the controller's scheduler reads the group from the node ids a worker sends when its
+    collection finishes. From pytest 9.2 an item's ``nodeid`` is ``str(item._id)``, so that assignment is lost and
+    every test is a group of its own. Here, on a worker of a ``--dist loadgroup`` run, the grouped items carry their
+    ``@group`` node id while the collection is announced, and their own again afterwards: only the scheduler sees
+    the suffix (reports, ``-k``, junit names and the commands the plugin writes keep the plain node ids). Where
+    xdist's suffix takes effect (a pytest before 9.2), the items already carry it and nothing changes."""
+    changed = []
+    # on a worker, xdist keeps ``--dist loadgroup`` as the option ``loadgroup`` (its ``dist`` is "no" there)
+    if hasattr(session.config, "workerinput") and session.config.getoption("loadgroup", False):
+        try:
+            from _pytest.nodeid import NodeId
+        except ImportError:  # a pytest before 9.2: xdist's own suffix is in the node id
+            pass
+        else:
+            for item in session.items:
+                suffix = xdist_group_suffix(item)
+                if suffix is not None and not item.nodeid.endswith(suffix):
+                    changed.append((item, item._id))
+                    item._id = NodeId.parse(item.nodeid + suffix)
+    try:
+        return (yield)
+    finally:
+        for item, own in changed:
+            item._id = own
 
 
 # ---------------------------------------------------------------- fixtures

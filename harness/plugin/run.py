@@ -86,8 +86,9 @@ def _reason_of(report: pytest.TestReport) -> str:
     return text[:300]
 
 
-#: A candidate x shard case's node id: ``...::test_fidelity[<candidate>-shard<NN>]``.
-_CASE_ID = re.compile(r"::test_fidelity\[([A-Za-z0-9][A-Za-z0-9_.+]*)-shard\d+\]$")
+#: A candidate x shard case's node id: ``...::test_fidelity[<candidate>-shard<NN>]``, perhaps ``@<group>`` after it
+#: (pytest-xdist's ``--dist loadgroup`` on a pytest before 9.2; ``harness.plugin.pytest_plugin.pytest_collection_finish``).
+_CASE_ID = re.compile(r"::test_fidelity\[([A-Za-z0-9][A-Za-z0-9_.+]*)-shard\d+\](?:@[^\[\]]*)?$")
 
 
 @dataclass(eq=False)  # a plugin object: hashed by identity
