@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,9 +28,10 @@ from harness.inputs.suite import Suite
 from harness.run.live_scores import capture_scored
 from harness.scoring.scorer import score_hidden
 
-#: `-n 2 --dist loadgroup`: one worker builds the module's stored project once (its Ray test is in the Ray
-#: tests' group)
-pytestmark = pytest.mark.xdist_group("keep_scores")
+#: `-n 2 --dist loadgroup`: the module's tests stay on one worker, except its Ray test, which is in the Ray tests'
+#: group only (one local Ray cluster at a time). A module-wide mark would name both groups on that test, a group
+#: of its own ("keep_scores_ray") that could run beside the other Ray tests; so each test carries its mark.
+KEEP_SCORES = pytest.mark.xdist_group("keep_scores")
 
 ROOT = Path(__file__).resolve().parents[1]
 FIX = ROOT / "fixtures"
@@ -99,15 +101,23 @@ def cache_files(config: Path) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def stored(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """The store-then-score path's shard report of int8 x shard 0 (through pytest), and its capture store."""
-    config = write_config(tmp_path_factory.mktemp("store"), "store")
-    run_pytest(config, config.parent / "reports")
-    stores = sorted((config.parent / "cache" / "captures").glob("int8-*"))
-    assert len(stores) == 1 and list(stores[0].glob("ctx-*.safetensors"))
-    return {"reports": reports(config.parent / "reports"), "store": stores[0]}
+def stored(tmp_path_factory: pytest.TempPathFactory,
+           once_per_session: Callable[[str, Callable[[], Any]], Any]) -> dict[str, Any]:
+    """The store-then-score path's shard report of int8 x shard 0 (through pytest), and its capture store (read only
+    by its users). Built once per session: the Ray test runs on the Ray group's worker, the others on the
+    keep_scores group's, and the second to need it reads the first one's (a pytest run of the shard, ~17 s in CI)."""
+    def build() -> dict[str, Any]:
+        config = write_config(tmp_path_factory.mktemp("store"), "store")
+        run_pytest(config, config.parent / "reports")
+        stores = sorted((config.parent / "cache" / "captures").glob("int8-*"))
+        assert len(stores) == 1 and list(stores[0].glob("ctx-*.safetensors"))
+        return {"reports": reports(config.parent / "reports"), "store": stores[0]}
+
+    out: dict[str, Any] = once_per_session("test_keep_scores-stored", build)
+    return out
 
 
+@KEEP_SCORES
 def test_keep_is_validated(tmp_path: Path) -> None:
     assert load_config(write_config(tmp_path / "a", "scores")).candidate("int8").keep == "scores"
     assert load_config(write_config(tmp_path / "b", "store")).candidate("int8").keep == "store"
@@ -119,6 +129,7 @@ def test_keep_is_validated(tmp_path: Path) -> None:
         load_config(write_config(tmp_path / "e", "scores", store=True))
 
 
+@KEEP_SCORES
 def test_tiles_across_contexts_score_as_one_call(tmp_path: Path, stored: dict[str, Any]) -> None:
     """Tiles of 100 rows cut the 255-row contexts anywhere: each tile scored as soon as its rows are captured gives
     the numbers of one score_hidden call over the stored capture of the shard with the same tiles."""
@@ -143,6 +154,7 @@ def test_tiles_across_contexts_score_as_one_call(tmp_path: Path, stored: dict[st
         assert np.array_equal(getattr(live.positions.scores, f), getattr(whole, f)), f
 
 
+@KEEP_SCORES
 def test_pytest_gives_the_store_paths_reports_and_writes_no_hidden_states(tmp_path: Path, stored: dict[str, Any]) -> None:
     config = write_config(tmp_path, "scores")
     out = run_pytest(config, tmp_path / "reports")
@@ -155,6 +167,7 @@ def test_pytest_gives_the_store_paths_reports_and_writes_no_hidden_states(tmp_pa
     assert "score cache: reused 1 of 1 shards" in again and reports(tmp_path / "reports2") == stored["reports"]
 
 
+@KEEP_SCORES
 def test_ladder_cli_gives_the_store_paths_reports(tmp_path: Path, stored: dict[str, Any]) -> None:
     config = write_config(tmp_path, "scores")
     out = subprocess.run([sys.executable, "-m", "harness", "ladder", str(config), "--shards", str(SHARD), "--out",
@@ -165,6 +178,7 @@ def test_ladder_cli_gives_the_store_paths_reports(tmp_path: Path, stored: dict[s
     assert not any(f.startswith("captures/") for f in cache_files(config))
 
 
+@KEEP_SCORES
 def test_xdist_gives_the_store_paths_reports(tmp_path: Path, stored: dict[str, Any]) -> None:
     config = write_config(tmp_path, "scores")
     out = run_pytest(config, tmp_path / "reports", "-n", "2", "-m", "fidelity or fidelity_tails", update=False)
@@ -214,6 +228,7 @@ print(len(calls), json.dumps(report.to_json_dict(), sort_keys=True))
 """
 
 
+@KEEP_SCORES
 def test_a_run_killed_with_sigkill_resumes_at_the_first_context_without_scores(tmp_path: Path,
                                                                                stored: dict[str, Any]) -> None:
     """The shard's 16 contexts are scored in tiles of 4 (1,020 rows of 255); killed right after the 10th forward,
@@ -239,6 +254,7 @@ def test_a_run_killed_with_sigkill_resumes_at_the_first_context_without_scores(t
     assert not list((tmp_path / "cache" / "scores").glob(".*.parts"))  # the parts go once the entry is kept
 
 
+@KEEP_SCORES
 def test_parts_are_believed_only_when_signed_and_bound(tmp_path: Path, fidelity_project: Path) -> None:
     """On the tiny project (2 contexts of 31 rows a shard, tiles of 20 rows): a finished shard's parts are read, the
     model never loaded; a part signed with another key, or bound to other inputs, is not believed: that tile and the
