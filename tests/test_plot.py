@@ -119,11 +119,15 @@ def test_one_size_unit_in_the_ladder_the_pages_and_the_plot(n_bytes: int, ladder
     plt.close(fig)
 
 
-def test_a_subset_figure_colours_a_candidate_as_the_full_set_does(tmp_path: Any) -> None:
+def test_a_subset_figure_colours_a_candidate_as_the_full_set_does(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """A run of two candidates writes tails.png; the published set of all eight draws kld-vs-size.png. With the
     configuration's names as the palette, each candidate has one colour in both (without it, int8 would be
     the second colour in the first figure and the seventh in the second)."""
     import matplotlib.pyplot as plt
+
+    # no kept results: a pytest-xdist worker of a run that collects fidelity.toml's cases keeps them in the
+    # repository's cache for its whole session, and a figure kept by an earlier run would be read, not drawn
+    monkeypatch.setattr("harness.io.kept._stores", [])
 
     from harness.reports.plot import plot_ccdf
 

@@ -209,9 +209,12 @@ def test_xdist_workers_read_and_keep_summaries(project: Path) -> None:
     assert len(_entries(project)) == 2
 
 
-def test_kept_results_are_read_by_content_and_refused_when_forged(tmp_path: Path) -> None:
+def test_kept_results_are_read_by_content_and_refused_when_forged(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """harness/io/kept.py over harness/run/kept_results.py: the same inputs and code read the kept result; a changed
     array element, code file or a forged entry is computed again."""
+    # "no store" below: a pytest-xdist worker of a run that collects fidelity.toml's cases keeps results in the
+    # repository's cache for its whole session (an earlier run's entry would be read, and written there)
+    monkeypatch.setattr("harness.io.kept._stores", [])
     import numpy as np
 
     from harness.io.hashing import content_sha256
