@@ -123,6 +123,9 @@ def assert_same_reports(serial: Path, other: Path) -> int:
     return shards
 
 
+#: Seconds a run on the local cluster may take (its start and the workers' imports included) on a loaded machine.
+RUN_TIMEOUT_S = 600
+
 BROKEN = '''
 [[candidates]]
 name = "broken"
@@ -132,7 +135,9 @@ model = "models/broken"
 
 def _kill_first_task(proc: subprocess.Popen[bytes], captures: Path, deadline_s: float) -> int | None:
     """Once a task has begun writing a capture store under ``captures``, SIGKILL a Ray worker running a case's
-    task (its process title is ``ray::run_case``): a worker killed while the cluster captures and scores."""
+    task (its process title is ``ray::run_case``): a worker killed while the cluster captures and scores.
+    Waits for that event as long as the run lasts (up to ``deadline_s``, the run's own limit): on a loaded
+    machine the cluster's start and the workers' imports take minutes, and a shorter wait gave up early."""
     end = time.monotonic() + deadline_s
     while time.monotonic() < end and proc.poll() is None:
         if not any(captures.glob("*/ctx-*.safetensors")):
@@ -176,8 +181,8 @@ def test_ray_run_equals_serial_and_survives_a_killed_worker(project: pytest.Pyte
     proc = subprocess.Popen([sys.executable, "-m", "pytest", *common, "--fidelity-executor", "ray",
                              "--fidelity-update-baselines", "--fidelity-report-dir", "ray"], cwd=root, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    killed = _kill_first_task(proc, root / ".fidelity-cache" / "captures", deadline_s=120)
-    out, _ = proc.communicate(timeout=300)
+    killed = _kill_first_task(proc, root / ".fidelity-cache" / "captures", deadline_s=RUN_TIMEOUT_S)
+    out, _ = proc.communicate(timeout=RUN_TIMEOUT_S)
     text = out.decode()
     assert killed is not None, text
     assert "13 passed, 1 skipped, 5 errors" in text, text
@@ -188,7 +193,7 @@ def test_ray_run_equals_serial_and_survives_a_killed_worker(project: pytest.Pyte
     assert "executor: ray (local cluster for this run); results from 1 node(s)" in text, text
     # the same cases without pytest: fidelity ladder on a local cluster writes the same shard reports and ladder
     cli = subprocess.run([sys.executable, "-m", "harness", "ladder", "fidelity.toml", "--executor", "ray",
-                          "--out", "cli"], cwd=root, env=env, capture_output=True, text=True, timeout=300)
+                          "--out", "cli"], cwd=root, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
     assert cli.returncode == 1, cli.stdout + cli.stderr  # broken's cases fail
     assert [line.split(":")[0] for line in cli.stderr.splitlines() if line.startswith("FAILED")] == \
         [f"FAILED broken shard {k:02d}" for k in range(4)], cli.stderr
