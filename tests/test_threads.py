@@ -38,9 +38,10 @@ def _in_fresh_process(body: str) -> None:
 def test_apply_and_override() -> None:
     _in_fresh_process("""
         from harness.scoring.threads import apply_worker_threads, available_cores
-        threads_mod.free_cores = lambda: 1  # a machine with one free core
+        threads_mod.machine_load = lambda: (15.0, 15, 15.0)  # a machine with one free core
         assert apply_worker_threads(available_cores()) == 1 == torch.get_num_threads()
-        threads_mod.free_cores = lambda: 16  # an idle 16-core machine
+        threads_mod.available_cores = lambda: 16  # an idle 16-core machine
+        threads_mod.machine_load = lambda: (0.0, None, 0.0)
         assert apply_worker_threads(4) == 4 == torch.get_num_threads()
         os.environ["FIDELITY_THREADS"] = "3"
         assert apply_worker_threads(8) == 3 == torch.get_num_threads()
@@ -66,6 +67,7 @@ def test_free_cores_subtract_the_load() -> None:
 def test_default_threads_follow_the_load_and_the_override() -> None:
     _in_fresh_process("""
         from harness.scoring.threads import apply_default_threads
+        threads_mod.runnable_now = lambda: None  # the load average alone
         threads_mod.os.getloadavg = lambda: (9.0, 9.0, 9.0)
         threads_mod.available_cores = lambda: 4
         assert apply_default_threads() == 1 == torch.get_num_threads()  # busy 4-core machine
@@ -79,6 +81,7 @@ def test_default_threads_follow_the_load_and_the_override() -> None:
 def test_the_choice_says_why() -> None:
     _in_fresh_process("""
         from harness.scoring.threads import apply_default_threads, choose_threads
+        threads_mod.runnable_now = lambda: None  # the load average alone
         threads_mod.os.getloadavg = lambda: (7.5, 1.0, 1.0)
         threads_mod.available_cores = lambda: 2
         assert choose_threads().line() == "threads 1 of 2: load average 7.5 (override: FIDELITY_THREADS=N)"
@@ -90,6 +93,48 @@ def test_the_choice_says_why() -> None:
         os.environ["FIDELITY_THREADS"] = "5"
         assert choose_threads(4).line() == "threads 5 of 16: FIDELITY_THREADS=5 (override: FIDELITY_THREADS=N)"
     """)
+
+
+def test_a_job_that_just_ended_leaves_its_cores_free() -> None:
+    """The one-minute average still counts a job that ended seconds ago; the tasks runnable now do not: the smaller
+    of the two is the load (and the count is read only where the average says a core is busy)."""
+    _in_fresh_process("""
+        from harness.scoring.threads import choose_threads, machine_load
+        threads_mod.available_cores = lambda: 2
+        threads_mod.os.getloadavg = lambda: (1.9, 1.0, 1.0)  # a 2-core job ended a moment ago
+        threads_mod.runnable_now = lambda: 0
+        assert machine_load() == (1.9, 0, 0.0)
+        assert choose_threads().line() == ("threads 2 of 2: load average 1.9, 0 other tasks runnable now "
+                                           "(override: FIDELITY_THREADS=N)")
+        threads_mod.runnable_now = lambda: 3  # busier now than the average says: the average
+        assert machine_load()[2] == 1.9 and choose_threads().n == 1
+        def unread():
+            raise AssertionError("read on an idle machine")
+        threads_mod.runnable_now = unread
+        threads_mod.os.getloadavg = lambda: (0.3, 1.0, 1.0)
+        assert machine_load() == (0.3, None, 0.3) and choose_threads().n == 2
+    """)
+
+
+def test_runnable_now_counts_a_busy_process() -> None:
+    """Against a process known to be running: a child spinning on a core is counted (Linux's /proc/stat)."""
+    import subprocess
+    import sys
+    import time
+
+    from harness.scoring.threads import runnable_now
+
+    before = runnable_now()
+    if before is None:
+        pytest.skip("no /proc/stat procs_running on this OS")
+    assert before >= 0
+    child = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.5)
+        assert max(runnable_now(samples=20, interval_s=0.01) or 0 for _ in range(5)) >= 1
+    finally:
+        child.kill()
+        child.wait()
 
 
 def test_the_harness_own_omp_setting_is_not_an_override() -> None:

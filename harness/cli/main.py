@@ -46,7 +46,8 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=(
             "environment:\n"
             "  FIDELITY_THREADS=N   torch CPU threads (default: the free cores, i.e. the cores minus the\n"
-            "                       one-minute load average, at least 1; all cores on an idle machine).\n"
+            "                       one-minute load average, or the tasks runnable now where fewer: a job\n"
+            "                       that just ended does not count; at least 1; all cores on an idle machine).\n"
             "                       A command's --threads wins; so does an explicit OMP_NUM_THREADS.\n"
             "  FIDELITY_GEMM=auto|mkl-bf16-f32|onednn-bf16|fp32   the scorer's logits GEMM on a CPU"
         ),

@@ -73,8 +73,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup(
         "fidelity",
         "fidelity harness (KL divergence of quantized models). Environment: FIDELITY_THREADS=N sets the torch CPU "
-        "threads (default: the free cores = cores minus the one-minute load average, at least 1; under -n W each "
-        "worker gets free cores // W)",
+        "threads (default: the free cores = cores minus the load: the one-minute load average, or the tasks runnable "
+        "now where fewer; at least 1; under -n W each worker gets free cores // W)",
     )
     group.addoption("--fidelity-config", dest="fidelity_config", metavar="PATH", default=None,
                     help="fidelity.toml to use; its cases are collected wherever pytest runs "

@@ -6,12 +6,13 @@ Reasoning: docs/performance.md §"Thread counts".
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass
 
 from harness.errors import UsageError
 
 __all__ = ["ThreadChoice", "apply_default_threads", "apply_worker_threads", "available_cores", "choose_threads",
-           "free_cores", "threads_per_worker"]
+           "free_cores", "machine_load", "runnable_now", "threads_per_worker"]
 
 #: Set beside ``OMP_NUM_THREADS`` when the harness itself wrote it (for a torch not imported yet), so neither this
 #: process nor the pytest-xdist workers it starts take the harness's own count for a user's override.
@@ -28,11 +29,11 @@ class ThreadChoice:
     n: int
     #: CPUs this process may run on.
     cores: int
-    #: Why ``n``: the override that set it, or the load average the free cores were counted from.
+    #: Why ``n``: the override that set it, or the load the free cores were counted from (:func:`machine_load`).
     why: str
 
     def line(self) -> str:
-        """E.g. ``threads 1 of 2: load average 7.5 (override: FIDELITY_THREADS=N)``."""
+        """E.g. ``threads 1 of 2: load average 7.5, 6 other tasks runnable now (override: FIDELITY_THREADS=N)``."""
         return f"threads {self.n} of {self.cores}: {self.why} (override: {OVERRIDE})"
 
 
@@ -44,17 +45,50 @@ def available_cores() -> int:
         return max(1, os.cpu_count() or 1)
 
 
+#: Reads of ``/proc/stat`` by :func:`runnable_now`, and the seconds between them.
+RUNNABLE_SAMPLES = 3
+RUNNABLE_INTERVAL_S = 0.005
+
+
+def runnable_now(samples: int = RUNNABLE_SAMPLES, interval_s: float = RUNNABLE_INTERVAL_S) -> int | None:
+    """Tasks runnable on this machine now besides the reader: the most of ``samples`` reads of ``procs_running`` in
+    ``/proc/stat`` (Linux), ``interval_s`` apart, minus 1 (this process); None where the OS has no such count."""
+    most = -1
+    for i in range(samples):
+        try:
+            with open("/proc/stat", "rb") as f:
+                for line in f:
+                    if line.startswith(b"procs_running "):
+                        most = max(most, int(line.split()[1]))
+                        break
+        except (OSError, ValueError, IndexError):
+            return None
+        if i + 1 < samples:
+            time.sleep(interval_s)
+    return None if most < 0 else max(most - 1, 0)
+
+
+def machine_load() -> tuple[float | None, int | None, float]:
+    """``(one-minute load average, tasks runnable now, load)``: the load counted against the cores is the smaller of
+    the two (either alone where the OS has only one; 0 where it has neither). The average lags: a job that ended a
+    minute ago still counts about a core in it, so a run started right after another would leave cores idle; the
+    count of tasks runnable now (read only where the average says a core is busy) does not."""
+    try:
+        avg: float | None = os.getloadavg()[0]
+    except (AttributeError, OSError):
+        avg = None
+    now = runnable_now() if avg is None or round(avg) >= 1 else None
+    known = [x for x in (avg, now) if x is not None]
+    return avg, now, float(min(known)) if known else 0.0
+
+
 def free_cores(cores: int | None = None, load: float | None = None) -> int:
     """Cores not busy with other work: ``cores - round(load)`` clamped to ``[1, cores]``.
 
-    ``load`` defaults to the one-minute load average (``os.getloadavg``; where the OS has none,
-    every core counts as free)."""
+    ``load`` defaults to :func:`machine_load`'s (where the OS has neither count, every core counts as free)."""
     n = cores if cores is not None else available_cores()
     if load is None:
-        try:
-            load = os.getloadavg()[0]
-        except (AttributeError, OSError):
-            load = 0.0
+        load = machine_load()[2]
     return max(1, min(n, n - int(round(load))))
 
 
@@ -97,13 +131,13 @@ def choose_threads(workers: int = 1) -> ThreadChoice:
     if n is not None:
         name, text = _override_named() or ("", "")
         return ThreadChoice(n, cores, f"{name}={text}")
-    try:
-        load: float | None = os.getloadavg()[0]
-    except (AttributeError, OSError):
-        load = None
-    free = free_cores()
+    avg, now, load = machine_load()
+    free = free_cores(cores, load)
     n = threads_per_worker(workers, free)
-    why = "no load average on this OS: every core" if load is None else f"load average {load:.1f}"
+    if avg is None:
+        why = "no load average on this OS: every core" if now is None else f"{now} other tasks runnable now"
+    else:
+        why = f"load average {avg:.1f}" + ("" if now is None else f", {now} other tasks runnable now")
     if workers > 1:
         why += f", {free} free core{'s' * (free != 1)} shared by {workers} workers"
     return ThreadChoice(n, cores, why)
