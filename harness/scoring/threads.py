@@ -70,9 +70,10 @@ def runnable_now(samples: int = RUNNABLE_SAMPLES, interval_s: float = RUNNABLE_I
 
 def machine_load() -> tuple[float | None, int | None, float]:
     """``(one-minute load average, tasks runnable now, load)``: the load counted against the cores is the smaller of
-    the two (either alone where the OS has only one; 0 where it has neither). The average lags: a job that ended a
-    minute ago still counts about a core in it, so a run started right after another would leave cores idle; the
-    count of tasks runnable now (read only where the average says a core is busy) does not."""
+    the two (either alone where the OS has only one; 0 where it has neither). The average lags (it decays as
+    ``exp(-t / 60 s)``): a job that ended seconds ago still counts almost a core per thread it ran, so a run started
+    right after another would leave cores idle; the count of tasks runnable now (read only where the average says a
+    core is busy) does not."""
     try:
         avg: float | None = os.getloadavg()[0]
     except (AttributeError, OSError):
